@@ -1,0 +1,143 @@
+//! `splitcount-lab machine`: the detected shape and where the CPU id comes
+//! from.
+
+use serde::Serialize;
+use splitcount::cpu::{self, CpuIdSource, RseqOwner, Topology, TopologySource};
+
+/// What `machine --json` prints (and `report.json` embeds).
+#[derive(Debug, Clone, Serialize)]
+pub struct MachineInfo {
+    /// Number of possible CPUs (size of per-CPU arrays).
+    pub possible_cpus: usize,
+    /// Kernel ids of the possible CPUs, as a CPU list.
+    pub possible_cpu_list: String,
+    /// Number of CPUs online when detected.
+    pub online_cpus: usize,
+    /// NUMA nodes that have CPUs.
+    pub numa_nodes: usize,
+    /// Where the current CPU id comes from.
+    pub cpu_id_source: CpuIdSource,
+    /// Whether the rseq concurrency id is readable.
+    pub mm_cid_available: bool,
+    /// Who registered the rseq area in use.
+    pub rseq_registered_by: RseqOwner,
+    /// Where the shape came from.
+    pub topology_source: TopologySource,
+    /// Cache levels: how many domains and how many CPUs share each.
+    pub caches: Vec<CacheSummary>,
+    /// The kernel release (`uname -r`).
+    pub kernel: String,
+    /// The dense index of the CPU this command ran on.
+    pub current_cpu: usize,
+}
+
+/// One cache level, summarized.
+#[derive(Debug, Clone, Serialize)]
+pub struct CacheSummary {
+    /// Level (1, 2, 3).
+    pub level: u32,
+    /// Data, Instruction or Unified.
+    pub kind: String,
+    /// Number of separate caches at this level.
+    pub domains: usize,
+    /// CPUs sharing the largest one.
+    pub cpus_per_domain: usize,
+}
+
+impl MachineInfo {
+    /// Detect the host.
+    pub fn detect() -> MachineInfo {
+        let t = Topology::host();
+        MachineInfo {
+            possible_cpus: t.cpus(),
+            possible_cpu_list: cpu_list(t.possible_ids()),
+            online_cpus: t.online().len(),
+            numa_nodes: t.nodes(),
+            cpu_id_source: cpu::cpu_id_source(),
+            mm_cid_available: cpu::mm_cid_available(),
+            rseq_registered_by: cpu::rseq_owner(),
+            topology_source: t.source(),
+            caches: t
+                .caches()
+                .iter()
+                .map(|c| CacheSummary {
+                    level: c.level,
+                    kind: c.kind.clone(),
+                    domains: c.domains.len(),
+                    cpus_per_domain: c.domains.iter().map(Vec::len).max().unwrap_or(0),
+                })
+                .collect(),
+            kernel: kernel_release(),
+            current_cpu: cpu::current_cpu(),
+        }
+    }
+
+    /// Print a readable summary.
+    pub fn print(&self) {
+        println!("machine");
+        println!(
+            "  CPUs            {} possible ({}), {} online",
+            self.possible_cpus, self.possible_cpu_list, self.online_cpus
+        );
+        println!("  NUMA nodes      {}", self.numa_nodes);
+        println!("  CPU id source   {}", self.cpu_id_source.name());
+        println!(
+            "  rseq area       registered by {:?}",
+            self.rseq_registered_by
+        );
+        println!(
+            "  mm_cid          {}",
+            if self.mm_cid_available {
+                "available"
+            } else {
+                "not available"
+            }
+        );
+        for c in &self.caches {
+            println!(
+                "  L{} {:<12} {} domain(s), up to {} CPU(s) each",
+                c.level, c.kind, c.domains, c.cpus_per_domain
+            );
+        }
+        println!("  kernel          {}", self.kernel);
+        println!("  topology from   {:?}", self.topology_source);
+    }
+}
+
+/// Format sorted ids back into the kernel's list format.
+fn cpu_list(ids: &[u32]) -> String {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < ids.len() {
+        let mut j = i;
+        while j + 1 < ids.len() && ids[j + 1] == ids[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            ids[i].to_string()
+        } else {
+            format!("{}-{}", ids[i], ids[j])
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| std::env::consts::OS.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_round_trip_through_the_kernel_format() {
+        assert_eq!(cpu_list(&[0, 1, 2, 3, 8, 9, 10, 11]), "0-3,8-11");
+        assert_eq!(cpu_list(&[0]), "0");
+        assert_eq!(cpu_list(&[]), "");
+        assert_eq!(cpu_list(&[1, 3, 4]), "1,3-4");
+    }
+}

@@ -1,0 +1,31 @@
+//! # splitcount
+//!
+//! Scalable, accurate resource accounting for many-core machines, after the
+//! Linux kernel's per-CPU counter and memory-cgroup machinery.
+//!
+//! The crate is built in layers, each using only the ones before it:
+//!
+//! 1. [`cpu`] — where am I, and what machine is this;
+//! 2. [`percpu`] — memory that has one copy per CPU.
+//!
+//! ```
+//! use splitcount::percpu::Arena;
+//!
+//! // A per-CPU counter slot on the host: adds touch only this CPU's copy.
+//! let slot = Arena::host().alloc(1).unwrap();
+//! slot.add(0, 5).unwrap();
+//! slot.add(0, -2).unwrap();
+//! assert_eq!(slot.sum(0), Some(3));
+//! ```
+
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod cpu;
+pub mod percpu;
+pub(crate) mod sync;
+
+/// The README's examples, compiled and run as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

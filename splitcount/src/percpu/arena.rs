@@ -1,0 +1,527 @@
+//! The per-CPU arena and its allocations. See the module docs of
+//! [`crate::percpu`] and the diagram in `IMPLEMENTATION.md`.
+
+#![allow(unsafe_code)]
+
+use super::chunk::{Chunk, REGION_SLOTS};
+use crate::cpu::Machine;
+use crate::sync::{lock, Arc, AtomicI64, Mutex, Ordering::Relaxed};
+use std::fmt;
+use std::ptr::NonNull;
+
+/// Why an arena operation was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArenaError {
+    /// An allocation of zero slots.
+    ZeroLength,
+    /// An allocation larger than one chunk's region.
+    TooLarge {
+        /// Slots requested.
+        len: usize,
+        /// Largest allocation, [`REGION_SLOTS`].
+        max: usize,
+    },
+    /// The operating system refused the memory for a new chunk.
+    OutOfMemory {
+        /// Bytes of the chunk that could not be mapped.
+        bytes: usize,
+    },
+    /// A CPU index at or beyond the machine's CPU count.
+    NoSuchCpu {
+        /// The index given.
+        cpu: usize,
+        /// The machine's CPU count.
+        cpus: usize,
+    },
+    /// A slot index at or beyond the allocation's length.
+    NoSuchSlot {
+        /// The index given.
+        index: usize,
+        /// The allocation's length.
+        len: usize,
+    },
+}
+
+impl fmt::Display for ArenaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ArenaError::ZeroLength => write!(f, "a per-CPU allocation needs at least one slot"),
+            ArenaError::TooLarge { len, max } => write!(
+                f,
+                "a per-CPU allocation of {len} slots exceeds the largest possible ({max})"
+            ),
+            ArenaError::OutOfMemory { bytes } => {
+                write!(f, "could not map a per-CPU chunk of {bytes} bytes")
+            }
+            ArenaError::NoSuchCpu { cpu, cpus } => {
+                write!(f, "CPU {cpu} does not exist on a machine of {cpus} CPUs")
+            }
+            ArenaError::NoSuchSlot { index, len } => {
+                write!(
+                    f,
+                    "slot {index} is outside a per-CPU allocation of {len} slots"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for ArenaError {}
+
+/// Memory with one copy per CPU, handed out in [`PerCpu`] allocations.
+///
+/// Cheap to clone (all clones are the same arena). Allocation and freeing
+/// take a lock; reading and updating slots never do.
+///
+/// ```
+/// use splitcount::cpu::Machine;
+/// use splitcount::percpu::Arena;
+///
+/// let arena = Arena::new(&Machine::simulated(4, 1).unwrap());
+/// let counter = arena.alloc(1).unwrap();
+/// counter.add_on(2, 0, 5).unwrap();
+/// counter.add_on(3, 0, -2).unwrap();
+/// assert_eq!(counter.get(2, 0), Some(5));
+/// assert_eq!(counter.sum(0), Some(3));
+/// ```
+#[derive(Clone)]
+pub struct Arena {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    machine: Machine,
+    alloc: Mutex<Allocator>,
+}
+
+/// A free range of slots inside one chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Free {
+    chunk: usize,
+    start: usize,
+    len: usize,
+}
+
+#[derive(Default)]
+struct Allocator {
+    /// Chunks never move nor go away before the arena does: allocations
+    /// point straight at them (the box keeps a chunk still while the `Vec`
+    /// grows).
+    #[allow(clippy::vec_box)]
+    chunks: Vec<Box<Chunk>>,
+    /// Free ranges, sorted and coalesced.
+    free: Vec<Free>,
+    /// Slots currently allocated.
+    used: usize,
+}
+
+impl Arena {
+    /// An empty arena for `machine`'s CPUs. Memory is mapped on the first
+    /// allocation, one chunk at a time.
+    pub fn new(machine: &Machine) -> Arena {
+        Arena {
+            inner: Arc::new(Inner {
+                machine: machine.clone(),
+                alloc: Mutex::new(Allocator::default()),
+            }),
+        }
+    }
+
+    /// The process-wide arena for the host machine, shared by every per-CPU
+    /// structure that is not given an arena of its own.
+    #[cfg(not(loom))]
+    pub fn host() -> &'static Arena {
+        static HOST: std::sync::OnceLock<Arena> = std::sync::OnceLock::new();
+        HOST.get_or_init(|| Arena::new(&Machine::host()))
+    }
+
+    /// The machine whose CPUs this arena covers.
+    pub fn machine(&self) -> &Machine {
+        &self.inner.machine
+    }
+
+    /// Reserve `len` contiguous slots at the same offset in every CPU's
+    /// region, all zero. Freed slots are reused before new chunks are mapped.
+    pub fn alloc(&self, len: usize) -> Result<PerCpu, ArenaError> {
+        if len == 0 {
+            return Err(ArenaError::ZeroLength);
+        }
+        if len > REGION_SLOTS {
+            return Err(ArenaError::TooLarge {
+                len,
+                max: REGION_SLOTS,
+            });
+        }
+        let mut a = lock(&self.inner.alloc);
+        let at = match a.free.iter().position(|f| f.len >= len) {
+            Some(i) => {
+                let f = a.free[i];
+                if f.len == len {
+                    a.free.remove(i);
+                } else {
+                    a.free[i] = Free {
+                        start: f.start + len,
+                        len: f.len - len,
+                        ..f
+                    };
+                }
+                Free { len, ..f }
+            }
+            None => {
+                let chunk = Chunk::new(&self.inner.machine).ok_or(ArenaError::OutOfMemory {
+                    bytes: self
+                        .inner
+                        .machine
+                        .cpus()
+                        .saturating_mul(super::REGION_BYTES),
+                })?;
+                a.chunks.push(Box::new(chunk));
+                let chunk = a.chunks.len() - 1;
+                if len < REGION_SLOTS {
+                    a.free.push(Free {
+                        chunk,
+                        start: len,
+                        len: REGION_SLOTS - len,
+                    });
+                }
+                Free {
+                    chunk,
+                    start: 0,
+                    len,
+                }
+            }
+        };
+        a.used += len;
+        let chunk = NonNull::from(&*a.chunks[at.chunk]);
+        Ok(PerCpu {
+            arena: self.clone(),
+            chunk,
+            chunk_index: at.chunk,
+            start: at.start,
+            len,
+            cpus: self.inner.machine.cpus(),
+        })
+    }
+
+    /// Slots currently allocated (per CPU).
+    pub fn slots_in_use(&self) -> usize {
+        lock(&self.inner.alloc).used
+    }
+
+    /// Chunks mapped so far.
+    pub fn chunks(&self) -> usize {
+        lock(&self.inner.alloc).chunks.len()
+    }
+}
+
+impl fmt::Debug for Arena {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Arena")
+            .field("machine", &self.inner.machine)
+            .field("chunks", &self.chunks())
+            .field("slots_in_use", &self.slots_in_use())
+            .finish()
+    }
+}
+
+impl Allocator {
+    /// Return a range to the free list, merging it with its neighbours.
+    fn release(&mut self, r: Free) {
+        self.used -= r.len;
+        let i = self.free.partition_point(|f| *f < r);
+        self.free.insert(i, r);
+        if i + 1 < self.free.len() {
+            let (a, b) = (self.free[i], self.free[i + 1]);
+            if a.chunk == b.chunk && a.start + a.len == b.start {
+                self.free[i].len += b.len;
+                self.free.remove(i + 1);
+            }
+        }
+        if i > 0 {
+            let (a, b) = (self.free[i - 1], self.free[i]);
+            if a.chunk == b.chunk && a.start + a.len == b.start {
+                self.free[i - 1].len += b.len;
+                self.free.remove(i);
+            }
+        }
+    }
+}
+
+/// `len` slots with one copy per CPU, allocated from an [`Arena`]; freed
+/// (zeroed and returned to the arena) on drop.
+///
+/// Updates are relaxed atomic read-modify-writes on *some* CPU's copy, so a
+/// thread that migrates between reading its CPU id and updating merely
+/// updates the copy of the CPU it left: the sum over CPUs — the value every
+/// reader uses — never loses an update. Sums wrap on `i64` overflow; the
+/// layers above bound their values.
+pub struct PerCpu {
+    arena: Arena,
+    /// Points into `arena`, which this handle keeps alive.
+    chunk: NonNull<Chunk>,
+    chunk_index: usize,
+    start: usize,
+    len: usize,
+    cpus: usize,
+}
+
+// SAFETY: `chunk` points to atomics owned by the arena that `self.arena`
+// keeps alive; all access through it is atomic.
+unsafe impl Send for PerCpu {}
+// SAFETY: as above; `&PerCpu` only exposes atomic operations.
+unsafe impl Sync for PerCpu {}
+
+impl PerCpu {
+    /// Number of slots (per CPU).
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true: allocations have at least one slot.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Number of CPUs (copies of each slot).
+    #[inline]
+    pub fn cpus(&self) -> usize {
+        self.cpus
+    }
+
+    /// The machine whose CPUs the copies belong to.
+    #[inline]
+    pub fn machine(&self) -> &Machine {
+        &self.arena.inner.machine
+    }
+
+    /// The arena this allocation came from.
+    pub fn arena(&self) -> &Arena {
+        &self.arena
+    }
+
+    /// Slot `index` of CPU `cpu`, unchecked except in debug builds: for
+    /// in-crate callers that validated both.
+    #[inline(always)]
+    pub(crate) fn slot(&self, cpu: usize, index: usize) -> &AtomicI64 {
+        debug_assert!(cpu < self.cpus && index < self.len);
+        // SAFETY: the arena (kept alive by `self.arena`) owns the chunk.
+        unsafe { self.chunk.as_ref() }.slot(cpu, self.start + index)
+    }
+
+    fn check(&self, cpu: usize, index: usize) -> Result<(), ArenaError> {
+        if cpu >= self.cpus {
+            return Err(ArenaError::NoSuchCpu {
+                cpu,
+                cpus: self.cpus,
+            });
+        }
+        if index >= self.len {
+            return Err(ArenaError::NoSuchSlot {
+                index,
+                len: self.len,
+            });
+        }
+        Ok(())
+    }
+
+    /// Add `delta` to slot `index` of the current CPU and return the slot's
+    /// new value (the value of whichever CPU's copy was updated).
+    #[inline]
+    pub fn add(&self, index: usize, delta: i64) -> Result<i64, ArenaError> {
+        self.add_on(self.machine().current_cpu(), index, delta)
+    }
+
+    /// Add `delta` to slot `index` of CPU `cpu` and return its new value.
+    #[inline]
+    pub fn add_on(&self, cpu: usize, index: usize, delta: i64) -> Result<i64, ArenaError> {
+        self.check(cpu, index)?;
+        Ok(self.add_unchecked(cpu, index, delta))
+    }
+
+    /// [`PerCpu::add_on`] without the checks (debug builds still check).
+    #[inline(always)]
+    pub(crate) fn add_unchecked(&self, cpu: usize, index: usize, delta: i64) -> i64 {
+        // Relaxed: a slot is a pure counter; readers sum slots and need no
+        // ordering with other memory.
+        self.slot(cpu, index)
+            .fetch_add(delta, Relaxed)
+            .wrapping_add(delta)
+    }
+
+    /// Slot `index` of CPU `cpu`, or `None` if either is out of range.
+    pub fn get(&self, cpu: usize, index: usize) -> Option<i64> {
+        self.check(cpu, index).ok()?;
+        Some(self.slot(cpu, index).load(Relaxed))
+    }
+
+    /// Sum of slot `index` over every CPU (wrapping), or `None` if `index`
+    /// is out of range. Exact when no add is in flight; otherwise some
+    /// in-flight adds may or may not be counted, none is counted twice.
+    pub fn sum(&self, index: usize) -> Option<i64> {
+        (index < self.len).then(|| self.sum_unchecked(index))
+    }
+
+    #[inline]
+    pub(crate) fn sum_unchecked(&self, index: usize) -> i64 {
+        (0..self.cpus).fold(0i64, |acc, cpu| {
+            acc.wrapping_add(self.slot(cpu, index).load(Relaxed))
+        })
+    }
+}
+
+impl Drop for PerCpu {
+    fn drop(&mut self) {
+        // Nobody else can hold `&self` now, so no add races with the zeroing;
+        // the lock orders these stores before the next owner's first access.
+        for cpu in 0..self.cpus {
+            for i in 0..self.len {
+                self.slot(cpu, i).store(0, Relaxed);
+            }
+        }
+        lock(&self.arena.inner.alloc).release(Free {
+            chunk: self.chunk_index,
+            start: self.start,
+            len: self.len,
+        });
+    }
+}
+
+impl fmt::Debug for PerCpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PerCpu")
+            .field("chunk", &self.chunk_index)
+            .field("start", &self.start)
+            .field("len", &self.len)
+            .field("cpus", &self.cpus)
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn sim(cpus: usize) -> Arena {
+        Arena::new(&Machine::simulated(cpus, 1).unwrap())
+    }
+
+    #[test]
+    fn every_cpu_gets_its_own_copy() {
+        let a = sim(8);
+        let p = a.alloc(2).unwrap();
+        for cpu in 0..8 {
+            p.add_on(cpu, 1, cpu as i64 + 1).unwrap();
+        }
+        assert_eq!(p.sum(0), Some(0));
+        assert_eq!(p.sum(1), Some(36));
+        assert_eq!(p.get(7, 1), Some(8));
+    }
+
+    #[test]
+    fn copies_of_different_cpus_never_share_a_cache_line() {
+        let a = sim(4);
+        let p = a.alloc(REGION_SLOTS).unwrap();
+        let addr = |cpu, i| p.slot(cpu, i) as *const _ as usize;
+        for cpu in 0..3 {
+            let last_of_this = addr(cpu, REGION_SLOTS - 1);
+            let first_of_next = addr(cpu + 1, 0);
+            assert!(first_of_next / 128 > last_of_this / 128);
+        }
+        assert_eq!(addr(0, 0) % 4096, 0, "regions are page-aligned");
+    }
+
+    #[test]
+    fn allocations_reserve_the_same_offset_on_every_cpu() {
+        let a = sim(3);
+        let p = a.alloc(3).unwrap();
+        let q = a.alloc(5).unwrap();
+        let base = |x: &PerCpu, cpu| x.slot(cpu, 0) as *const _ as usize;
+        for cpu in 0..3 {
+            assert_eq!(base(&q, cpu) - base(&p, cpu), 3 * 8);
+        }
+    }
+
+    #[test]
+    fn freed_slots_are_reused_zeroed() {
+        let a = sim(4);
+        let p = a.alloc(4).unwrap();
+        for cpu in 0..4 {
+            for i in 0..4 {
+                p.add_on(cpu, i, 99).unwrap();
+            }
+        }
+        let where_p = p.slot(0, 0) as *const _ as usize;
+        drop(p);
+        let q = a.alloc(4).unwrap();
+        assert_eq!(q.slot(0, 0) as *const _ as usize, where_p, "reused");
+        for i in 0..4 {
+            assert_eq!(q.sum(i), Some(0));
+        }
+        assert_eq!(a.slots_in_use(), 4);
+    }
+
+    #[test]
+    fn free_ranges_coalesce_so_a_large_allocation_fits_again() {
+        let a = sim(2);
+        let parts: Vec<_> = (0..REGION_SLOTS / 8).map(|_| a.alloc(8).unwrap()).collect();
+        assert_eq!(a.chunks(), 1);
+        drop(parts);
+        let whole = a.alloc(REGION_SLOTS).unwrap();
+        assert_eq!(a.chunks(), 1, "the freed pieces merged back into one range");
+        assert_eq!(whole.len(), REGION_SLOTS);
+    }
+
+    #[test]
+    fn the_arena_grows_by_chunks_without_moving_live_slots() {
+        let a = sim(2);
+        let first = a.alloc(1).unwrap();
+        first.add_on(1, 0, 7).unwrap();
+        let before = first.slot(1, 0) as *const _ as usize;
+        let many: Vec<_> = (0..3 * REGION_SLOTS).map(|_| a.alloc(1).unwrap()).collect();
+        assert!(a.chunks() >= 4);
+        assert_eq!(first.slot(1, 0) as *const _ as usize, before);
+        assert_eq!(first.get(1, 0), Some(7));
+        assert_eq!(a.slots_in_use(), many.len() + 1);
+    }
+
+    #[test]
+    fn bad_requests_are_errors() {
+        let a = sim(2);
+        assert_eq!(a.alloc(0).unwrap_err(), ArenaError::ZeroLength);
+        assert!(matches!(
+            a.alloc(REGION_SLOTS + 1),
+            Err(ArenaError::TooLarge { .. })
+        ));
+        let p = a.alloc(2).unwrap();
+        assert_eq!(
+            p.add_on(2, 0, 1),
+            Err(ArenaError::NoSuchCpu { cpu: 2, cpus: 2 })
+        );
+        assert_eq!(
+            p.add_on(0, 2, 1),
+            Err(ArenaError::NoSuchSlot { index: 2, len: 2 })
+        );
+        assert_eq!(p.get(5, 0), None);
+        assert_eq!(p.sum(9), None);
+    }
+
+    #[test]
+    fn add_on_the_current_cpu_of_a_simulated_machine() {
+        let m = Machine::simulated(16, 2).unwrap();
+        let a = Arena::new(&m);
+        let p = a.alloc(1).unwrap();
+        m.set_current_cpu(11).unwrap();
+        assert_eq!(p.add(0, 4).unwrap(), 4);
+        assert_eq!(p.get(11, 0), Some(4));
+    }
+
+    #[test]
+    fn sums_wrap_instead_of_panicking() {
+        let a = sim(2);
+        let p = a.alloc(1).unwrap();
+        p.add_on(0, 0, i64::MAX).unwrap();
+        p.add_on(1, 0, 1).unwrap();
+        assert_eq!(p.sum(0), Some(i64::MIN));
+    }
+}

@@ -1,0 +1,150 @@
+//! One chunk of per-CPU memory: `cpus` regions of [`REGION_BYTES`] each, the
+//! region of CPU `c` starting at `c · REGION_BYTES`.
+//!
+//! Regions are page-sized and page-aligned, so two CPUs never write the same
+//! cache line (nor the same page, which is what lets `mbind` place each
+//! region on its CPU's NUMA node). The memory comes from an anonymous `mmap`:
+//! untouched regions — CPUs that never run the program, slots never written —
+//! cost no physical memory, and everything starts zeroed.
+//!
+//! Under `--cfg loom` a chunk is a boxed slice of loom atomics instead, with
+//! tiny regions, so that models stay small.
+
+#![allow(unsafe_code)]
+
+use crate::cpu::Machine;
+use crate::sync::AtomicI64;
+
+/// Bytes of one CPU's region in one chunk.
+#[cfg(not(loom))]
+pub const REGION_BYTES: usize = 4096;
+/// Bytes of one CPU's region in one chunk (tiny under loom).
+#[cfg(loom)]
+pub const REGION_BYTES: usize = 32;
+
+/// Slots (`i64`) in one CPU's region of one chunk: the largest allocation.
+pub const REGION_SLOTS: usize = REGION_BYTES / std::mem::size_of::<i64>();
+
+/// The memory of one chunk. See the module docs.
+pub(crate) struct Chunk {
+    cpus: usize,
+    #[cfg(all(unix, not(loom)))]
+    base: std::ptr::NonNull<AtomicI64>,
+    #[cfg(any(not(unix), loom))]
+    slots: Box<[AtomicI64]>,
+}
+
+// SAFETY: a chunk is only atomics (in memory it owns); sharing it across
+// threads is as safe as sharing a slice of atomics.
+unsafe impl Send for Chunk {}
+// SAFETY: as above.
+unsafe impl Sync for Chunk {}
+
+impl Chunk {
+    /// Map a zeroed chunk for `machine`'s CPUs, each region preferring its
+    /// CPU's NUMA node. `None` when the memory cannot be had.
+    #[cfg(all(unix, not(loom)))]
+    pub(crate) fn new(machine: &Machine) -> Option<Chunk> {
+        let cpus = machine.cpus();
+        let bytes = cpus.checked_mul(REGION_BYTES)?;
+        // SAFETY: an anonymous private mapping has no preconditions; the
+        // result is checked before use.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return None;
+        }
+        if !machine.is_simulated() && machine.topology().nodes() > 1 {
+            place_regions_on_nodes(ptr.cast(), machine);
+        }
+        Some(Chunk {
+            cpus,
+            base: std::ptr::NonNull::new(ptr.cast())?,
+        })
+    }
+
+    /// Allocate a zeroed chunk (loom models and non-Unix systems).
+    #[cfg(any(not(unix), loom))]
+    pub(crate) fn new(machine: &Machine) -> Option<Chunk> {
+        let cpus = machine.cpus();
+        let n = cpus.checked_mul(REGION_SLOTS)?;
+        Some(Chunk {
+            cpus,
+            slots: (0..n).map(|_| AtomicI64::new(0)).collect(),
+        })
+    }
+
+    /// The slot `index` of CPU `cpu`'s region.
+    ///
+    /// Callers guarantee `cpu < cpus` and `index < REGION_SLOTS` (checked in
+    /// debug builds): the arena's handles only hand out indices they own.
+    #[inline(always)]
+    pub(crate) fn slot(&self, cpu: usize, index: usize) -> &AtomicI64 {
+        debug_assert!(cpu < self.cpus && index < REGION_SLOTS);
+        let at = cpu * REGION_SLOTS + index;
+        #[cfg(all(unix, not(loom)))]
+        {
+            // SAFETY: `at` is inside the mapping (bounds above); the mapping
+            // lives as long as `self`; zeroed memory is a valid `AtomicI64`.
+            unsafe { &*self.base.as_ptr().add(at) }
+        }
+        #[cfg(any(not(unix), loom))]
+        {
+            &self.slots[at]
+        }
+    }
+}
+
+#[cfg(all(unix, not(loom)))]
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping made in `new`; no reference
+        // into it outlives the chunk (handles keep the arena, and so the
+        // chunk, alive).
+        unsafe {
+            libc::munmap(self.base.as_ptr().cast(), self.cpus * REGION_BYTES);
+        }
+    }
+}
+
+/// Ask the kernel to back each CPU's region with memory of that CPU's node
+/// (`MPOL_PREFERRED`, so an exhausted node still falls back elsewhere).
+/// Best effort: a kernel without NUMA support leaves first-touch placement.
+#[cfg(all(unix, not(loom)))]
+fn place_regions_on_nodes(base: *mut u8, machine: &Machine) {
+    #[cfg(target_os = "linux")]
+    {
+        let topo = machine.topology();
+        for cpu in 0..machine.cpus() {
+            let Some(node) = topo.node_id(topo.node_of(cpu)) else {
+                continue;
+            };
+            let node = node as usize;
+            let mut mask = vec![0u64; node / 64 + 1];
+            mask[node / 64] |= 1 << (node % 64);
+            // SAFETY: the range is one page of our own fresh mapping; mbind
+            // only changes its placement policy.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_mbind,
+                    base.add(cpu * REGION_BYTES),
+                    REGION_BYTES,
+                    libc::MPOL_PREFERRED,
+                    mask.as_ptr(),
+                    mask.len() * 64 + 1,
+                    0u32,
+                );
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (base, machine);
+}

@@ -1,0 +1,32 @@
+//! Layer 2: *memory that has one copy per CPU.*
+//!
+//! An [`Arena`] holds one region per CPU, all regions with the same layout.
+//! An allocation ([`PerCpu`]) of `k` slots reserves the same offset in every
+//! CPU's region, so "my copy" is plain arithmetic (`base + cpu · stride +
+//! offset`) and one 8-byte counter costs 8 bytes per CPU — not a padded
+//! 128-byte line per CPU. All slots of one CPU are contiguous: two CPUs never
+//! write the same cache line, and thousands of counters stay affordable.
+//!
+//! ```text
+//!            chunk 0 (mmap)                      chunk 1
+//!   cpu 0 | a a b c c c . . . . |  4 KiB     | d d e . . . . . |
+//!   cpu 1 | a a b c c c . . . . |  4 KiB     | d d e . . . . . |
+//!   cpu 2 | a a b c c c . . . . |  4 KiB     | d d e . . . . . |
+//!           allocation `a` = 2 slots at offset 0 in every region
+//! ```
+//!
+//! The arena grows by whole chunks and never moves a live slot. Freed slots
+//! are zeroed and reused. On a NUMA host, each CPU's region is bound
+//! (`MPOL_PREFERRED`) to its CPU's node before it is first touched.
+//!
+//! **Races.** Updates are relaxed atomic read-modify-writes on the slot of
+//! the CPU the thread *believed* it ran on; if it migrated in between, it
+//! updates another CPU's copy, which only costs a shared cache line for that
+//! one update. Sums read every CPU's slot; nothing is ever dropped, including
+//! the slots of CPUs that went offline.
+
+mod arena;
+mod chunk;
+
+pub use arena::{Arena, ArenaError, PerCpu};
+pub use chunk::{REGION_BYTES, REGION_SLOTS};
