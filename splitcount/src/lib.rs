@@ -21,6 +21,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod counter;
 pub mod cpu;
 pub mod percpu;
 pub(crate) mod sync;

@@ -103,6 +103,16 @@ fn child_prints_its_cpu_id_source() {
     if pin_to(online[0]) {
         assert_eq!(cpu::current_cpu_id(), online[0]);
     }
+    // Threads that register an area (own-rseq) and exit must unregister it
+    // cleanly: the kernel would otherwise write into freed TLS.
+    for _ in 0..4 {
+        let handles: Vec<_> = (0..8)
+            .map(|_| std::thread::spawn(|| (0..1000).map(|_| cpu::current_cpu()).max()))
+            .collect();
+        for h in handles {
+            assert!(h.join().unwrap().unwrap() < splitcount::cpu::Topology::host().cpus());
+        }
+    }
     println!("SOURCE {} {:?}", source.name(), cpu::rseq_owner());
 }
 

@@ -1,0 +1,87 @@
+//! [`Atomic`]: one shared atomic — exact, and the baseline that collapses
+//! under contention (every add from every CPU writes the same cache line).
+
+use super::{Accuracy, Config, ConfigError, CounterError, Design, Side, SplitCounter, Step};
+use crate::sync::{AtomicI64, Ordering::Relaxed};
+use crossbeam_utils::CachePadded;
+
+/// One shared atomic. Accuracy `(0, 0)`.
+///
+/// ```
+/// use splitcount::counter::{Atomic, SplitCounter};
+/// let c = Atomic::new();
+/// c.add(3);
+/// assert_eq!(c.approximate(), 3);
+/// assert_eq!(c.accuracy().bounds(), (0, 0));
+/// ```
+#[derive(Debug)]
+pub struct Atomic {
+    value: CachePadded<AtomicI64>,
+    cpus: usize,
+}
+
+impl Atomic {
+    /// A zero counter on the host.
+    pub fn new() -> Atomic {
+        Atomic::with_config(&Config::new(Design::Atomic))
+            .expect("the atomic design has nothing to validate")
+    }
+
+    /// A zero counter for `config`'s machine (the batch is ignored).
+    pub fn with_config(config: &Config) -> Result<Atomic, ConfigError> {
+        config.validated_batch()?;
+        Ok(Atomic {
+            value: CachePadded::new(AtomicI64::new(0)),
+            cpus: config.machine.cpus(),
+        })
+    }
+}
+
+impl Default for Atomic {
+    fn default() -> Self {
+        Atomic::new()
+    }
+}
+
+impl SplitCounter for Atomic {
+    fn design(&self) -> Design {
+        Design::Atomic
+    }
+
+    #[inline]
+    fn add(&self, delta: i64) {
+        // Relaxed: a counter orders nothing else.
+        self.value.fetch_add(delta, Relaxed);
+    }
+
+    fn add_on(&self, cpu: usize, delta: i64) -> Result<(), CounterError> {
+        if cpu >= self.cpus {
+            return Err(CounterError::NoSuchCpu {
+                cpu,
+                cpus: self.cpus,
+            });
+        }
+        self.add(delta);
+        Ok(())
+    }
+
+    fn approximate(&self) -> i64 {
+        self.value.load(Relaxed)
+    }
+
+    fn precise(&self) -> i64 {
+        self.value.load(Relaxed)
+    }
+
+    fn accuracy(&self) -> Accuracy {
+        Accuracy::default()
+    }
+
+    fn set(&self, v: i64) {
+        self.value.store(v, Relaxed);
+    }
+
+    fn worst_case_schedule(&self, _side: Side) -> Vec<Step> {
+        Vec::new()
+    }
+}

@@ -1,0 +1,148 @@
+//! [`PerNode`]: the per-NUMA-node atomics proposal.
+//!
+//! One atomic per node (at most [`MAX_NODE_SLOTS`]; more nodes fold modulo)
+//! plus a global. An add is an atomic on its node's line — shared by that
+//! node's CPUs, never by other nodes'; when the node's new value reaches
+//! `|v| ≥ batch` the node's whole value is swapped out into the global.
+//! No per-CPU memory at all.
+//!
+//! **Bound.** As for [`super::Batched`], per node slot: settled,
+//! `|node| ≤ batch − 1`, so `|precise − approximate| ≤ m·(batch − 1)` on each
+//! side, with `m = min(nodes, MAX_NODE_SLOTS)` node slots.
+
+use super::{Accuracy, Config, ConfigError, CounterError, Design, Side, SplitCounter, Step};
+use crate::cpu::Machine;
+use crate::sync::{AtomicI64, Ordering::Relaxed};
+use crossbeam_utils::CachePadded;
+
+/// Most node slots a [`PerNode`] counter keeps.
+pub const MAX_NODE_SLOTS: usize = 32;
+
+/// One atomic per NUMA node and a global. See the module docs.
+pub struct PerNode {
+    nodes: Box<[CachePadded<AtomicI64>]>,
+    global: CachePadded<AtomicI64>,
+    /// Node slot of each CPU (`node_of(cpu) % nodes.len()`).
+    slot_of: Box<[u8]>,
+    batch: i64,
+    machine: Machine,
+}
+
+impl PerNode {
+    /// A zero counter on the host with the default batch.
+    pub fn new() -> PerNode {
+        PerNode::with_config(&Config::new(Design::PerNode)).expect("the host defaults are valid")
+    }
+
+    /// A zero counter as `config` says.
+    pub fn with_config(config: &Config) -> Result<PerNode, ConfigError> {
+        let batch = config.validated_batch()? as i64;
+        let topo = config.machine.topology();
+        let slots = topo.nodes().min(MAX_NODE_SLOTS);
+        Ok(PerNode {
+            nodes: (0..slots)
+                .map(|_| CachePadded::new(AtomicI64::new(0)))
+                .collect(),
+            global: CachePadded::new(AtomicI64::new(0)),
+            slot_of: (0..topo.cpus())
+                .map(|c| (topo.node_of(c) % slots) as u8)
+                .collect(),
+            batch,
+            machine: config.machine.clone(),
+        })
+    }
+
+    /// The batch.
+    pub fn batch(&self) -> u64 {
+        self.batch as u64
+    }
+
+    /// Number of node slots.
+    pub fn node_slots(&self) -> usize {
+        self.nodes.len()
+    }
+
+    #[inline]
+    fn add_unchecked(&self, cpu: usize, delta: i64) {
+        let node = &self.nodes[self.slot_of[cpu] as usize];
+        let new = node.fetch_add(delta, Relaxed).wrapping_add(delta);
+        if new.unsigned_abs() >= self.batch as u64 {
+            // The swap takes whatever is there, racing adds included, so
+            // each unit moves exactly once.
+            let moved = node.swap(0, Relaxed);
+            self.global.fetch_add(moved, Relaxed);
+        }
+    }
+}
+
+impl Default for PerNode {
+    fn default() -> Self {
+        PerNode::new()
+    }
+}
+
+impl std::fmt::Debug for PerNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PerNode")
+            .field("node_slots", &self.nodes.len())
+            .field("batch", &self.batch)
+            .field("approximate", &self.approximate())
+            .finish()
+    }
+}
+
+impl SplitCounter for PerNode {
+    fn design(&self) -> Design {
+        Design::PerNode
+    }
+
+    #[inline]
+    fn add(&self, delta: i64) {
+        self.add_unchecked(self.machine.current_cpu(), delta);
+    }
+
+    fn add_on(&self, cpu: usize, delta: i64) -> Result<(), CounterError> {
+        let cpus = self.slot_of.len();
+        if cpu >= cpus {
+            return Err(CounterError::NoSuchCpu { cpu, cpus });
+        }
+        self.add_unchecked(cpu, delta);
+        Ok(())
+    }
+
+    fn approximate(&self) -> i64 {
+        self.global.load(Relaxed)
+    }
+
+    fn precise(&self) -> i64 {
+        self.nodes.iter().fold(self.global.load(Relaxed), |acc, n| {
+            acc.wrapping_add(n.load(Relaxed))
+        })
+    }
+
+    /// `m·(batch − 1)` on each side, `m` node slots.
+    fn accuracy(&self) -> Accuracy {
+        let b = self.nodes.len() as u64 * (self.batch as u64 - 1);
+        Accuracy { under: b, over: b }
+    }
+
+    fn set(&self, v: i64) {
+        self.global
+            .fetch_add(v.wrapping_sub(self.precise()), Relaxed);
+    }
+
+    /// `batch − 1` (of the side's sign) on one CPU of every node slot.
+    fn worst_case_schedule(&self, side: Side) -> Vec<Step> {
+        let d = match side {
+            Side::Under => self.batch - 1,
+            Side::Over => 1 - self.batch,
+        };
+        if d == 0 {
+            return Vec::new();
+        }
+        (0..self.nodes.len())
+            .filter_map(|slot| self.slot_of.iter().position(|&s| s as usize == slot))
+            .map(|cpu| Step { cpu, delta: d })
+            .collect()
+    }
+}

@@ -1,0 +1,238 @@
+//! [`Tree`]: the hierarchical split counter (after the kernel's
+//! `percpu_counter_tree`), the default design.
+//!
+//! Level 0 is one slot per CPU in the per-CPU arena; above it, levels of
+//! shared items, each on its own cache line; the top is a single root (see
+//! [`TreeShape`] for the picture). Level `l` has the batch
+//! `Bₗ = batch · Π fan-outs below l`.
+//!
+//! **The carry rule.** Slots and items are *never reset*. An add changes the
+//! CPU's slot from `old` to `new`; what moves up is exactly the change in the
+//! slot's multiple of `B₀`, `⌊new⌋ − ⌊old⌋` with `⌊x⌋ = x & !(B₀−1)` (floor,
+//! also for negative values). An item receiving a carry `c` (always a
+//! multiple of the level below's batch) keeps only `r = c mod Bₗ` — the part
+//! that can change its residue — and adds it with one atomic; the multiple of
+//! `Bₗ` in `c`, plus whatever multiple of `Bₗ` the item's value crossed, goes
+//! up. A carry that is already a multiple of `Bₗ` therefore skips the item
+//! without touching its cache line. The root takes everything that reaches it.
+//!
+//! Because slots are never reset, `precise() = Σ slots + bias` needs no upper
+//! level, and `approximate() = root + bias` is one cache line. Everything a
+//! level holds back is a residue in `[0, Bₗ)`, so the approximate value never
+//! runs above the precise one: accuracy is `(under, 0)` with `under` from
+//! [`TreeShape::under`].
+//!
+//! **Races.** Every step is an atomic read-modify-write whose returned value
+//! alone decides the carry, and RMWs on one location are totally ordered, so
+//! the carries out of a location telescope to `⌊final⌋ − ⌊initial⌋` whatever
+//! the interleaving: nothing is lost or counted twice once adds return. A
+//! carry in flight is missing from the upper levels, never from `precise()`.
+
+use super::tree_shape::TreeShape;
+use super::{Accuracy, Config, ConfigError, CounterError, Design, Side, SplitCounter, Step};
+use crate::percpu::PerCpu;
+use crate::sync::{AtomicI64, Ordering::Relaxed};
+use crossbeam_utils::CachePadded;
+
+/// The hierarchical split counter. See the module docs.
+///
+/// ```
+/// use splitcount::counter::{Config, Design, SplitCounter, Tree};
+/// use splitcount::cpu::Machine;
+///
+/// let m = Machine::simulated(4, 1).unwrap();      // binary: 4 → 2 → root
+/// let t = Tree::with_config(&Config::new(Design::Tree).machine(&m).batch(4)).unwrap();
+/// t.add_on(0, 3).unwrap();                          // residue 3 stays in slot 0
+/// assert_eq!((t.approximate(), t.precise()), (0, 3));
+/// t.add_on(0, 1).unwrap();                          // crosses 4: carry 4 → level 1 (B₁ = 8) keeps it
+/// assert_eq!((t.approximate(), t.precise()), (0, 4));
+/// t.add_on(1, 4).unwrap();                          // level 1 reaches 8: 8 moves to the root
+/// assert_eq!((t.approximate(), t.precise()), (8, 8));
+/// assert_eq!(t.accuracy().bounds(), (4 * 3 + 2 * (8 - 4), 0));
+/// ```
+pub struct Tree {
+    /// Level 0: one slot per CPU.
+    slots: PerCpu,
+    /// Levels `1..L` (the intermediate ones), one padded item each.
+    levels: Box<[Level]>,
+    root: CachePadded<Root>,
+    shape: TreeShape,
+}
+
+struct Level {
+    /// `Bₗ − 1`.
+    mask: i64,
+    /// Position shift to this level's item.
+    shift: u32,
+    items: Box<[CachePadded<AtomicI64>]>,
+}
+
+/// The approximate value and the bias share one line: `approximate()` reads
+/// one cache line.
+struct Root {
+    value: AtomicI64,
+    bias: AtomicI64,
+}
+
+impl Tree {
+    /// A zero counter on the host: batch 32, fan-outs from the table.
+    pub fn new() -> Tree {
+        Tree::with_config(&Config::new(Design::Tree))
+            .expect("the host defaults are valid unless memory is exhausted")
+    }
+
+    /// A zero counter as `config` says.
+    pub fn with_config(config: &Config) -> Result<Tree, ConfigError> {
+        let batch = config.validated_batch()?;
+        let shape = TreeShape::new(
+            config.machine.topology(),
+            batch,
+            &config.arity,
+            config.sharing,
+        )?;
+        let levels = (1..shape.levels())
+            .map(|l| Level {
+                mask: shape.level_batch(l) as i64 - 1,
+                shift: shape.shift(l),
+                items: (0..shape.items_at(l))
+                    .map(|_| CachePadded::new(AtomicI64::new(0)))
+                    .collect(),
+            })
+            .collect();
+        Ok(Tree {
+            slots: config.arena_for()?.alloc(1)?,
+            levels,
+            root: CachePadded::new(Root {
+                value: AtomicI64::new(0),
+                bias: AtomicI64::new(0),
+            }),
+            shape,
+        })
+    }
+
+    /// The tree's shape: fan-outs, level batches, items.
+    pub fn shape(&self) -> &TreeShape {
+        &self.shape
+    }
+
+    #[inline]
+    fn add_unchecked(&self, cpu: usize, delta: i64) {
+        let floor = !(self.shape.batch() as i64 - 1);
+        let new = self.slots.add_unchecked(cpu, 0, delta);
+        let old = new.wrapping_sub(delta);
+        let carry = (new & floor).wrapping_sub(old & floor);
+        if carry != 0 {
+            self.carry(cpu, carry);
+        }
+    }
+
+    /// Propagate `carry` (a multiple of `B₀`) from CPU `cpu`'s slot upwards.
+    fn carry(&self, cpu: usize, mut carry: i64) {
+        let pos = self.shape.item_of(cpu, 0);
+        for level in self.levels.iter() {
+            // The part of the carry below this level's batch changes the
+            // item's residue; the rest passes the item untouched.
+            let keep = carry & level.mask;
+            carry = carry.wrapping_sub(keep);
+            if keep != 0 {
+                let item = &level.items[pos >> level.shift];
+                let new = item.fetch_add(keep, Relaxed).wrapping_add(keep);
+                let old = new.wrapping_sub(keep);
+                carry = carry.wrapping_add((new & !level.mask).wrapping_sub(old & !level.mask));
+            }
+            if carry == 0 {
+                return;
+            }
+        }
+        self.root.value.fetch_add(carry, Relaxed);
+    }
+}
+
+impl Default for Tree {
+    fn default() -> Self {
+        Tree::new()
+    }
+}
+
+impl std::fmt::Debug for Tree {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tree")
+            .field("cpus", &self.shape.cpus())
+            .field("batch", &self.shape.batch())
+            .field("fanouts", &self.shape.fanouts())
+            .field("approximate", &self.approximate())
+            .finish()
+    }
+}
+
+impl SplitCounter for Tree {
+    fn design(&self) -> Design {
+        Design::Tree
+    }
+
+    #[inline]
+    fn add(&self, delta: i64) {
+        self.add_unchecked(self.slots.machine().current_cpu(), delta);
+    }
+
+    fn add_on(&self, cpu: usize, delta: i64) -> Result<(), CounterError> {
+        let cpus = self.shape.cpus();
+        if cpu >= cpus {
+            return Err(CounterError::NoSuchCpu { cpu, cpus });
+        }
+        self.add_unchecked(cpu, delta);
+        Ok(())
+    }
+
+    fn approximate(&self) -> i64 {
+        self.root
+            .value
+            .load(Relaxed)
+            .wrapping_add(self.root.bias.load(Relaxed))
+    }
+
+    fn precise(&self) -> i64 {
+        self.slots
+            .sum_unchecked(0)
+            .wrapping_add(self.root.bias.load(Relaxed))
+    }
+
+    /// `(under, 0)`: see [`TreeShape::under`].
+    fn accuracy(&self) -> Accuracy {
+        Accuracy {
+            under: self.shape.under(),
+            over: 0,
+        }
+    }
+
+    fn set(&self, v: i64) {
+        self.root
+            .bias
+            .fetch_add(v.wrapping_sub(self.precise()), Relaxed);
+    }
+
+    /// Top level first, each intermediate item gets `(aₗ − 1)·Bₗ₋₁` from a
+    /// CPU under it (a multiple of every lower batch, so it passes the lower
+    /// levels untouched and stays whole in the item), then every slot gets
+    /// `B₀ − 1`. Nothing reaches the root, and every residue is at its
+    /// maximum. `over` is 0, so the `Over` schedule is empty.
+    fn worst_case_schedule(&self, side: Side) -> Vec<Step> {
+        if side == Side::Over {
+            return Vec::new();
+        }
+        let s = &self.shape;
+        let mut steps = Vec::new();
+        for l in (1..s.levels()).rev() {
+            let delta = (s.level_batch(l) - s.level_batch(l - 1)) as i64;
+            for item in 0..s.items_at(l) {
+                steps.push(Step {
+                    cpu: s.first_cpu_under(l, item),
+                    delta,
+                });
+            }
+        }
+        let b0 = s.batch() as i64;
+        steps.extend((0..s.cpus()).map(|cpu| Step { cpu, delta: b0 - 1 }));
+        steps
+    }
+}
