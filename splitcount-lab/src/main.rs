@@ -1,11 +1,10 @@
 //! `splitcount-lab`: the splitcount lab — machine shape, benchmarks,
-//! accuracy simulation and the report.
-
-mod bench;
-mod machine;
-mod report;
+//! accuracy simulation, replay and the report.
 
 use clap::{Parser, Subcommand};
+use splitcount::counter::{Arity, Design};
+use splitcount::cpu::MAX_CPUS;
+use splitcount_lab::{accuracy, bench, machine, parse_list, replay, report};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -29,19 +28,64 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run a benchmark suite.
+    /// Run a benchmark suite: `cpu-id` or `counters`.
     Bench {
-        /// The suite: `cpu-id`.
+        /// The suite: `cpu-id` or `counters`.
         suite: String,
         /// JSON lines instead of a table.
         #[arg(long)]
         json: bool,
         /// Thread counts, e.g. `1,2,4,8`.
-        #[arg(long, default_value = "1")]
+        #[arg(long, default_value = "1,2")]
         threads: String,
         /// Seconds per case.
         #[arg(long, default_value_t = 0.5)]
         seconds: f64,
+    },
+    /// Bound vs observed error of each design on simulated machines.
+    Accuracy {
+        /// Designs (`atomic`, `batched`, `pernode`, `tree`, comma-separated, or `all`).
+        #[arg(long, default_value = "all")]
+        design: String,
+        /// Simulated CPU counts, e.g. `2,64,4096`.
+        #[arg(long, default_value = "2,8,64,256,1024,4096")]
+        cpus: String,
+        /// Batch (default: each design's own).
+        #[arg(long)]
+        batch: Option<u64>,
+        /// Tree fan-outs: `auto`, `binary` or e.g. `8,8,8` (bottom first).
+        #[arg(long, default_value = "auto")]
+        arity: String,
+        /// Simulated NUMA nodes (default: one per 64 CPUs).
+        #[arg(long)]
+        nodes: Option<usize>,
+        /// Seed of the random walks.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Random-walk steps per (design, CPUs).
+        #[arg(long, default_value_t = 100_000)]
+        steps: usize,
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replay `{"cpu":c,"delta":d}` lines from stdin into a simulated counter.
+    Replay {
+        /// The design.
+        #[arg(long)]
+        design: String,
+        /// Simulated CPUs.
+        #[arg(long)]
+        cpus: usize,
+        /// Batch (default: the design's own).
+        #[arg(long)]
+        batch: Option<u64>,
+        /// Tree fan-outs: `auto`, `binary` or e.g. `8,8,8`.
+        #[arg(long, default_value = "auto")]
+        arity: String,
+        /// Simulated NUMA nodes.
+        #[arg(long)]
+        nodes: Option<usize>,
     },
     /// Run every available suite and write the report.
     Report {
@@ -72,6 +116,33 @@ fn seconds(s: f64) -> Result<Duration, String> {
     }
 }
 
+fn designs(s: &str) -> Result<Vec<Design>, String> {
+    if s.trim() == "all" {
+        return Ok(Design::ALL.to_vec());
+    }
+    parse_list(s, "design", |d| d.parse().ok())
+}
+
+fn cpu_counts(s: &str) -> Result<Vec<usize>, String> {
+    parse_list(s, "CPU count", |c| {
+        c.parse().ok().filter(|n| (1..=MAX_CPUS).contains(n))
+    })
+}
+
+fn spec(
+    design: Design,
+    cpus: usize,
+    batch: Option<u64>,
+    arity: &str,
+    nodes: Option<usize>,
+) -> Result<accuracy::Spec, String> {
+    let mut spec = accuracy::Spec::new(design, cpus);
+    spec.batch = batch;
+    spec.arity = arity.parse::<Arity>().map_err(|e| e.to_string())?;
+    spec.nodes = nodes;
+    Ok(spec)
+}
+
 fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::Machine { json } => {
@@ -95,13 +166,54 @@ fn run(cli: Cli) -> Result<(), String> {
             let duration = seconds(s)?;
             let records = match suite.as_str() {
                 "cpu-id" => bench::cpu_id::run(&threads, duration),
-                other => return Err(format!("unknown suite {other:?} (known: cpu-id)")),
+                "counters" => bench::counters::run(&threads, duration),
+                other => return Err(format!("unknown suite {other:?} (known: cpu-id, counters)")),
             };
             if json {
                 bench::print_json(&records);
             } else {
                 bench::print_table(&records);
             }
+        }
+        Command::Accuracy {
+            design,
+            cpus,
+            batch,
+            arity,
+            nodes,
+            seed,
+            steps,
+            json,
+        } => {
+            let mut records = Vec::new();
+            for d in designs(&design)? {
+                for &n in &cpu_counts(&cpus)? {
+                    let mut s = spec(d, n, batch, &arity, nodes)?;
+                    s.seed = seed;
+                    s.steps = steps;
+                    let r = accuracy::measure(&s)?;
+                    if json {
+                        println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+                    }
+                    records.push(r);
+                }
+            }
+            if !json {
+                accuracy::print_table(&records);
+            }
+        }
+        Command::Replay {
+            design,
+            cpus,
+            batch,
+            arity,
+            nodes,
+        } => {
+            let design: Design = design
+                .parse()
+                .map_err(|e: splitcount::counter::ConfigError| e.to_string())?;
+            let s = spec(design, cpus, batch, &arity, nodes)?;
+            replay::run(&s, std::io::stdin().lock(), std::io::stdout().lock())?;
         }
         Command::Report { quick, out } => report::run(quick, &out)?,
     }

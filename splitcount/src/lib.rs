@@ -6,7 +6,9 @@
 //! The crate is built in layers, each using only the ones before it:
 //!
 //! 1. [`cpu`] — where am I, and what machine is this;
-//! 2. [`percpu`] — memory that has one copy per CPU.
+//! 2. [`percpu`] — memory that has one copy per CPU;
+//! 3. [`counter`] — split counters behind one trait ([`counter::Tree`] is
+//!    the default), each with an exact, tight accuracy bound.
 //!
 //! ```
 //! use splitcount::percpu::Arena;

@@ -271,7 +271,11 @@ mod tests {
         // 3 CPUs in a binary tree of 4: level 1 has items {0,1} and {2}.
         let s = shape(3, 2, Arity::Binary);
         assert_eq!(s.items_at(1), 2);
-        assert_eq!(s.under(), 3 + 2 * (4 - 2), "3 slots hold 1, 2 items hold 4 − 2");
+        assert_eq!(
+            s.under(),
+            3 + 2 * (4 - 2),
+            "3 slots hold 1, 2 items hold 4 − 2"
+        );
     }
 
     #[test]

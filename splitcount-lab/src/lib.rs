@@ -1,0 +1,19 @@
+//! The splitcount lab as a library: the CLI in `main.rs` and the report use
+//! the same machinery, so every figure has one implementation.
+
+pub mod accuracy;
+pub mod bench;
+pub mod machine;
+pub mod replay;
+pub mod report;
+
+/// Parse a comma-separated list with `parse_one`, naming the bad element.
+pub fn parse_list<T>(
+    s: &str,
+    what: &str,
+    parse_one: impl Fn(&str) -> Option<T>,
+) -> Result<Vec<T>, String> {
+    s.split(',')
+        .map(|x| parse_one(x.trim()).ok_or_else(|| format!("{what} {:?} is not valid", x.trim())))
+        .collect()
+}

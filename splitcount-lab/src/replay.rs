@@ -1,0 +1,103 @@
+//! `replay`: feed `{"cpu":c,"delta":d}` lines to a counter on a simulated
+//! machine and print its state after each one.
+
+use crate::accuracy::Spec;
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, Write};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Input {
+    cpu: usize,
+    delta: i64,
+}
+
+#[derive(Serialize)]
+struct Output {
+    step: usize,
+    approximate: i64,
+    precise: i64,
+}
+
+/// Replay `input` into the counter of `spec`, writing one line per step to
+/// `out`. Blank lines are skipped. The first bad line stops the replay with
+/// an error naming it (1-based), after the lines before it were written.
+pub fn run(spec: &Spec, input: impl BufRead, mut out: impl Write) -> Result<(), String> {
+    let c = spec.build()?;
+    let mut step = 0;
+    for (n, line) in input.lines().enumerate() {
+        let line_no = n + 1;
+        let line = line.map_err(|e| format!("line {line_no}: cannot read input: {e}"))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let Input { cpu, delta } = serde_json::from_str(&line)
+            .map_err(|e| format!("line {line_no}: expected {{\"cpu\":N,\"delta\":N}}: {e}"))?;
+        c.add_on(cpu, delta)
+            .map_err(|e| format!("line {line_no}: {e}"))?;
+        let o = Output {
+            step,
+            approximate: c.approximate(),
+            precise: c.precise(),
+        };
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string(&o).expect("outputs serialize")
+        )
+        .map_err(|e| format!("cannot write output: {e}"))?;
+        step += 1;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use splitcount::counter::Design;
+
+    fn replay(design: Design, cpus: usize, input: &str) -> (Result<(), String>, String) {
+        let mut spec = Spec::new(design, cpus);
+        spec.batch = Some(4);
+        let mut out = Vec::new();
+        let r = run(&spec, input.as_bytes(), &mut out);
+        (r, String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn each_input_line_gives_the_state_after_it() {
+        let (r, out) = replay(
+            Design::Batched,
+            2,
+            "{\"cpu\":0,\"delta\":3}\n\n{\"cpu\":0,\"delta\":1}\n",
+        );
+        r.unwrap();
+        assert_eq!(
+            out,
+            "{\"step\":0,\"approximate\":0,\"precise\":3}\n{\"step\":1,\"approximate\":4,\"precise\":4}\n"
+        );
+    }
+
+    #[test]
+    fn bad_lines_are_named_and_stop_the_replay() {
+        let (r, out) = replay(Design::Tree, 2, "{\"cpu\":0,\"delta\":1}\n{\"cpu\":0}\n");
+        assert!(r.unwrap_err().starts_with("line 2: expected"));
+        assert_eq!(
+            out.lines().count(),
+            1,
+            "the good line before it was replayed"
+        );
+        let (r, _) = replay(Design::Tree, 2, "{\"cpu\":2,\"delta\":1}\n");
+        assert_eq!(
+            r.unwrap_err(),
+            "line 1: CPU 2 does not exist on a machine of 2 CPUs"
+        );
+        let (r, _) = replay(Design::Tree, 2, "not json\n");
+        assert!(r.unwrap_err().starts_with("line 1:"));
+        let (r, _) = replay(Design::Tree, 2, "{\"cpu\":0,\"delta\":1,\"x\":2}\n");
+        assert!(
+            r.unwrap_err().starts_with("line 1:"),
+            "unknown fields are refused"
+        );
+    }
+}

@@ -1,0 +1,204 @@
+//! The lab's commands as a user runs them.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+fn lab(args: &[&str], stdin: &str) -> (bool, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_splitcount-lab"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+fn json_lines(s: &str) -> Vec<serde_json::Value> {
+    s.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn machine_json_has_the_promised_fields() {
+    let (ok, out, _) = lab(&["machine", "--json"], "");
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for key in [
+        "possible_cpus",
+        "online_cpus",
+        "numa_nodes",
+        "cpu_id_source",
+        "mm_cid_available",
+        "rseq_registered_by",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key} in {out}");
+    }
+    assert!(v["possible_cpus"].as_u64().unwrap() >= 1);
+}
+
+#[test]
+fn bench_cpu_id_json_lines_carry_a_ratio_to_the_raw_syscall() {
+    let (ok, out, err) = lab(
+        &[
+            "bench",
+            "cpu-id",
+            "--json",
+            "--threads",
+            "1",
+            "--seconds",
+            "0.02",
+        ],
+        "",
+    );
+    assert!(ok, "{err}");
+    let lines = json_lines(&out);
+    assert!(!lines.is_empty());
+    for l in &lines {
+        for key in ["suite", "case", "threads", "ns_per_op"] {
+            assert!(l.get(key).is_some(), "missing {key}");
+        }
+        assert_eq!(l["suite"], "cpu-id");
+    }
+    if let Some(base) = lines.iter().find(|l| l["case"] == "getcpu-syscall") {
+        assert_eq!(base["ratio"], 1.0);
+        assert!(lines.iter().all(|l| l["baseline"] == "getcpu-syscall"));
+    }
+}
+
+#[test]
+fn bench_counters_covers_every_design_the_floor_and_the_shared_atomic() {
+    let (ok, out, err) = lab(
+        &[
+            "bench",
+            "counters",
+            "--json",
+            "--threads",
+            "1,2",
+            "--seconds",
+            "0.02",
+        ],
+        "",
+    );
+    assert!(ok, "{err}");
+    let lines = json_lines(&out);
+    for case in [
+        "thread-local",
+        "shared-atomic",
+        "atomic",
+        "batched",
+        "pernode",
+        "tree",
+    ] {
+        for t in [1, 2] {
+            let l = lines
+                .iter()
+                .find(|l| l["case"] == case && l["threads"] == t)
+                .unwrap_or_else(|| panic!("{case} at {t} threads missing"));
+            assert!(l["ops_per_sec"].as_f64().unwrap() > 0.0);
+            assert!(l["ns_per_op"].as_f64().unwrap() > 0.0);
+            assert_eq!(l["baseline"], "shared-atomic");
+        }
+    }
+}
+
+#[test]
+fn accuracy_json_reports_bound_worst_case_and_random_walks() {
+    let (ok, out, err) = lab(
+        &[
+            "accuracy",
+            "--design",
+            "batched,tree",
+            "--cpus",
+            "8,4096",
+            "--json",
+            "--steps",
+            "2000",
+        ],
+        "",
+    );
+    assert!(ok, "{err}");
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 4);
+    for l in &lines {
+        for key in [
+            "design",
+            "cpus",
+            "batch",
+            "under",
+            "over",
+            "worst_under",
+            "worst_over",
+            "random_worst",
+        ] {
+            assert!(l.get(key).is_some(), "missing {key}");
+        }
+        assert_eq!(
+            l["under"], l["worst_under"],
+            "the schedule reaches the bound"
+        );
+        assert_eq!(l["over"], l["worst_over"]);
+    }
+    let tree8 = lines
+        .iter()
+        .find(|l| l["design"] == "tree" && l["cpus"] == 8)
+        .unwrap();
+    assert_eq!(tree8["under"], 504);
+}
+
+#[test]
+fn accuracy_rejects_bad_arguments_with_a_message() {
+    let (ok, _, err) = lab(
+        &[
+            "accuracy", "--design", "tree", "--cpus", "8", "--batch", "3",
+        ],
+        "",
+    );
+    assert!(!ok);
+    assert!(err.contains("power of two"), "{err}");
+    let (ok, _, err) = lab(&["accuracy", "--cpus", "0"], "");
+    assert!(!ok);
+    assert!(err.contains("CPU count"), "{err}");
+    let (ok, _, err) = lab(
+        &[
+            "accuracy", "--design", "tree", "--cpus", "8", "--arity", "8,8",
+        ],
+        "",
+    );
+    assert!(!ok);
+    assert!(err.contains("fan-outs"), "{err}");
+}
+
+#[test]
+fn replay_prints_the_state_after_each_line_and_names_a_bad_line() {
+    let input = "{\"cpu\":0,\"delta\":31}\n{\"cpu\":0,\"delta\":1}\n{\"cpu\":1,\"delta\":-5}\n";
+    let (ok, out, _) = lab(
+        &["replay", "--design", "tree", "--cpus", "2", "--batch", "32"],
+        input,
+    );
+    assert!(ok);
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 3);
+    assert_eq!(lines[1]["approximate"], 32);
+    assert_eq!(lines[2]["precise"], 27);
+    assert_eq!(lines[2]["step"], 2);
+
+    let (ok, _, err) = lab(
+        &["replay", "--design", "tree", "--cpus", "2"],
+        "{\"cpu\":0,\"delta\":1}\n{\"cpu\":\"x\"}\n",
+    );
+    assert!(!ok);
+    assert!(err.contains("line 2"), "{err}");
+}
