@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 use splitcount::cpu::{self, CpuIdSource, RseqOwner, Topology, TopologySource};
+use splitcount::percpu::{AddPath, Arena};
 
 /// What `machine --json` prints (and `report.json` embeds).
 #[derive(Debug, Clone, Serialize)]
@@ -21,6 +22,8 @@ pub struct MachineInfo {
     pub mm_cid_available: bool,
     /// Who registered the rseq area in use.
     pub rseq_registered_by: RseqOwner,
+    /// How the host arena adds to this CPU's slot: `rseq` or `atomic`.
+    pub percpu_add: AddPath,
     /// Where the shape came from.
     pub topology_source: TopologySource,
     /// Cache levels: how many domains and how many CPUs share each.
@@ -56,6 +59,7 @@ impl MachineInfo {
             cpu_id_source: cpu::cpu_id_source(),
             mm_cid_available: cpu::mm_cid_available(),
             rseq_registered_by: cpu::rseq_owner(),
+            percpu_add: Arena::host().add_path(),
             topology_source: t.source(),
             caches: t
                 .caches()

@@ -28,9 +28,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run a benchmark suite: `cpu-id` or `counters`.
+    /// Run a benchmark suite: `cpu-id`, `percpu` or `counters`.
     Bench {
-        /// The suite: `cpu-id` or `counters`.
+        /// The suite: `cpu-id`, `percpu` or `counters`.
         suite: String,
         /// JSON lines instead of a table.
         #[arg(long)]
@@ -167,7 +167,12 @@ fn run(cli: Cli) -> Result<(), String> {
             let records = match suite.as_str() {
                 "cpu-id" => bench::cpu_id::run(&threads, duration),
                 "counters" => bench::counters::run(&threads, duration),
-                other => return Err(format!("unknown suite {other:?} (known: cpu-id, counters)")),
+                "percpu" => bench::percpu::run(&threads, duration),
+                other => {
+                    return Err(format!(
+                        "unknown suite {other:?} (known: cpu-id, percpu, counters)"
+                    ))
+                }
             };
             if json {
                 bench::print_json(&records);

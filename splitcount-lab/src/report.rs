@@ -42,6 +42,15 @@ pub fn run(quick: bool, out: &Path) -> Result<(), String> {
     });
     println!();
 
+    let percpu = bench::percpu::run(&threads, per_case);
+    bench::print_table(&percpu);
+    suites.push(Suite {
+        name: "percpu".into(),
+        records: percpu,
+        accuracy: Vec::new(),
+    });
+    println!();
+
     let counters = bench::counters::run(&threads, per_case);
     bench::print_table(&counters);
     suites.push(Suite {

@@ -3,6 +3,7 @@
 
 pub mod counters;
 pub mod cpu_id;
+pub mod percpu;
 
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -2,13 +2,15 @@
 //!
 //! Each CPU has a slot in the per-CPU arena; a shared `total` holds what the
 //! slots moved up. An add goes to this CPU's slot; when the slot's new value
-//! reaches `|v| ≥ batch`, the *whole* slot is taken (swapped with 0) and
-//! added to the total.
+//! reaches `|v| ≥ batch`, the *whole* slot is taken (left at 0) and added to
+//! the total. With rseq adds, the add and the take are one critical section
+//! whose single commit stores either the new value or 0; on the atomic path
+//! they are a `fetch_add` and, on spill, a swap with 0.
 //!
 //! **Bound.** When settled, every slot satisfies `|slot| ≤ batch − 1`: the
-//! last read-modify-write on a slot is either the swap (leaving 0) or an add
-//! whose result was below `batch` in magnitude (an add reaching `batch` is
-//! followed by a swap). `approximate = total` and `precise = total + Σ slots`,
+//! last update of a slot either left 0 (a take) or a value below `batch` in
+//! magnitude (an add reaching `batch` is followed by its take — in the same
+//! critical section with rseq). `approximate = total` and `precise = total + Σ slots`,
 //! so `|precise − approximate| ≤ ncpu·(batch − 1)` on each side. With the
 //! default `batch = max(32, 2·ncpu)` that is about `2·ncpu²`: 1.15 GiB of
 //! 4 KiB pages at 384 CPUs.
@@ -64,21 +66,12 @@ impl Batched {
         self.batch as u64
     }
 
+    /// Move a spilled amount to the total.
     #[inline]
-    fn add_unchecked(&self, cpu: usize, delta: i64) {
-        let new = self.slots.add_unchecked(cpu, 0, delta);
-        if new.unsigned_abs() >= self.batch as u64 {
-            self.spill(cpu);
+    fn settle(&self, taken: i64) {
+        if taken != 0 {
+            self.total.fetch_add(taken, Relaxed);
         }
-    }
-
-    /// Move CPU `cpu`'s whole slot to the total. The swap takes whatever is
-    /// there — including adds that raced in since ours — so each unit moves
-    /// exactly once.
-    #[cold]
-    fn spill(&self, cpu: usize) {
-        let moved = self.slots.slot(cpu, 0).swap(0, Relaxed);
-        self.total.fetch_add(moved, Relaxed);
     }
 }
 
@@ -103,17 +96,35 @@ impl SplitCounter for Batched {
         Design::Batched
     }
 
+    /// One rseq critical section (or a `fetch_add`, and a swap on spill) on
+    /// this CPU's slot. A thread that cannot update its CPU's slot adds to
+    /// the total directly: exact, and the bound is unchanged.
     #[inline]
     fn add(&self, delta: i64) {
-        self.add_unchecked(self.slots.machine().current_cpu(), delta);
+        match self.slots.add_spill_current(0, delta, self.batch as u64) {
+            Some((_, taken)) => self.settle(taken),
+            None => {
+                self.total.fetch_add(delta, Relaxed);
+            }
+        }
     }
 
+    /// On a simulated machine, CPU `cpu`'s slot; on the host with rseq
+    /// adds, where another CPU's slot may only be written by critical
+    /// sections running there, the total.
     fn add_on(&self, cpu: usize, delta: i64) -> Result<(), CounterError> {
         let cpus = self.slots.cpus();
         if cpu >= cpus {
             return Err(CounterError::NoSuchCpu { cpu, cpus });
         }
-        self.add_unchecked(cpu, delta);
+        if self.slots.remote_writes_allowed() {
+            self.settle(
+                self.slots
+                    .atomic_add_spill(cpu, 0, delta, self.batch as u64),
+            );
+        } else {
+            self.total.fetch_add(delta, Relaxed);
+        }
         Ok(())
     }
 

@@ -312,9 +312,9 @@ impl Config {
             None if !self.machine.is_simulated() => Arena::host().clone(),
             None => Arena::new(&self.machine),
         };
-        if arena.machine().cpus() != self.machine.cpus() {
+        if arena.regions() != self.machine.cpus() {
             return Err(ConfigError::ArenaMachineMismatch {
-                arena_cpus: arena.machine().cpus(),
+                arena_cpus: arena.regions(),
                 cpus: self.machine.cpus(),
             });
         }

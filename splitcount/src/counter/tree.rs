@@ -115,15 +115,23 @@ impl Tree {
         &self.shape
     }
 
+    /// Carry what CPU `cpu`'s slot crossed when it went from `new − delta`
+    /// to `new`.
     #[inline]
-    fn add_unchecked(&self, cpu: usize, delta: i64) {
+    fn after_slot_add(&self, cpu: usize, new: i64, delta: i64) {
         let floor = !(self.shape.batch() as i64 - 1);
-        let new = self.slots.add_unchecked(cpu, 0, delta);
         let old = new.wrapping_sub(delta);
         let carry = (new & floor).wrapping_sub(old & floor);
         if carry != 0 {
             self.carry(cpu, carry);
         }
+    }
+
+    /// An update that cannot be made on a CPU's slot goes into the bias,
+    /// which both `precise()` and `approximate()` include: exact, and the
+    /// bound is unchanged.
+    fn add_to_bias(&self, delta: i64) {
+        self.root.bias.fetch_add(delta, Relaxed);
     }
 
     /// Propagate `carry` (a multiple of `B₀`) from CPU `cpu`'s slot upwards.
@@ -170,17 +178,30 @@ impl SplitCounter for Tree {
         Design::Tree
     }
 
+    /// One rseq critical section (or `fetch_add`) on this CPU's slot, then
+    /// at most one atomic per level whose batch the slot crossed.
     #[inline]
     fn add(&self, delta: i64) {
-        self.add_unchecked(self.slots.machine().current_cpu(), delta);
+        match self.slots.add_current(0, delta) {
+            Some((cpu, new)) => self.after_slot_add(cpu, new, delta),
+            None => self.add_to_bias(delta),
+        }
     }
 
+    /// On a simulated machine, CPU `cpu`'s slot; on the host with rseq
+    /// adds, where another CPU's slot may only be written by critical
+    /// sections running there, the bias.
     fn add_on(&self, cpu: usize, delta: i64) -> Result<(), CounterError> {
         let cpus = self.shape.cpus();
         if cpu >= cpus {
             return Err(CounterError::NoSuchCpu { cpu, cpus });
         }
-        self.add_unchecked(cpu, delta);
+        if self.slots.remote_writes_allowed() {
+            let new = self.slots.atomic_add(cpu, 0, delta);
+            self.after_slot_add(cpu, new, delta);
+        } else {
+            self.add_to_bias(delta);
+        }
         Ok(())
     }
 

@@ -154,7 +154,7 @@ pub fn rseq_owner() -> RseqOwner {
 /// The calling thread's rseq area, whoever registered it.
 #[cfg(target_os = "linux")]
 #[inline(always)]
-fn area() -> Option<*const u8> {
+pub(crate) fn area() -> Option<*const u8> {
     match mode() {
         GLIBC => rseq::glibc_area(GLIBC_OFFSET.load(Relaxed)),
         OWN => rseq::own_area(),

@@ -23,4 +23,9 @@ pub use current::{
     rseq_cpu_id, rseq_owner, sched_getcpu, thread_index, CpuIdSource, RseqOwner,
 };
 pub use machine::{Machine, MachineError};
+
+#[cfg(target_os = "linux")]
+pub(crate) use current::area as rseq_area;
+#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+pub(crate) use rseq::{CPU_ID_OFFSET, MM_CID_OFFSET};
 pub use topology::{CacheLevel, Topology, TopologyError, TopologySource, MAX_CPUS, MAX_NODES};

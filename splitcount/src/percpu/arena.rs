@@ -4,7 +4,8 @@
 #![allow(unsafe_code)]
 
 use super::chunk::{Chunk, REGION_SLOTS};
-use crate::cpu::Machine;
+use super::path::{self, AddPath, ArenaOptions, SlotIndex};
+use crate::cpu::{self, Machine};
 use crate::sync::{lock, Arc, AtomicI64, Mutex, Ordering::Relaxed};
 use std::fmt;
 use std::ptr::NonNull;
@@ -33,6 +34,14 @@ pub enum ArenaError {
         /// The machine's CPU count.
         cpus: usize,
     },
+    /// A region count that does not fit the index: `MmCid` arenas take
+    /// `1..=cpus` regions, `CpuId` arenas exactly `cpus`.
+    BadRegions {
+        /// The regions asked for.
+        regions: usize,
+        /// The machine's CPU count.
+        cpus: usize,
+    },
     /// A slot index at or beyond the allocation's length.
     NoSuchSlot {
         /// The index given.
@@ -56,6 +65,10 @@ impl fmt::Display for ArenaError {
             ArenaError::NoSuchCpu { cpu, cpus } => {
                 write!(f, "CPU {cpu} does not exist on a machine of {cpus} CPUs")
             }
+            ArenaError::BadRegions { regions, cpus } => write!(
+                f,
+                "{regions} regions do not fit a machine of {cpus} CPUs (CPU-id arenas take {cpus}, concurrency-id arenas 1 to {cpus})"
+            ),
             ArenaError::NoSuchSlot { index, len } => {
                 write!(
                     f,
@@ -92,6 +105,11 @@ pub struct Arena {
 struct Inner {
     machine: Machine,
     alloc: Mutex<Allocator>,
+    /// Per-CPU (or per-concurrency-id) regions, the overflow region excluded.
+    regions: usize,
+    index: SlotIndex,
+    /// Current-CPU adds are rseq critical sections (else relaxed atomics).
+    rseq: bool,
 }
 
 /// A free range of slots inside one chunk.
@@ -116,15 +134,54 @@ struct Allocator {
 }
 
 impl Arena {
-    /// An empty arena for `machine`'s CPUs. Memory is mapped on the first
-    /// allocation, one chunk at a time.
+    /// An empty arena for `machine`'s CPUs with the default options
+    /// (indexed by CPU id; rseq adds where available). Memory is mapped on
+    /// the first allocation, one chunk at a time.
     pub fn new(machine: &Machine) -> Arena {
-        Arena {
+        Arena::with_options(machine, &ArenaOptions::default())
+            .expect("the default options are valid for every machine")
+    }
+
+    /// An empty arena with explicit options: how current-CPU adds are made
+    /// and which id picks "this CPU's" copy. See [`ArenaOptions`].
+    pub fn with_options(machine: &Machine, options: &ArenaOptions) -> Result<Arena, ArenaError> {
+        let cpus = machine.cpus();
+        let regions = match (options.index, options.regions) {
+            (_, Some(0)) => return Err(ArenaError::BadRegions { regions: 0, cpus }),
+            (SlotIndex::MmCid, Some(r)) if r <= cpus => r,
+            (_, Some(r)) if r != cpus => return Err(ArenaError::BadRegions { regions: r, cpus }),
+            _ => cpus,
+        };
+        Ok(Arena {
             inner: Arc::new(Inner {
                 machine: machine.clone(),
                 alloc: Mutex::new(Allocator::default()),
+                regions,
+                index: options.index,
+                rseq: path::resolve(machine, options),
             }),
+        })
+    }
+
+    /// Whether current-CPU adds are rseq critical sections here (otherwise
+    /// relaxed atomic read-modify-writes).
+    pub fn add_path(&self) -> AddPath {
+        if self.inner.rseq {
+            AddPath::Rseq
+        } else {
+            AddPath::Atomic
         }
+    }
+
+    /// Which id picks the current CPU's copy.
+    pub fn slot_index(&self) -> SlotIndex {
+        self.inner.index
+    }
+
+    /// Number of per-CPU (or per-concurrency-id) copies of each slot, not
+    /// counting the shared overflow copy.
+    pub fn regions(&self) -> usize {
+        self.inner.regions
     }
 
     /// The process-wide arena for the host machine, shared by every per-CPU
@@ -168,13 +225,13 @@ impl Arena {
                 Free { len, ..f }
             }
             None => {
-                let chunk = Chunk::new(&self.inner.machine).ok_or(ArenaError::OutOfMemory {
-                    bytes: self
-                        .inner
-                        .machine
-                        .cpus()
-                        .saturating_mul(super::REGION_BYTES),
-                })?;
+                let inner = &self.inner;
+                let place = inner.index == SlotIndex::CpuId;
+                let chunk = Chunk::new(inner.regions, &inner.machine, place).ok_or(
+                    ArenaError::OutOfMemory {
+                        bytes: (inner.regions + 1).saturating_mul(super::REGION_BYTES),
+                    },
+                )?;
                 a.chunks.push(Box::new(chunk));
                 let chunk = a.chunks.len() - 1;
                 if len < REGION_SLOTS {
@@ -199,7 +256,7 @@ impl Arena {
             chunk_index: at.chunk,
             start: at.start,
             len,
-            cpus: self.inner.machine.cpus(),
+            regions: self.inner.regions,
         })
     }
 
@@ -250,11 +307,18 @@ impl Allocator {
 /// `len` slots with one copy per CPU, allocated from an [`Arena`]; freed
 /// (zeroed and returned to the arena) on drop.
 ///
-/// Updates are relaxed atomic read-modify-writes on *some* CPU's copy, so a
-/// thread that migrates between reading its CPU id and updating merely
-/// updates the copy of the CPU it left: the sum over CPUs — the value every
-/// reader uses — never loses an update. Sums wrap on `i64` overflow; the
-/// layers above bound their values.
+/// Current-CPU adds are rseq critical sections where the arena uses them,
+/// otherwise relaxed atomic read-modify-writes on *some* CPU's copy: a thread
+/// that migrates between reading its CPU id and updating merely updates the
+/// copy of the CPU it left. Either way the sum over all copies — the value
+/// every reader uses — never loses an update.
+///
+/// Besides one copy per CPU there is a shared *overflow* copy, updated only
+/// atomically and included in every sum. It takes the updates that cannot be
+/// made on a CPU's own copy: in an rseq arena, updates named for another CPU
+/// ([`PerCpu::add_on`]) and adds from threads without an rseq area; in a
+/// concurrency-id arena, ids beyond its regions. Sums wrap on `i64`
+/// overflow; the layers above bound their values.
 pub struct PerCpu {
     arena: Arena,
     /// Points into `arena`, which this handle keeps alive.
@@ -262,7 +326,8 @@ pub struct PerCpu {
     chunk_index: usize,
     start: usize,
     len: usize,
-    cpus: usize,
+    /// Per-CPU regions; region `regions` is the overflow copy.
+    regions: usize,
 }
 
 // SAFETY: `chunk` points to atomics owned by the arena that `self.arena`
@@ -283,10 +348,11 @@ impl PerCpu {
         self.len == 0
     }
 
-    /// Number of CPUs (copies of each slot).
+    /// Number of per-CPU copies of each slot (the CPU count, or the regions
+    /// of a concurrency-id arena), not counting the overflow copy.
     #[inline]
     pub fn cpus(&self) -> usize {
-        self.cpus
+        self.regions
     }
 
     /// The machine whose CPUs the copies belong to.
@@ -300,20 +366,21 @@ impl PerCpu {
         &self.arena
     }
 
-    /// Slot `index` of CPU `cpu`, unchecked except in debug builds: for
-    /// in-crate callers that validated both.
+    /// Slot `index` of region `region` (`region == cpus()` is the overflow
+    /// copy), unchecked except in debug builds: for in-crate callers that
+    /// validated both.
     #[inline(always)]
-    pub(crate) fn slot(&self, cpu: usize, index: usize) -> &AtomicI64 {
-        debug_assert!(cpu < self.cpus && index < self.len);
+    pub(crate) fn slot(&self, region: usize, index: usize) -> &AtomicI64 {
+        debug_assert!(region <= self.regions && index < self.len);
         // SAFETY: the arena (kept alive by `self.arena`) owns the chunk.
-        unsafe { self.chunk.as_ref() }.slot(cpu, self.start + index)
+        unsafe { self.chunk.as_ref() }.slot(region, self.start + index)
     }
 
     fn check(&self, cpu: usize, index: usize) -> Result<(), ArenaError> {
-        if cpu >= self.cpus {
+        if cpu >= self.regions {
             return Err(ArenaError::NoSuchCpu {
                 cpu,
-                cpus: self.cpus,
+                cpus: self.regions,
             });
         }
         if index >= self.len {
@@ -325,47 +392,184 @@ impl PerCpu {
         Ok(())
     }
 
-    /// Add `delta` to slot `index` of the current CPU and return the slot's
-    /// new value (the value of whichever CPU's copy was updated).
+    /// Whether updates may name a CPU other than the caller's
+    /// ([`PerCpu::atomic_add`] on a CPU's own copy). False in rseq arenas,
+    /// whose per-CPU copies belong to critical sections running on their CPU.
     #[inline]
-    pub fn add(&self, index: usize, delta: i64) -> Result<i64, ArenaError> {
-        self.add_on(self.machine().current_cpu(), index, delta)
+    pub(crate) fn remote_writes_allowed(&self) -> bool {
+        !self.arena.inner.rseq
     }
 
-    /// Add `delta` to slot `index` of CPU `cpu` and return its new value.
+    /// Add `delta` to slot `index` of the current CPU's copy and return the
+    /// new value of the copy that was updated (the overflow copy's when this
+    /// thread cannot update its CPU's own).
+    #[inline(always)]
+    pub fn add(&self, index: usize, delta: i64) -> Result<i64, ArenaError> {
+        self.check(0, index)?;
+        Ok(match self.add_current(index, delta) {
+            Some((_, new)) => new,
+            None => self.atomic_add(self.regions, index, delta),
+        })
+    }
+
+    /// Add `delta` to slot `index` "on" CPU `cpu` and return the new value of
+    /// the copy that was updated: CPU `cpu`'s own copy, or — in an rseq
+    /// arena, where only critical sections running on `cpu` may write it —
+    /// the overflow copy. Either way every sum sees the update.
     #[inline]
     pub fn add_on(&self, cpu: usize, index: usize, delta: i64) -> Result<i64, ArenaError> {
         self.check(cpu, index)?;
-        Ok(self.add_unchecked(cpu, index, delta))
+        let region = if self.remote_writes_allowed() {
+            cpu
+        } else {
+            self.regions
+        };
+        Ok(self.atomic_add(region, index, delta))
     }
 
-    /// [`PerCpu::add_on`] without the checks (debug builds still check).
+    /// Relaxed `fetch_add` on one region's copy; returns the new value.
     #[inline(always)]
-    pub(crate) fn add_unchecked(&self, cpu: usize, index: usize, delta: i64) -> i64 {
+    pub(crate) fn atomic_add(&self, region: usize, index: usize, delta: i64) -> i64 {
         // Relaxed: a slot is a pure counter; readers sum slots and need no
         // ordering with other memory.
-        self.slot(cpu, index)
+        self.slot(region, index)
             .fetch_add(delta, Relaxed)
             .wrapping_add(delta)
     }
 
-    /// Slot `index` of CPU `cpu`, or `None` if either is out of range.
+    /// The region "this CPU" owns for the atomic path, if it has one.
+    #[inline(always)]
+    fn current_region(&self) -> Option<usize> {
+        let machine = self.machine();
+        let region = match self.arena.inner.index {
+            SlotIndex::MmCid if !machine.is_simulated() => match cpu::mm_cid() {
+                Some(cid) => cid as usize,
+                None => machine.current_cpu(),
+            },
+            _ => machine.current_cpu(),
+        };
+        (region < self.regions).then_some(region)
+    }
+
+    /// Add `delta` to slot `index` of the current CPU's own copy and return
+    /// `(cpu, new value)`; `None` when this thread cannot update its CPU's
+    /// copy (no rseq area in an rseq arena, or an id beyond the regions) —
+    /// the caller then accounts the delta elsewhere.
+    #[inline(always)]
+    pub(crate) fn add_current(&self, index: usize, delta: i64) -> Option<(usize, i64)> {
+        #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+        if self.arena.inner.rseq {
+            let area = cpu::rseq_area()?;
+            // SAFETY: `area` is this thread's registered area; the slot's
+            // region-0 address and `regions` describe this chunk; in an rseq
+            // arena every write to a CPU's own copy is such a sequence.
+            let (cpu, new) = unsafe {
+                super::rseq_ops::add_return(
+                    area,
+                    self.index_field(),
+                    self.slot_ptr(index),
+                    self.regions,
+                    delta,
+                )
+            };
+            return (cpu < self.regions).then_some((cpu, new));
+        }
+        let region = self.current_region()?;
+        Some((region, self.atomic_add(region, index, delta)))
+    }
+
+    /// The kernel's `percpu_counter` step on the current CPU's copy: add
+    /// `delta`; if the new value reaches `|v| ≥ batch`, take the whole copy
+    /// (leaving 0) and return it as `(cpu, taken)` for the caller to move to
+    /// a shared total (`taken` is 0 when nothing spilled). `None` as for
+    /// [`PerCpu::add_current`].
+    #[inline(always)]
+    pub(crate) fn add_spill_current(
+        &self,
+        index: usize,
+        delta: i64,
+        batch: u64,
+    ) -> Option<(usize, i64)> {
+        #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+        if self.arena.inner.rseq {
+            let area = cpu::rseq_area()?;
+            // SAFETY: as in `add_current`.
+            let (cpu, spilled) = unsafe {
+                super::rseq_ops::add_spill(
+                    area,
+                    self.index_field(),
+                    self.slot_ptr(index),
+                    self.regions,
+                    delta,
+                    batch,
+                )
+            };
+            return (cpu < self.regions).then_some((cpu, spilled));
+        }
+        let region = self.current_region()?;
+        Some((region, self.atomic_add_spill(region, index, delta, batch)))
+    }
+
+    /// The atomic form of the spill step on one region's copy: `fetch_add`,
+    /// and when the result reaches `|v| ≥ batch`, swap the copy with 0. The
+    /// swap takes whatever is there — adds that raced in since included — so
+    /// each unit moves exactly once. Returns what was taken (0 if nothing).
+    #[inline(always)]
+    pub(crate) fn atomic_add_spill(
+        &self,
+        region: usize,
+        index: usize,
+        delta: i64,
+        batch: u64,
+    ) -> i64 {
+        let new = self.atomic_add(region, index, delta);
+        if new.unsigned_abs() >= batch {
+            self.slot(region, index).swap(0, Relaxed)
+        } else {
+            0
+        }
+    }
+
+    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+    #[inline(always)]
+    fn index_field(&self) -> usize {
+        match self.arena.inner.index {
+            SlotIndex::CpuId => cpu::CPU_ID_OFFSET,
+            SlotIndex::MmCid => cpu::MM_CID_OFFSET,
+        }
+    }
+
+    /// Address of slot `index` in region 0.
+    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+    #[inline(always)]
+    fn slot_ptr(&self, index: usize) -> *mut i64 {
+        self.slot(0, index).as_ptr()
+    }
+
+    /// Slot `index` of CPU `cpu`'s own copy, or `None` if either is out of
+    /// range.
     pub fn get(&self, cpu: usize, index: usize) -> Option<i64> {
         self.check(cpu, index).ok()?;
         Some(self.slot(cpu, index).load(Relaxed))
     }
 
-    /// Sum of slot `index` over every CPU (wrapping), or `None` if `index`
-    /// is out of range. Exact when no add is in flight; otherwise some
-    /// in-flight adds may or may not be counted, none is counted twice.
+    /// Slot `index` of the shared overflow copy, or `None` if out of range.
+    pub fn overflow(&self, index: usize) -> Option<i64> {
+        (index < self.len).then(|| self.slot(self.regions, index).load(Relaxed))
+    }
+
+    /// Sum of slot `index` over every copy, the overflow copy included
+    /// (wrapping), or `None` if `index` is out of range. Exact when no add is
+    /// in flight; otherwise some in-flight adds may or may not be counted,
+    /// none is counted twice.
     pub fn sum(&self, index: usize) -> Option<i64> {
         (index < self.len).then(|| self.sum_unchecked(index))
     }
 
     #[inline]
     pub(crate) fn sum_unchecked(&self, index: usize) -> i64 {
-        (0..self.cpus).fold(0i64, |acc, cpu| {
-            acc.wrapping_add(self.slot(cpu, index).load(Relaxed))
+        (0..=self.regions).fold(0i64, |acc, region| {
+            acc.wrapping_add(self.slot(region, index).load(Relaxed))
         })
     }
 }
@@ -374,7 +578,7 @@ impl Drop for PerCpu {
     fn drop(&mut self) {
         // Nobody else can hold `&self` now, so no add races with the zeroing;
         // the lock orders these stores before the next owner's first access.
-        for cpu in 0..self.cpus {
+        for cpu in 0..=self.regions {
             for i in 0..self.len {
                 self.slot(cpu, i).store(0, Relaxed);
             }
@@ -393,7 +597,7 @@ impl fmt::Debug for PerCpu {
             .field("chunk", &self.chunk_index)
             .field("start", &self.start)
             .field("len", &self.len)
-            .field("cpus", &self.cpus)
+            .field("regions", &self.regions)
             .finish()
     }
 }

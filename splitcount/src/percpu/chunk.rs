@@ -1,5 +1,7 @@
-//! One chunk of per-CPU memory: `cpus` regions of [`REGION_BYTES`] each, the
-//! region of CPU `c` starting at `c · REGION_BYTES`.
+//! One chunk of per-CPU memory: `regions + 1` regions of [`REGION_BYTES`]
+//! each — one per CPU (or concurrency id), the region of CPU `c` starting at
+//! `c · REGION_BYTES`, and a last, shared *overflow* region for updates that
+//! cannot be made on a CPU's own copy (see `arena.rs`).
 //!
 //! Regions are page-sized and page-aligned, so two CPUs never write the same
 //! cache line (nor the same page, which is what lets `mbind` place each
@@ -27,7 +29,8 @@ pub const REGION_SLOTS: usize = REGION_BYTES / std::mem::size_of::<i64>();
 
 /// The memory of one chunk. See the module docs.
 pub(crate) struct Chunk {
-    cpus: usize,
+    /// Regions including the overflow region.
+    regions: usize,
     #[cfg(all(unix, not(loom)))]
     base: std::ptr::NonNull<AtomicI64>,
     #[cfg(any(not(unix), loom))]
@@ -41,12 +44,13 @@ unsafe impl Send for Chunk {}
 unsafe impl Sync for Chunk {}
 
 impl Chunk {
-    /// Map a zeroed chunk for `machine`'s CPUs, each region preferring its
-    /// CPU's NUMA node. `None` when the memory cannot be had.
+    /// Map a zeroed chunk of `regions` regions plus the overflow region;
+    /// with `place`, region `c` prefers the NUMA node of `machine`'s CPU `c`.
+    /// `None` when the memory cannot be had.
     #[cfg(all(unix, not(loom)))]
-    pub(crate) fn new(machine: &Machine) -> Option<Chunk> {
-        let cpus = machine.cpus();
-        let bytes = cpus.checked_mul(REGION_BYTES)?;
+    pub(crate) fn new(regions: usize, machine: &Machine, place: bool) -> Option<Chunk> {
+        let regions = regions.checked_add(1)?;
+        let bytes = regions.checked_mul(REGION_BYTES)?;
         // SAFETY: an anonymous private mapping has no preconditions; the
         // result is checked before use.
         let ptr = unsafe {
@@ -62,34 +66,35 @@ impl Chunk {
         if ptr == libc::MAP_FAILED {
             return None;
         }
-        if !machine.is_simulated() && machine.topology().nodes() > 1 {
+        if place && !machine.is_simulated() && machine.topology().nodes() > 1 {
             place_regions_on_nodes(ptr.cast(), machine);
         }
         Some(Chunk {
-            cpus,
+            regions,
             base: std::ptr::NonNull::new(ptr.cast())?,
         })
     }
 
     /// Allocate a zeroed chunk (loom models and non-Unix systems).
     #[cfg(any(not(unix), loom))]
-    pub(crate) fn new(machine: &Machine) -> Option<Chunk> {
-        let cpus = machine.cpus();
-        let n = cpus.checked_mul(REGION_SLOTS)?;
+    pub(crate) fn new(regions: usize, _machine: &Machine, _place: bool) -> Option<Chunk> {
+        let regions = regions.checked_add(1)?;
+        let n = regions.checked_mul(REGION_SLOTS)?;
         Some(Chunk {
-            cpus,
+            regions,
             slots: (0..n).map(|_| AtomicI64::new(0)).collect(),
         })
     }
 
-    /// The slot `index` of CPU `cpu`'s region.
+    /// The slot `index` of region `region`.
     ///
-    /// Callers guarantee `cpu < cpus` and `index < REGION_SLOTS` (checked in
-    /// debug builds): the arena's handles only hand out indices they own.
+    /// Callers guarantee `region < regions` and `index < REGION_SLOTS`
+    /// (checked in debug builds): the arena's handles only hand out indices
+    /// they own.
     #[inline(always)]
-    pub(crate) fn slot(&self, cpu: usize, index: usize) -> &AtomicI64 {
-        debug_assert!(cpu < self.cpus && index < REGION_SLOTS);
-        let at = cpu * REGION_SLOTS + index;
+    pub(crate) fn slot(&self, region: usize, index: usize) -> &AtomicI64 {
+        debug_assert!(region < self.regions && index < REGION_SLOTS);
+        let at = region * REGION_SLOTS + index;
         #[cfg(all(unix, not(loom)))]
         {
             // SAFETY: `at` is inside the mapping (bounds above); the mapping
@@ -110,7 +115,7 @@ impl Drop for Chunk {
         // into it outlives the chunk (handles keep the arena, and so the
         // chunk, alive).
         unsafe {
-            libc::munmap(self.base.as_ptr().cast(), self.cpus * REGION_BYTES);
+            libc::munmap(self.base.as_ptr().cast(), self.regions * REGION_BYTES);
         }
     }
 }

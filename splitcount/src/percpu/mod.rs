@@ -19,14 +19,22 @@
 //! are zeroed and reused. On a NUMA host, each CPU's region is bound
 //! (`MPOL_PREFERRED`) to its CPU's node before it is first touched.
 //!
-//! **Races.** Updates are relaxed atomic read-modify-writes on the slot of
-//! the CPU the thread *believed* it ran on; if it migrated in between, it
-//! updates another CPU's copy, which only costs a shared cache line for that
-//! one update. Sums read every CPU's slot; nothing is ever dropped, including
-//! the slots of CPUs that went offline.
+//! **Races.** On x86_64 Linux, a current-CPU add is an rseq critical
+//! section: plain instructions that the kernel restarts if the thread is
+//! preempted, migrated or signalled inside them ([`AddPath`]). Elsewhere it
+//! is a relaxed atomic read-modify-write on the slot of the CPU the thread
+//! *believed* it ran on; if it migrated in between, it updates another CPU's
+//! copy, which only costs a shared cache line for that one update. Updates
+//! that cannot be made on the caller's own copy go to a shared overflow copy.
+//! Sums read every copy; nothing is ever dropped, including the slots of CPUs
+//! that went offline.
 
 mod arena;
 mod chunk;
+mod path;
+#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+mod rseq_ops;
 
 pub use arena::{Arena, ArenaError, PerCpu};
 pub use chunk::{REGION_BYTES, REGION_SLOTS};
+pub use path::{default_add_path, rseq_available, AddPath, ArenaOptions, SlotIndex};

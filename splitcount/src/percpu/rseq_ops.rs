@@ -1,0 +1,178 @@
+//! Per-CPU updates as rseq critical sections (x86_64 Linux).
+//!
+//! A *restartable sequence* is a range of instructions that the kernel
+//! aborts — jumping to an abort handler — if the thread is preempted,
+//! migrated or signalled while inside it. A per-CPU update written as one
+//! therefore needs no locked instruction: it reads the CPU id, computes the
+//! slot's address, and commits with a single plain store, knowing that
+//! nothing else ran on this CPU in between.
+//!
+//! ```text
+//!  21: rseq->rseq_cs = &descriptor          ; arm (re-armed on every retry)
+//!  22: cpu = rseq->cpu_id  (or mm_cid)      ; ── start_ip
+//!      if cpu >= regions: goto 25           ;    leave without committing
+//!      p = slot0 + cpu·4096
+//!      v = *p + delta
+//!      *p = v                               ;    the commit: one plain store
+//!  23:                                      ; ── post_commit_ip
+//!      .long 0x53053053                     ; signature (inside `ud1`)
+//!  24: goto 21                              ; ── abort_ip: retry from scratch
+//! ```
+//!
+//! The descriptor (`struct rseq_cs`: version, flags, start_ip,
+//! post_commit_offset, abort_ip) lives in the `__rseq_cs` section, and the
+//! four bytes before the abort handler hold the signature the thread's area
+//! was registered with — `0x53053053`, glibc's and librseq's x86 value — so
+//! the same code runs under glibc's registration or ours. The bytes
+//! `0f b9 3d` before it make the signature part of a `ud1` instruction, as
+//! librseq does, so the signature is never executed as something else.
+//!
+//! A critical section only excludes other threads *on the same CPU*: every
+//! write to a CPU's slot must be such a sequence, run on that CPU. Remote
+//! writes go elsewhere (the arena's shared overflow region); see `arena.rs`.
+
+#![allow(unsafe_code)]
+
+use super::chunk::REGION_BYTES;
+
+const _: () = assert!(REGION_BYTES == 4096, "the critical sections shift by 12");
+
+/// Add `delta` to the calling CPU's copy of a slot and return
+/// `(cpu, new value)`; `cpu ≥ regions` means the id was out of range and
+/// nothing was written.
+///
+/// # Safety
+/// `area` is the calling thread's registered rseq area (registered with
+/// [`crate::cpu`]'s signature); `field` the byte offset of `cpu_id` or
+/// `mm_cid` in it; `slot0` the slot's address in region 0 of a chunk whose
+/// regions `0..regions` are 4096 bytes apart; and every write to those
+/// regions' copies of this slot is made by such a critical section.
+#[inline(always)]
+pub(crate) unsafe fn add_return(
+    area: *const u8,
+    field: usize,
+    slot0: *mut i64,
+    regions: usize,
+    delta: i64,
+) -> (usize, i64) {
+    let cpu: usize;
+    let new: i64;
+    // SAFETY: see the function's contract; the sequence writes only
+    // `slot0 + cpu·4096` for `cpu < regions`, and the area's `rseq_cs`.
+    unsafe {
+        std::arch::asm!(
+            ".pushsection __rseq_cs, \"aw\"",
+            ".balign 32",
+            "20:",
+            ".long 0, 0",
+            ".quad 22f, (23f - 22f), 24f",
+            ".popsection",
+            "21:",
+            "lea {tmp}, [rip + 20b]",
+            "mov qword ptr [{area} + 8], {tmp}",
+            "22:",
+            "mov {cpu:e}, dword ptr [{area} + {field}]",
+            "cmp {cpu}, {regions}",
+            "jae 25f",
+            "mov {tmp}, {cpu}",
+            "shl {tmp}, 12",
+            "add {tmp}, {slot0}",
+            "mov {new}, qword ptr [{tmp}]",
+            "add {new}, {delta}",
+            "mov qword ptr [{tmp}], {new}",
+            "23:",
+            "jmp 25f",
+            ".byte 0x0f, 0xb9, 0x3d",
+            ".long 0x53053053",
+            "24:",
+            "jmp 21b",
+            "25:",
+            area = in(reg) area,
+            field = in(reg) field,
+            slot0 = in(reg) slot0,
+            regions = in(reg) regions,
+            delta = in(reg) delta,
+            cpu = out(reg) cpu,
+            new = out(reg) new,
+            tmp = out(reg) _,
+            options(nostack),
+        );
+    }
+    (cpu, new)
+}
+
+/// The kernel's `percpu_counter` step in one critical section: add `delta`
+/// to the calling CPU's copy; if the new value reaches `|v| ≥ batch`, store
+/// 0 instead and return `v` as the amount to move to the shared total.
+/// Returns `(cpu, spilled)`; `cpu ≥ regions` means nothing was written.
+///
+/// # Safety
+/// As for [`add_return`].
+#[inline(always)]
+pub(crate) unsafe fn add_spill(
+    area: *const u8,
+    field: usize,
+    slot0: *mut i64,
+    regions: usize,
+    delta: i64,
+    batch: u64,
+) -> (usize, i64) {
+    let cpu: usize;
+    let spilled: i64;
+    // SAFETY: as in `add_return`; the commit is the single store of either
+    // the new value or 0, chosen with conditional moves before it.
+    unsafe {
+        std::arch::asm!(
+            ".pushsection __rseq_cs, \"aw\"",
+            ".balign 32",
+            "20:",
+            ".long 0, 0",
+            ".quad 22f, (23f - 22f), 24f",
+            ".popsection",
+            "21:",
+            "lea {addr}, [rip + 20b]",
+            "mov qword ptr [{area} + 8], {addr}",
+            "22:",
+            "mov {cpu:e}, dword ptr [{area} + {field}]",
+            "cmp {cpu}, {regions}",
+            "jae 25f",
+            "mov {addr}, {cpu}",
+            "shl {addr}, 12",
+            "add {addr}, {slot0}",
+            "mov {new}, qword ptr [{addr}]",
+            "add {new}, {delta}",
+            // abs = |new| (i64::MIN stays 2^63 as unsigned: it spills)
+            "mov {abs}, {new}",
+            "neg {abs}",
+            "cmovl {abs}, {new}",
+            "mov {store}, {new}",
+            "xor {spilled:e}, {spilled:e}",
+            "cmp {abs}, {batch}",
+            "mov {abs}, 0",
+            "cmovae {spilled}, {new}",
+            "cmovae {store}, {abs}",
+            "mov qword ptr [{addr}], {store}",
+            "23:",
+            "jmp 25f",
+            ".byte 0x0f, 0xb9, 0x3d",
+            ".long 0x53053053",
+            "24:",
+            "jmp 21b",
+            "25:",
+            area = in(reg) area,
+            field = in(reg) field,
+            slot0 = in(reg) slot0,
+            regions = in(reg) regions,
+            delta = in(reg) delta,
+            batch = in(reg) batch,
+            cpu = out(reg) cpu,
+            spilled = out(reg) spilled,
+            addr = out(reg) _,
+            new = out(reg) _,
+            abs = out(reg) _,
+            store = out(reg) _,
+            options(nostack),
+        );
+    }
+    (cpu, spilled)
+}
