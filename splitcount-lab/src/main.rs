@@ -28,9 +28,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run a benchmark suite: `cpu-id`, `percpu` or `counters`.
+    /// Run a benchmark suite: `cpu-id`, `percpu`, `counters` or `charge`.
     Bench {
-        /// The suite: `cpu-id`, `percpu` or `counters`.
+        /// The suite: `cpu-id`, `percpu`, `counters` or `charge`.
         suite: String,
         /// JSON lines instead of a table.
         #[arg(long)]
@@ -168,9 +168,10 @@ fn run(cli: Cli) -> Result<(), String> {
                 "cpu-id" => bench::cpu_id::run(&threads, duration),
                 "counters" => bench::counters::run(&threads, duration),
                 "percpu" => bench::percpu::run(&threads, duration),
+                "charge" => bench::charge::run(&threads, duration),
                 other => {
                     return Err(format!(
-                        "unknown suite {other:?} (known: cpu-id, percpu, counters)"
+                        "unknown suite {other:?} (known: cpu-id, percpu, counters, charge)"
                     ))
                 }
             };

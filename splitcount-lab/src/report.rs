@@ -60,6 +60,15 @@ pub fn run(quick: bool, out: &Path) -> Result<(), String> {
     });
     println!();
 
+    let charge = bench::charge::run(&threads[..2], per_case);
+    bench::print_table(&charge);
+    suites.push(Suite {
+        name: "charge".into(),
+        records: charge,
+        accuracy: Vec::new(),
+    });
+    println!();
+
     let cpus: &[usize] = if quick {
         &[2, 64, 4096]
     } else {

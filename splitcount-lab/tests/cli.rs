@@ -202,3 +202,35 @@ fn replay_prints_the_state_after_each_line_and_names_a_bad_line() {
     assert!(!ok);
     assert!(err.contains("line 2"), "{err}");
 }
+
+#[test]
+fn bench_charge_has_every_case_with_ratios_to_no_accounting() {
+    let (ok, out, err) = lab(
+        &[
+            "bench",
+            "charge",
+            "--json",
+            "--threads",
+            "1,2",
+            "--seconds",
+            "0.02",
+        ],
+        "",
+    );
+    assert!(ok, "{err}");
+    let lines = json_lines(&out);
+    for case in [
+        "no-accounting",
+        "usage-counter",
+        "stock",
+        "stock-1-slot",
+        "stock-7-slots",
+    ] {
+        let l = lines
+            .iter()
+            .find(|l| l["case"] == case)
+            .unwrap_or_else(|| panic!("{case} missing"));
+        assert!(l["ops_per_sec"].as_f64().unwrap() > 0.0);
+        assert_eq!(l["baseline"], "no-accounting");
+    }
+}

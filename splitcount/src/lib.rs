@@ -8,7 +8,10 @@
 //! 1. [`cpu`] — where am I, and what machine is this;
 //! 2. [`percpu`] — memory that has one copy per CPU;
 //! 3. [`counter`] — split counters behind one trait ([`counter::Tree`] is
-//!    the default), each with an exact, tight accuracy bound.
+//!    the default), each with an exact, tight accuracy bound;
+//! 4. [`charge`] — hierarchical usage with limits, and the per-CPU stock;
+//! 6. [`group`] — the facade: a tree of named groups with limits, events,
+//!    hooks and removal.
 //!
 //! ```
 //! use splitcount::percpu::Arena;
@@ -23,8 +26,10 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod charge;
 pub mod counter;
 pub mod cpu;
+pub mod group;
 pub mod percpu;
 pub(crate) mod sync;
 

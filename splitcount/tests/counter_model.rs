@@ -32,7 +32,7 @@ fn case() -> impl Strategy<Value = (usize, usize, u32, Vec<Op>)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
+    #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn every_design_agrees_with_an_exact_model((cpus, design, batch_order, ops) in case()) {

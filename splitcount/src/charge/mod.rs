@@ -1,0 +1,16 @@
+//! Layer 4: *hierarchical usage with limits, and the per-CPU stock.*
+//!
+//! - [`UsageCounter`]: the kernel's `page_counter` — usage charged at a
+//!   counter and all its ancestors, a hard limit that refuses charges, a soft
+//!   limit that only counts events, a peak watermark, events.
+//! - [`Stock`]: per-CPU slots of pre-charged units for several counters, so
+//!   that most charges touch no shared cache line.
+//!
+//! The charge path that combines them with reclaim and out-of-memory hooks
+//! is [`crate::group::Group::charge`].
+
+mod stock;
+mod usage;
+
+pub use stock::{Consumed, Leftovers, Stock, MAX_STOCK_BATCH, MAX_STOCK_SLOTS};
+pub use usage::{Busy, Events, UsageCounter, MAX_REQUEST, UNLIMITED};

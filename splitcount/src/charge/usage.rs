@@ -1,0 +1,434 @@
+//! [`UsageCounter`]: hierarchical usage with a hard limit (`max`), a soft
+//! limit (`high`), a peak watermark and events — the kernel's
+//! `page_counter` (mm/page_counter.c).
+//!
+//! A counter has a parent; a charge at a counter is a charge at every
+//! ancestor. Three kinds of update:
+//!
+//! - [`UsageCounter::charge`] — forced: adds everywhere, ignoring limits.
+//! - [`UsageCounter::try_charge`] — level by level from the counter up; a
+//!   level whose usage would exceed its `max` refuses, every level below it
+//!   is rolled back, the refusing level's `max` event count is bumped, and
+//!   the refusing counter is reported.
+//! - [`UsageCounter::uncharge`] — subtracts up the chain; a level with less
+//!   usage than the request is clamped at zero and records an `underflow`
+//!   event (a caller's accounting bug must not wrap the counter around or
+//!   panic), and only what was really there is subtracted further up.
+//!
+//! **Never above `max`.** The kernel adds speculatively and rolls back, so
+//! its usage can briefly exceed the limit by a failing request. We add with
+//! a compare-and-swap that only succeeds when the new usage fits, so no
+//! reader ever sees `usage > max` (outside the [`UsageCounter::set_max`]
+//! race below). The price — a retry when two charges hit one level at once
+//! — is paid rarely, since the per-CPU stock batches charges.
+//!
+//! **`set_max` vs `try_charge`.** The setter stores the new limit, then
+//! reads the usage; a charger updates the usage, then re-reads the limit
+//! (both sequentially consistent). Whatever the interleaving, one of them
+//! sees the other: the setter finds the usage too high and restores the old
+//! limit (`Busy`), or the charger finds the new limit and rolls back.
+
+use crate::sync::{
+    Arc, AtomicU64,
+    Ordering::{Relaxed, SeqCst},
+};
+use crossbeam_utils::CachePadded;
+use std::fmt;
+
+/// Event counts of one counter, as a snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Events {
+    /// Charges refused at this counter (its `max` was in the way).
+    pub max: u64,
+    /// Charges that left this counter above its `high` soft limit.
+    pub high: u64,
+    /// Times the charge path gave up at this counter after reclaim and
+    /// draining (the out-of-memory hook ran).
+    pub oom: u64,
+    /// Uncharges of more than the counter held (clamped at zero).
+    pub underflow: u64,
+}
+
+/// Write-hot: changed by every charge that reaches the counter.
+struct Hot {
+    usage: AtomicU64,
+    watermark: AtomicU64,
+}
+
+/// Read-mostly: read by every charge, written by configuration.
+struct Limits {
+    max: AtomicU64,
+    high: AtomicU64,
+}
+
+/// Slow-path counts, on their own line so they never disturb the others.
+#[derive(Default)]
+struct EventCounts {
+    max: AtomicU64,
+    high: AtomicU64,
+    oom: AtomicU64,
+    underflow: AtomicU64,
+}
+
+/// The limit of a counter without one.
+pub const UNLIMITED: u64 = u64::MAX;
+
+/// Largest single request: keeps `usage + request` far from overflow.
+pub const MAX_REQUEST: u64 = 1 << 62;
+
+/// A hierarchical usage counter with limits. See the module docs.
+///
+/// ```
+/// use splitcount::charge::UsageCounter;
+///
+/// let parent = UsageCounter::root();
+/// let child = UsageCounter::child_of(&parent);
+/// parent.set_max(100).unwrap();
+/// child.try_charge(60).unwrap();
+/// let refused = child.try_charge(60).unwrap_err();
+/// assert!(std::ptr::eq(refused, &*parent), "the parent's limit refused");
+/// assert_eq!((child.usage(), parent.usage()), (60, 60), "the child was rolled back");
+/// assert_eq!(parent.events().max, 1);
+/// ```
+pub struct UsageCounter {
+    hot: CachePadded<Hot>,
+    limits: CachePadded<Limits>,
+    parent: Option<Arc<UsageCounter>>,
+    events: CachePadded<EventCounts>,
+}
+
+/// `set_max` refused: the usage is already above the new limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Busy {
+    /// The usage found.
+    pub usage: u64,
+    /// The limit asked for.
+    pub max: u64,
+}
+
+impl fmt::Display for Busy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "usage {} is above the requested limit {}",
+            self.usage, self.max
+        )
+    }
+}
+
+impl std::error::Error for Busy {}
+
+impl UsageCounter {
+    fn new(parent: Option<Arc<UsageCounter>>) -> Arc<UsageCounter> {
+        Arc::new(UsageCounter {
+            hot: CachePadded::new(Hot {
+                usage: AtomicU64::new(0),
+                watermark: AtomicU64::new(0),
+            }),
+            limits: CachePadded::new(Limits {
+                max: AtomicU64::new(UNLIMITED),
+                high: AtomicU64::new(UNLIMITED),
+            }),
+            parent,
+            events: CachePadded::new(EventCounts::default()),
+        })
+    }
+
+    /// A counter without a parent and without limits.
+    pub fn root() -> Arc<UsageCounter> {
+        UsageCounter::new(None)
+    }
+
+    /// A counter under `parent`, without limits of its own.
+    pub fn child_of(parent: &Arc<UsageCounter>) -> Arc<UsageCounter> {
+        UsageCounter::new(Some(parent.clone()))
+    }
+
+    /// The parent, if any.
+    pub fn parent(&self) -> Option<&Arc<UsageCounter>> {
+        self.parent.as_ref()
+    }
+
+    /// This counter and its ancestors, nearest first.
+    pub fn chain(&self) -> impl Iterator<Item = &UsageCounter> {
+        std::iter::successors(Some(self), |c| c.parent.as_deref())
+    }
+
+    /// Whether `ancestor` is this counter or one of its ancestors.
+    pub fn is_within(&self, ancestor: &UsageCounter) -> bool {
+        self.chain().any(|c| std::ptr::eq(c, ancestor))
+    }
+
+    /// Current usage (stocked units included).
+    pub fn usage(&self) -> u64 {
+        self.hot.usage.load(Relaxed)
+    }
+
+    /// The hard limit ([`UNLIMITED`] when none).
+    pub fn max(&self) -> u64 {
+        self.limits.max.load(Relaxed)
+    }
+
+    /// The soft limit ([`UNLIMITED`] when none).
+    pub fn high(&self) -> u64 {
+        self.limits.high.load(Relaxed)
+    }
+
+    /// The highest usage seen since creation or the last reset.
+    pub fn peak(&self) -> u64 {
+        self.hot.watermark.load(Relaxed)
+    }
+
+    /// Restart the peak watermark from the current usage.
+    pub fn reset_peak(&self) {
+        self.hot.watermark.store(self.usage(), Relaxed);
+    }
+
+    /// The event counts.
+    pub fn events(&self) -> Events {
+        let e = &self.events;
+        Events {
+            max: e.max.load(Relaxed),
+            high: e.high.load(Relaxed),
+            oom: e.oom.load(Relaxed),
+            underflow: e.underflow.load(Relaxed),
+        }
+    }
+
+    /// Count an out-of-memory event (the charge path gave up here).
+    pub fn record_oom(&self) {
+        self.events.oom.fetch_add(1, Relaxed);
+    }
+
+    /// Set the soft limit. Crossing it records `high` events; it never
+    /// refuses a charge.
+    pub fn set_high(&self, high: u64) {
+        self.limits.high.store(high, Relaxed);
+    }
+
+    /// Set the hard limit, unless the usage is already above it.
+    pub fn set_max(&self, max: u64) -> Result<(), Busy> {
+        // SeqCst: the store must be ordered before the usage read, against
+        // chargers that update the usage before re-reading the limit.
+        let old = self.limits.max.swap(max, SeqCst);
+        let usage = self.hot.usage.load(SeqCst);
+        if usage > max {
+            // Restore, unless another setter changed it meanwhile.
+            let _ = self.limits.max.compare_exchange(max, old, SeqCst, Relaxed);
+            return Err(Busy { usage, max });
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn note_usage(&self, new: u64) -> bool {
+        if new > self.hot.watermark.load(Relaxed) {
+            self.hot.watermark.fetch_max(new, Relaxed);
+        }
+        let over_high = new > self.limits.high.load(Relaxed);
+        if over_high {
+            self.events.high.fetch_add(1, Relaxed);
+        }
+        over_high
+    }
+
+    /// Charge `n` here and at every ancestor, ignoring limits. Returns
+    /// whether some level is now above its `high` soft limit.
+    pub fn charge(&self, n: u64) -> bool {
+        let mut over_high = false;
+        for c in self.chain() {
+            let new = c.hot.usage.fetch_add(n, Relaxed).saturating_add(n);
+            over_high |= c.note_usage(new);
+        }
+        over_high
+    }
+
+    /// Charge `n` level by level, refusing at the first level whose new
+    /// usage would exceed its `max`. On refusal, the levels below are rolled
+    /// back, the refusing level's `max` event is counted, and it is returned.
+    /// On success, returns whether some level is now above its `high`.
+    pub fn try_charge(&self, n: u64) -> Result<bool, &UsageCounter> {
+        self.try_charge_quiet(n)
+            .inspect_err(|refuser| refuser.record_max())
+    }
+
+    /// Count a refusal at this counter (a `max` event).
+    pub(crate) fn record_max(&self) {
+        self.events.max.fetch_add(1, Relaxed);
+    }
+
+    /// [`UsageCounter::try_charge`] without counting the refusal: for the
+    /// charge path, which retries and counts a refusal once, when it gives up.
+    pub(crate) fn try_charge_quiet(&self, n: u64) -> Result<bool, &UsageCounter> {
+        let mut over_high = false;
+        for c in self.chain() {
+            match c.add_within_max(n) {
+                Some(new) => over_high |= c.note_usage(new),
+                None => {
+                    for below in self.chain().take_while(|b| !std::ptr::eq(*b, c)) {
+                        below.hot.usage.fetch_sub(n, Relaxed);
+                    }
+                    return Err(c);
+                }
+            }
+        }
+        Ok(over_high)
+    }
+
+    /// Add `n` if the result stays within `max`; the new usage, or `None`.
+    #[inline]
+    fn add_within_max(&self, n: u64) -> Option<u64> {
+        // SeqCst on the update and the re-read of the limit: see the module
+        // docs (`set_max` race).
+        let mut cur = self.hot.usage.load(Relaxed);
+        loop {
+            let new = cur
+                .checked_add(n)
+                .filter(|&v| v <= self.limits.max.load(Relaxed))?;
+            match self
+                .hot
+                .usage
+                .compare_exchange_weak(cur, new, SeqCst, Relaxed)
+            {
+                Ok(_) => {
+                    if new > self.limits.max.load(SeqCst) {
+                        self.hot.usage.fetch_sub(n, Relaxed);
+                        return None;
+                    }
+                    return Some(new);
+                }
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// Subtract `n` here and up the chain, clamping at zero. Returns what was
+    /// subtracted here (less than `n` after an underflow, which is counted as
+    /// an event); ancestors lose exactly that much.
+    pub fn uncharge(&self, n: u64) -> u64 {
+        let removed = self.sub_clamped(n);
+        let mut c = self.parent.as_deref();
+        while let Some(p) = c {
+            p.sub_clamped(removed);
+            c = p.parent.as_deref();
+        }
+        removed
+    }
+
+    fn sub_clamped(&self, n: u64) -> u64 {
+        let mut cur = self.hot.usage.load(Relaxed);
+        loop {
+            let take = n.min(cur);
+            match self
+                .hot
+                .usage
+                .compare_exchange_weak(cur, cur - take, Relaxed, Relaxed)
+            {
+                Ok(_) => {
+                    if take < n {
+                        self.events.underflow.fetch_add(1, Relaxed);
+                    }
+                    return take;
+                }
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+}
+
+impl fmt::Debug for UsageCounter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UsageCounter")
+            .field("usage", &self.usage())
+            .field("max", &self.max())
+            .field("high", &self.high())
+            .field("peak", &self.peak())
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn chain3() -> (Arc<UsageCounter>, Arc<UsageCounter>, Arc<UsageCounter>) {
+        let a = UsageCounter::root();
+        let b = UsageCounter::child_of(&a);
+        let c = UsageCounter::child_of(&b);
+        (a, b, c)
+    }
+
+    #[test]
+    fn forced_charges_ignore_limits_and_reach_every_ancestor() {
+        let (a, b, c) = chain3();
+        b.set_max(10).unwrap();
+        c.charge(25);
+        assert_eq!((a.usage(), b.usage(), c.usage()), (25, 25, 25));
+        assert_eq!(b.events().max, 0);
+    }
+
+    #[test]
+    fn a_refusal_rolls_back_the_levels_below_and_names_the_refuser() {
+        let (a, b, c) = chain3();
+        a.set_max(100).unwrap();
+        c.try_charge(90).unwrap();
+        let refuser = c.try_charge(20).unwrap_err();
+        assert!(std::ptr::eq(refuser, &*a));
+        assert_eq!((a.usage(), b.usage(), c.usage()), (90, 90, 90));
+        assert_eq!(a.events().max, 1);
+        assert_eq!(b.events().max, 0);
+        c.try_charge(10).unwrap();
+        assert_eq!(a.usage(), 100, "exactly at the limit is allowed");
+    }
+
+    #[test]
+    fn uncharging_more_than_charged_clamps_and_counts_an_underflow() {
+        let (a, b, c) = chain3();
+        b.charge(50); // b's own usage, not c's
+        c.charge(5);
+        assert_eq!(c.uncharge(8), 5, "only what c held is removed");
+        assert_eq!(c.usage(), 0);
+        assert_eq!(c.events().underflow, 1);
+        assert_eq!((b.usage(), a.usage()), (50, 50), "b keeps its own 50");
+        assert_eq!(b.events().underflow, 0);
+    }
+
+    #[test]
+    fn set_max_below_usage_is_busy_and_keeps_the_old_limit() {
+        let (_a, b, c) = chain3();
+        b.set_max(100).unwrap();
+        c.charge(60);
+        assert_eq!(b.set_max(50), Err(Busy { usage: 60, max: 50 }));
+        assert_eq!(b.max(), 100);
+        b.set_max(60).unwrap();
+        assert_eq!(b.max(), 60);
+    }
+
+    #[test]
+    fn high_records_events_but_never_refuses() {
+        let (_a, b, c) = chain3();
+        b.set_high(10);
+        assert!(!c.try_charge(10).unwrap());
+        assert!(c.try_charge(1).unwrap(), "above high");
+        assert_eq!(b.events().high, 1);
+        assert_eq!(b.usage(), 11);
+    }
+
+    #[test]
+    fn the_peak_follows_the_highest_usage_and_resets() {
+        let c = UsageCounter::root();
+        c.charge(30);
+        c.uncharge(20);
+        assert_eq!(c.peak(), 30);
+        c.reset_peak();
+        assert_eq!(c.peak(), 10);
+    }
+
+    #[test]
+    fn requests_that_would_overflow_are_refused_not_wrapped() {
+        let c = UsageCounter::root();
+        c.charge(u64::MAX - 5);
+        assert!(c.try_charge(10).is_err());
+        assert_eq!(c.usage(), u64::MAX - 5);
+    }
+}

@@ -1,0 +1,128 @@
+//! Errors of the group layer. Each names the group(s) and the numbers a user
+//! needs to act on it.
+
+use std::fmt;
+
+/// Why a group operation was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupError {
+    /// A group name that is empty, contains `/` or NUL, is `.` or `..`, or
+    /// is longer than [`super::MAX_NAME_LEN`] bytes.
+    InvalidName {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A live sibling already has this name.
+    NameTaken {
+        /// The path the new group would have had.
+        path: String,
+    },
+    /// No live group at this path.
+    NotFound {
+        /// The path looked up.
+        path: String,
+    },
+    /// `set_max` below the current usage (stocks already drained).
+    Busy {
+        /// The group.
+        path: String,
+        /// Its usage.
+        usage: u64,
+        /// The limit asked for.
+        max: u64,
+    },
+    /// Removing a group that still has live children.
+    HasChildren {
+        /// The group.
+        path: String,
+        /// How many live children it has.
+        children: usize,
+    },
+    /// The group was removed already (operations that must act on this very
+    /// group, such as creating a child, refuse; charges go to the nearest
+    /// live ancestor instead).
+    Removed {
+        /// The group.
+        path: String,
+    },
+    /// The root group cannot be removed.
+    RootCannotBeRemoved,
+    /// A hierarchy configuration that cannot be built.
+    Config(String),
+}
+
+impl fmt::Display for GroupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GroupError::InvalidName { name, reason } => {
+                write!(f, "invalid group name {name:?}: {reason}")
+            }
+            GroupError::NameTaken { path } => write!(f, "a group {path} exists already"),
+            GroupError::NotFound { path } => write!(f, "no group at {path}"),
+            GroupError::Busy { path, usage, max } => write!(
+                f,
+                "cannot set the limit of {path} to {max}: its usage is {usage}"
+            ),
+            GroupError::HasChildren { path, children } => {
+                write!(
+                    f,
+                    "cannot remove {path}: it has {children} live child group(s)"
+                )
+            }
+            GroupError::Removed { path } => write!(f, "group {path} was removed"),
+            GroupError::RootCannotBeRemoved => write!(f, "the root group cannot be removed"),
+            GroupError::Config(why) => write!(f, "invalid hierarchy configuration: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for GroupError {}
+
+/// What kind of refusal a [`ChargeError`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChargeErrorKind {
+    /// A hard limit refused, after reclaim, draining and the OOM hook.
+    Limit,
+    /// The request itself exceeds [`crate::charge::MAX_REQUEST`].
+    TooLarge,
+}
+
+/// A refused charge, with the numbers that explain it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChargeError {
+    /// Why.
+    pub kind: ChargeErrorKind,
+    /// The group the charge was made to.
+    pub charged: String,
+    /// The group whose limit refused it (the charged group or an ancestor).
+    pub group: String,
+    /// That group's hard limit.
+    pub limit: u64,
+    /// That group's usage when it refused.
+    pub usage: u64,
+    /// The units requested.
+    pub request: u64,
+}
+
+impl fmt::Display for ChargeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            ChargeErrorKind::Limit => write!(
+                f,
+                "charge of {} units to {} refused by the limit of {}: limit {}, usage {}, request {}",
+                self.request, self.charged, self.group, self.limit, self.usage, self.request
+            ),
+            ChargeErrorKind::TooLarge => write!(
+                f,
+                "charge of {} units to {} refused: a single request may be at most {} units",
+                self.request,
+                self.charged,
+                crate::charge::MAX_REQUEST
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ChargeError {}

@@ -1,0 +1,341 @@
+//! [`Group`]: a cheap handle on one group, and the charge path.
+
+use super::hierarchy::Shared;
+use super::hooks::{OomHook, PressureHook, ReclaimHook};
+use super::node::Node;
+use super::{ChargeError, ChargeErrorKind, GroupError};
+use crate::charge::{Consumed, Events, UsageCounter, MAX_REQUEST};
+use crate::sync::lock;
+use std::fmt;
+use std::sync::Arc;
+
+/// How many times the charge path retries after reclaim while it makes
+/// progress (the kernel's `MAX_RECLAIM_RETRIES`).
+pub const MAX_RECLAIM_RETRIES: usize = 16;
+
+/// A handle on a group. Cheap to clone, `Send + Sync`. A handle that
+/// outlives its group's removal keeps working: charges and uncharges act on
+/// the nearest live ancestor (the kernel's reparenting).
+#[derive(Clone)]
+pub struct Group {
+    shared: Arc<Shared>,
+    node: Arc<Node>,
+}
+
+impl Group {
+    pub(crate) fn new(shared: Arc<Shared>, node: Arc<Node>) -> Group {
+        Group { shared, node }
+    }
+
+    /// The nearest live group: this one, or the ancestor its charges go to
+    /// after removal.
+    #[inline]
+    fn live(&self) -> &Arc<Node> {
+        let mut n = &self.node;
+        while n.is_removed() {
+            n = n.parent.as_ref().expect("the root is never removed");
+        }
+        n
+    }
+
+    /// The group's path, `"/"` for the root.
+    pub fn path(&self) -> &str {
+        &self.node.path
+    }
+
+    /// The group's name (its last path component; `"/"` for the root).
+    pub fn name(&self) -> &str {
+        self.node
+            .path
+            .rsplit('/')
+            .next()
+            .filter(|n| !n.is_empty())
+            .unwrap_or("/")
+    }
+
+    /// The parent group, `None` for the root.
+    pub fn parent(&self) -> Option<Group> {
+        self.node
+            .parent
+            .clone()
+            .map(|p| Group::new(self.shared.clone(), p))
+    }
+
+    /// Whether the group was removed.
+    pub fn is_removed(&self) -> bool {
+        self.node.is_removed()
+    }
+
+    /// Create a child group named `name` (validated; unique among live
+    /// siblings).
+    pub fn child(&self, name: &str) -> Result<Group, GroupError> {
+        let node = self.shared.create_child(&self.node, name)?;
+        Ok(Group::new(self.shared.clone(), node))
+    }
+
+    /// The live children, by name.
+    pub fn children(&self) -> Vec<Group> {
+        self.shared
+            .children_of(&self.node)
+            .into_iter()
+            .map(|n| Group::new(self.shared.clone(), n))
+            .collect()
+    }
+
+    /// The group's usage counter (limits, usage, events), for direct use
+    /// without the stock.
+    pub fn usage_counter(&self) -> &crate::sync::Arc<UsageCounter> {
+        &self.node.usage
+    }
+
+    /// Usage: what was charged here and below, stocked units included.
+    pub fn usage(&self) -> u64 {
+        self.node.usage.usage()
+    }
+
+    /// The hard limit ([`crate::charge::UNLIMITED`] when none).
+    pub fn max(&self) -> u64 {
+        self.node.usage.max()
+    }
+
+    /// The soft limit.
+    pub fn high(&self) -> u64 {
+        self.node.usage.high()
+    }
+
+    /// The peak usage since creation or [`Group::reset_peak`].
+    pub fn peak(&self) -> u64 {
+        self.node.usage.peak()
+    }
+
+    /// Restart the peak from the current usage.
+    pub fn reset_peak(&self) {
+        self.node.usage.reset_peak()
+    }
+
+    /// Event counts (max refusals at this group, high, oom, underflow).
+    pub fn events(&self) -> Events {
+        self.node.usage.events()
+    }
+
+    /// Units stocked for this group on all CPUs (takes each CPU's lock).
+    pub fn stocked(&self) -> u64 {
+        self.shared.stock.stocked(&self.node.usage)
+    }
+
+    /// Set the hard limit. If the usage is above it, this group's subtree's
+    /// stocks are drained and the limit tried again; `Busy` if still above.
+    pub fn set_max(&self, max: u64) -> Result<(), GroupError> {
+        let usage = &self.node.usage;
+        if usage.set_max(max).is_ok() {
+            return Ok(());
+        }
+        self.shared.stock.drain_all_waiting(&|c| c.is_within(usage));
+        usage.set_max(max).map_err(|b| GroupError::Busy {
+            path: self.node.path.clone(),
+            usage: b.usage,
+            max,
+        })
+    }
+
+    /// Set the soft limit: crossing it records `high` events and calls the
+    /// pressure hook, never refuses.
+    pub fn set_high(&self, high: u64) {
+        self.node.usage.set_high(high)
+    }
+
+    /// Called when this group's limit refuses a charge (see [`ReclaimHook`]).
+    pub fn on_reclaim(&self, f: impl Fn(&Group, u64) -> u64 + Send + Sync + 'static) {
+        lock(&self.node.hooks).reclaim = Some(Arc::new(f) as ReclaimHook);
+    }
+
+    /// Called when nothing else made room (see [`OomHook`]).
+    pub fn on_oom(&self, f: impl Fn(&Group, u64) -> bool + Send + Sync + 'static) {
+        lock(&self.node.hooks).oom = Some(Arc::new(f) as OomHook);
+    }
+
+    /// Called when a charge leaves this group above `high` (see [`PressureHook`]).
+    pub fn on_pressure(&self, f: impl Fn(&Group, u64) + Send + Sync + 'static) {
+        lock(&self.node.hooks).pressure = Some(Arc::new(f) as PressureHook);
+    }
+
+    /// Charge `n` units regardless of limits (the kernel's forced charge),
+    /// without the stock.
+    pub fn force_charge(&self, n: u64) {
+        let node = self.live().clone();
+        if node.usage.charge(n) {
+            self.pressure(&node);
+        }
+    }
+
+    /// Charge `n` units, or say why not.
+    ///
+    /// 1. This CPU's stock: if it holds `n` units for the group, take them.
+    /// 2. Charge `max(batch, n)` to the usage counters, keep the surplus in
+    ///    the stock.
+    /// 3. Refused: charge exactly `n`; call the refusing group's reclaim
+    ///    hook; drain all CPUs' stocks of its subtree (once per refusing
+    ///    group); retry up to [`MAX_RECLAIM_RETRIES`] times while progress
+    ///    is made; then the out-of-memory hook; then fail with the limit,
+    ///    usage and request of the refusing group.
+    ///
+    /// ```
+    /// use splitcount::group::Hierarchy;
+    /// let h = Hierarchy::default();
+    /// let g = h.root().child("q").unwrap();
+    /// g.set_max(100).unwrap();
+    /// g.charge(60).unwrap();
+    /// let e = g.charge(60).unwrap_err();
+    /// assert_eq!((e.limit, e.usage, e.request), (100, 60, 60));
+    /// assert_eq!(e.to_string(), "charge of 60 units to /q refused by the limit of /q: limit 100, usage 60, request 60");
+    /// ```
+    #[inline]
+    pub fn charge(&self, n: u64) -> Result<(), ChargeError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let node = self.live();
+        let stock = &self.shared.stock;
+        let cpu = self.shared.config.machine.current_cpu();
+        if stock.consume(cpu, &node.usage, n) == Consumed::Hit {
+            return Ok(());
+        }
+        let batch = stock.batch();
+        if n < batch {
+            if let Ok(over_high) = node.usage.try_charge_quiet(batch) {
+                let _ = stock.stash(cpu, &node.usage, batch - n).uncharge();
+                if over_high {
+                    self.pressure(node);
+                }
+                return Ok(());
+            }
+        }
+        self.charge_slow(node.clone(), n)
+    }
+
+    #[cold]
+    fn charge_slow(&self, node: Arc<Node>, n: u64) -> Result<(), ChargeError> {
+        if n > MAX_REQUEST {
+            return Err(self.error(ChargeErrorKind::TooLarge, &node, n));
+        }
+        let mut drained: Vec<*const UsageCounter> = Vec::new();
+        let mut refuser = node.clone();
+        for _ in 0..MAX_RECLAIM_RETRIES {
+            let refused = match node.usage.try_charge_quiet(n) {
+                Ok(over_high) => {
+                    if over_high {
+                        self.pressure(&node);
+                    }
+                    return Ok(());
+                }
+                Err(r) => r,
+            };
+            refuser = node.find(refused);
+            let short = refused
+                .usage()
+                .saturating_add(n)
+                .saturating_sub(refused.max());
+            let mut progress = 0;
+            if let Some(hook) = lock(&refuser.hooks).reclaim.clone() {
+                progress += hook(&Group::new(self.shared.clone(), refuser.clone()), short);
+            }
+            if !drained.contains(&(refused as *const _)) {
+                drained.push(refused);
+                // `None`: another thread is draining; what we need may be
+                // coming back, so that counts as progress.
+                progress += self
+                    .shared
+                    .stock
+                    .drain_all(&|c| c.is_within(refused))
+                    .unwrap_or(1);
+            }
+            if progress == 0 {
+                break;
+            }
+        }
+        refuser.usage.record_oom();
+        refuser.usage.record_max();
+        let short = refuser
+            .usage
+            .usage()
+            .saturating_add(n)
+            .saturating_sub(refuser.usage.max());
+        if let Some(hook) = lock(&refuser.hooks).oom.clone() {
+            if hook(&Group::new(self.shared.clone(), refuser.clone()), short)
+                && node.usage.try_charge_quiet(n).is_ok()
+            {
+                return Ok(());
+            }
+        }
+        Err(self.error(ChargeErrorKind::Limit, &refuser, n))
+    }
+
+    fn error(&self, kind: ChargeErrorKind, refuser: &Node, n: u64) -> ChargeError {
+        ChargeError {
+            kind,
+            charged: self.live().path.clone(),
+            group: refuser.path.clone(),
+            limit: refuser.usage.max(),
+            usage: refuser.usage.usage(),
+            request: n,
+        }
+    }
+
+    /// Run the pressure hooks of every group from `node` up that is above
+    /// its `high`.
+    #[cold]
+    fn pressure(&self, node: &Arc<Node>) {
+        let mut n = Some(node.clone());
+        while let Some(g) = n {
+            let over = g.usage.usage().saturating_sub(g.usage.high());
+            if over > 0 {
+                if let Some(hook) = lock(&g.hooks).pressure.clone() {
+                    hook(&Group::new(self.shared.clone(), g.clone()), over);
+                }
+            }
+            n = g.parent.clone();
+        }
+    }
+
+    /// Return `n` units: into this CPU's stock (whose excess above the batch
+    /// goes back to the usage counters), or straight to the counters when
+    /// the stock is busy. Uncharging more than was charged clamps the usage
+    /// at zero and records an `underflow` event when the excess reaches the
+    /// counter — with the stock, when it overflows the batch or is drained,
+    /// which can count one bad call more than once: the event says *that*
+    /// the caller's accounting is wrong, not how often. Only what the group
+    /// held is subtracted from its ancestors, so siblings are never harmed.
+    #[inline]
+    pub fn uncharge(&self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let node = self.live();
+        let cpu = self.shared.config.machine.current_cpu();
+        let _ = self.shared.stock.stash(cpu, &node.usage, n).uncharge();
+    }
+
+    /// Remove the group: refused for the root and for a group with live
+    /// children. Stocks holding it are drained; its usage stays counted at
+    /// its ancestors; handles that outlive it act on the nearest live
+    /// ancestor.
+    pub fn remove(&self) -> Result<(), GroupError> {
+        self.shared.unlink(&self.node)?;
+        let usage = &self.node.usage;
+        self.shared
+            .stock
+            .drain_all_waiting(&|c| std::ptr::eq(c, &**usage));
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Group {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Group")
+            .field("path", &self.node.path)
+            .field("usage", &self.usage())
+            .field("max", &self.max())
+            .field("removed", &self.is_removed())
+            .finish()
+    }
+}

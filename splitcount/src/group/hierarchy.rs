@@ -1,0 +1,237 @@
+//! [`Hierarchy`]: the tree of groups, its configuration and its stocks.
+
+use super::name::{child_path, components, validate_name};
+use super::node::Node;
+use super::{Group, GroupError};
+use crate::charge::{Stock, UsageCounter, MAX_STOCK_BATCH, MAX_STOCK_SLOTS};
+use crate::cpu::Machine;
+use crate::sync::{lock, Mutex};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// How to build a [`Hierarchy`].
+///
+/// ```
+/// use splitcount::group::{Hierarchy, HierarchyConfig};
+/// let h = Hierarchy::new(HierarchyConfig::default().stock_batch(32).stock_slots(3)).unwrap();
+/// assert_eq!(h.config().stock_batch, 32);
+/// assert!(Hierarchy::new(HierarchyConfig::default().stock_batch(0)).is_err());
+/// ```
+#[derive(Debug, Clone)]
+pub struct HierarchyConfig {
+    /// The machine whose CPUs have stocks (the host by default).
+    pub machine: Machine,
+    /// Units a stock miss charges at once (default 64).
+    pub stock_batch: u64,
+    /// Groups each CPU's stock can hold at once (1..=7, default 7).
+    pub stock_slots: usize,
+}
+
+impl Default for HierarchyConfig {
+    fn default() -> Self {
+        HierarchyConfig {
+            machine: Machine::host(),
+            stock_batch: 64,
+            stock_slots: MAX_STOCK_SLOTS,
+        }
+    }
+}
+
+impl HierarchyConfig {
+    /// Use `machine` (a simulated one for tests and the lab).
+    pub fn machine(mut self, machine: &Machine) -> Self {
+        self.machine = machine.clone();
+        self
+    }
+
+    /// Units charged per stock miss.
+    pub fn stock_batch(mut self, batch: u64) -> Self {
+        self.stock_batch = batch;
+        self
+    }
+
+    /// Groups per CPU stock.
+    pub fn stock_slots(mut self, slots: usize) -> Self {
+        self.stock_slots = slots;
+        self
+    }
+
+    fn validate(&self) -> Result<(), GroupError> {
+        if !(1..=MAX_STOCK_BATCH).contains(&self.stock_batch) {
+            return Err(GroupError::Config(format!(
+                "the stock batch must be between 1 and {MAX_STOCK_BATCH}, not {}",
+                self.stock_batch
+            )));
+        }
+        if !(1..=MAX_STOCK_SLOTS).contains(&self.stock_slots) {
+            return Err(GroupError::Config(format!(
+                "a CPU's stock holds 1 to {MAX_STOCK_SLOTS} groups, not {}",
+                self.stock_slots
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What every handle of one hierarchy shares.
+pub(crate) struct Shared {
+    pub(crate) config: HierarchyConfig,
+    pub(crate) stock: Stock,
+    pub(crate) root: Arc<Node>,
+    /// Live children of each live group, by parent id then name.
+    tree: Mutex<Tree>,
+}
+
+#[derive(Default)]
+struct Tree {
+    next_id: u64,
+    children: HashMap<u64, BTreeMap<String, Arc<Node>>>,
+}
+
+/// A tree of named groups sharing per-CPU stocks. Cheap to clone.
+///
+/// ```
+/// use splitcount::group::Hierarchy;
+///
+/// let h = Hierarchy::default();
+/// let tenant = h.root().child("tenant-a").unwrap();
+/// let query = tenant.child("query-17").unwrap();
+/// tenant.set_max(1 << 20).unwrap();
+/// query.charge(64 << 10).unwrap();
+/// assert_eq!(h.lookup("tenant-a/query-17").unwrap().path(), "/tenant-a/query-17");
+/// ```
+#[derive(Clone)]
+pub struct Hierarchy {
+    shared: Arc<Shared>,
+}
+
+impl Default for Hierarchy {
+    fn default() -> Self {
+        Hierarchy::new(HierarchyConfig::default()).expect("the default configuration is valid")
+    }
+}
+
+impl Hierarchy {
+    /// A hierarchy with only a root group.
+    pub fn new(config: HierarchyConfig) -> Result<Hierarchy, GroupError> {
+        config.validate()?;
+        let stock = Stock::new(
+            config.machine.cpus(),
+            config.stock_slots,
+            config.stock_batch,
+        );
+        let root = Arc::new(Node::new(0, None, "/".to_owned(), UsageCounter::root()));
+        Ok(Hierarchy {
+            shared: Arc::new(Shared {
+                config,
+                stock,
+                root,
+                tree: Mutex::new(Tree {
+                    next_id: 1,
+                    ..Tree::default()
+                }),
+            }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &HierarchyConfig {
+        &self.shared.config
+    }
+
+    /// The root group.
+    pub fn root(&self) -> Group {
+        Group::new(self.shared.clone(), self.shared.root.clone())
+    }
+
+    /// The live group at `path` (`"a/b"`, `"/a/b"`; `""` or `"/"` is the root).
+    pub fn lookup(&self, path: &str) -> Result<Group, GroupError> {
+        let tree = lock(&self.shared.tree);
+        let mut node = self.shared.root.clone();
+        for name in components(path) {
+            node = tree
+                .children
+                .get(&node.id)
+                .and_then(|c| c.get(name))
+                .cloned()
+                .ok_or_else(|| GroupError::NotFound {
+                    path: path.to_owned(),
+                })?;
+        }
+        Ok(Group::new(self.shared.clone(), node))
+    }
+
+    /// Return every stocked unit of every group to the usage counters.
+    pub fn drain_stocks(&self) -> u64 {
+        self.shared.stock.drain_all_waiting(&|_| true)
+    }
+}
+
+impl Shared {
+    pub(crate) fn create_child(
+        self: &Arc<Self>,
+        parent: &Arc<Node>,
+        name: &str,
+    ) -> Result<Arc<Node>, GroupError> {
+        validate_name(name)?;
+        let mut tree = lock(&self.tree);
+        if parent.is_removed() {
+            return Err(GroupError::Removed {
+                path: parent.path.clone(),
+            });
+        }
+        let path = child_path(&parent.path, name);
+        let siblings = tree.children.entry(parent.id).or_default();
+        if siblings.contains_key(name) {
+            return Err(GroupError::NameTaken { path });
+        }
+        let id = tree.next_id;
+        tree.next_id += 1;
+        let node = Arc::new(Node::new(
+            id,
+            Some(parent.clone()),
+            path,
+            UsageCounter::child_of(&parent.usage),
+        ));
+        tree.children
+            .entry(parent.id)
+            .or_default()
+            .insert(name.to_owned(), node.clone());
+        Ok(node)
+    }
+
+    pub(crate) fn children_of(&self, node: &Node) -> Vec<Arc<Node>> {
+        lock(&self.tree)
+            .children
+            .get(&node.id)
+            .map(|c| c.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Unlink `node` (which must have no live children) from the tree and
+    /// mark it removed. Its stocks are drained by the caller.
+    pub(crate) fn unlink(&self, node: &Arc<Node>) -> Result<(), GroupError> {
+        let Some(parent) = node.parent.as_ref() else {
+            return Err(GroupError::RootCannotBeRemoved);
+        };
+        let mut tree = lock(&self.tree);
+        if node.is_removed() {
+            return Err(GroupError::Removed {
+                path: node.path.clone(),
+            });
+        }
+        let live_children = tree.children.get(&node.id).map_or(0, |c| c.len());
+        if live_children > 0 {
+            return Err(GroupError::HasChildren {
+                path: node.path.clone(),
+                children: live_children,
+            });
+        }
+        node.mark_removed();
+        tree.children.remove(&node.id);
+        if let Some(siblings) = tree.children.get_mut(&parent.id) {
+            siblings.retain(|_, n| !Arc::ptr_eq(n, node));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,34 @@
+//! Layer 6: *the public facade — a tree of named groups.*
+//!
+//! A [`Hierarchy`] is a tree of [`Group`]s. Each group has a usage counter
+//! with a hard limit (`max`), a soft limit (`high`), a peak and events; the
+//! hierarchy keeps per-CPU stocks of pre-charged units so that most charges
+//! touch no shared cache line. See [`Group::charge`] for the charge path.
+//!
+//! ```
+//! use splitcount::group::Hierarchy;
+//!
+//! let h = Hierarchy::default();
+//! let tenant = h.root().child("tenant-a").unwrap();
+//! tenant.set_max(256).unwrap();
+//! let query = tenant.child("query-17").unwrap();
+//! query.charge(200).unwrap();
+//! let err = query.charge(100).unwrap_err();
+//! assert_eq!(err.group, "/tenant-a");
+//! query.uncharge(200);
+//! h.drain_stocks();
+//! assert_eq!(tenant.usage(), 0);
+//! ```
+
+mod error;
+mod handle;
+mod hierarchy;
+mod hooks;
+mod name;
+mod node;
+
+pub use error::{ChargeError, ChargeErrorKind, GroupError};
+pub use handle::{Group, MAX_RECLAIM_RETRIES};
+pub use hierarchy::{Hierarchy, HierarchyConfig};
+pub use hooks::{OomHook, PressureHook, ReclaimHook};
+pub use name::{validate_name, MAX_NAME_LEN};

@@ -1,0 +1,69 @@
+//! Group names and paths.
+
+use super::GroupError;
+
+/// Longest group name, in bytes (a file name's limit on Linux).
+pub const MAX_NAME_LEN: usize = 255;
+
+/// Check a group name: non-empty, at most [`MAX_NAME_LEN`] bytes, no `/` or
+/// NUL, not `.` or `..` (so that paths stay unambiguous).
+pub fn validate_name(name: &str) -> Result<(), GroupError> {
+    let reason = if name.is_empty() {
+        Some("it is empty")
+    } else if name.len() > MAX_NAME_LEN {
+        Some("it is longer than 255 bytes")
+    } else if name.contains('/') {
+        Some("it contains '/'")
+    } else if name.contains('\0') {
+        Some("it contains a NUL byte")
+    } else if name == "." || name == ".." {
+        Some("'.' and '..' are reserved")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(GroupError::InvalidName {
+            name: name.chars().take(64).collect(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The path of a child named `name` under `parent` ("/" is the root).
+pub fn child_path(parent: &str, name: &str) -> String {
+    if parent == "/" {
+        format!("/{name}")
+    } else {
+        format!("{parent}/{name}")
+    }
+}
+
+/// The components of a path: `"a/b"`, `"/a/b"` and `"/a/b/"` are the same;
+/// `""` and `"/"` are the root.
+pub fn components(path: &str) -> impl Iterator<Item = &str> {
+    path.split('/').filter(|c| !c.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn valid_and_invalid_names() {
+        for ok in ["a", "tenant-17", "q.1", &"x".repeat(255), "ünïcode"] {
+            validate_name(ok).unwrap();
+        }
+        for bad in ["", "a/b", "/", ".", "..", "nul\0", &"x".repeat(256)] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn paths_join_and_split() {
+        assert_eq!(child_path("/", "a"), "/a");
+        assert_eq!(child_path("/a", "b"), "/a/b");
+        assert_eq!(components("/a/b/").collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(components("").count(), 0);
+    }
+}

@@ -1,0 +1,393 @@
+//! Groups: limits, events, hooks, removal and bad input, one behaviour per
+//! test; and real threads under limits with a watcher.
+
+mod common;
+
+use common::Rng;
+use splitcount::charge::UNLIMITED;
+use splitcount::cpu::Machine;
+use splitcount::group::{ChargeErrorKind, Group, GroupError, Hierarchy, HierarchyConfig};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+fn sim(cpus: usize, batch: u64) -> (Machine, Hierarchy) {
+    let m = Machine::simulated(cpus, 1).unwrap();
+    let h = Hierarchy::new(HierarchyConfig::default().machine(&m).stock_batch(batch)).unwrap();
+    (m, h)
+}
+
+#[test]
+fn a_charge_hits_the_stock_after_one_batch_is_charged() {
+    let (_m, h) = sim(2, 64);
+    let g = h.root().child("a").unwrap();
+    g.charge(1).unwrap();
+    assert_eq!(g.usage(), 64, "a whole batch was charged");
+    assert_eq!(g.stocked(), 63);
+    for _ in 0..63 {
+        g.charge(1).unwrap();
+    }
+    assert_eq!(g.usage(), 64, "63 charges touched no counter");
+    assert_eq!(g.stocked(), 0);
+}
+
+#[test]
+fn uncharges_refill_the_stock_and_drain_back_to_exact_usage() {
+    let (_m, h) = sim(2, 64);
+    let g = h.root().child("a").unwrap();
+    g.charge(10).unwrap();
+    g.uncharge(10);
+    assert_eq!(g.stocked(), 64);
+    h.drain_stocks();
+    assert_eq!((g.usage(), h.root().usage()), (0, 0));
+}
+
+#[test]
+fn a_limit_refuses_with_the_numbers_of_the_refusing_group() {
+    let (_m, h) = sim(4, 16);
+    let a = h.root().child("a").unwrap();
+    let b = a.child("b").unwrap();
+    a.set_max(100).unwrap();
+    b.charge(90).unwrap();
+    let e = b.charge(20).unwrap_err();
+    assert_eq!(e.kind, ChargeErrorKind::Limit);
+    assert_eq!((e.charged.as_str(), e.group.as_str()), ("/a/b", "/a"));
+    assert_eq!((e.limit, e.usage, e.request), (100, 90, 20));
+    assert_eq!(a.events().max, 1);
+    assert_eq!(a.events().oom, 1);
+    b.charge(10).unwrap();
+    assert_eq!(a.usage(), 100, "charges fit exactly up to the limit");
+}
+
+#[test]
+fn stocked_units_of_other_cpus_are_drained_before_a_refusal() {
+    let (m, h) = sim(4, 64);
+    let g = h.root().child("g").unwrap();
+    g.set_max(128).unwrap();
+    for cpu in 0..2 {
+        m.set_current_cpu(cpu).unwrap();
+        g.charge(1).unwrap(); // 63 stocked on each of CPUs 0 and 1
+    }
+    assert_eq!(g.usage(), 128);
+    m.set_current_cpu(3).unwrap();
+    g.charge(100).unwrap(); // fits only once CPUs 0 and 1 give their stock back
+    assert_eq!(g.usage(), 102);
+}
+
+#[test]
+fn the_reclaim_hook_can_make_room() {
+    let (_m, h) = sim(1, 1);
+    let g = h.root().child("cache").unwrap();
+    g.set_max(100).unwrap();
+    g.charge(100).unwrap();
+    let asked = Arc::new(AtomicU64::new(0));
+    let seen = asked.clone();
+    g.on_reclaim(move |grp, short| {
+        seen.store(short, Relaxed);
+        grp.uncharge(short); // "free" exactly what is missing
+        short
+    });
+    g.charge(30).unwrap();
+    assert_eq!(asked.load(Relaxed), 30);
+    assert_eq!(g.usage(), 100);
+}
+
+#[test]
+fn the_oom_hook_runs_last_and_may_allow_one_more_try() {
+    let (_m, h) = sim(1, 1);
+    let g = h.root().child("q").unwrap();
+    g.set_max(10).unwrap();
+    g.charge(10).unwrap();
+    assert!(g.charge(1).is_err());
+    assert_eq!(g.events().oom, 1);
+    g.on_oom(|grp, _| {
+        grp.uncharge(5);
+        true
+    });
+    g.charge(3).unwrap();
+    h.drain_stocks();
+    assert_eq!(g.usage(), 8);
+}
+
+#[test]
+fn crossing_high_counts_events_and_calls_the_pressure_hook_but_never_refuses() {
+    let (_m, h) = sim(1, 1);
+    let g = h.root().child("p").unwrap();
+    g.set_high(50);
+    let over = Arc::new(AtomicU64::new(0));
+    let o = over.clone();
+    g.on_pressure(move |_, by| o.store(by, Relaxed));
+    g.charge(50).unwrap();
+    assert_eq!(g.events().high, 0);
+    g.charge(20).unwrap();
+    assert_eq!(g.events().high, 1);
+    assert_eq!(over.load(Relaxed), 20);
+    assert_eq!(g.usage(), 70);
+}
+
+#[test]
+fn a_limit_below_usage_is_busy_after_draining() {
+    let (_m, h) = sim(2, 64);
+    let g = h.root().child("g").unwrap();
+    g.charge(10).unwrap(); // 54 more are stocked
+    g.set_max(20).unwrap(); // fits once the stock is drained
+    assert_eq!(g.usage(), 10);
+    let e = g.set_max(5).unwrap_err();
+    assert_eq!(
+        e,
+        GroupError::Busy {
+            path: "/g".into(),
+            usage: 10,
+            max: 5
+        }
+    );
+    assert_eq!(g.max(), 20, "the old limit stays");
+}
+
+#[test]
+fn uncharging_more_than_charged_clamps_at_zero_with_an_event() {
+    let (_m, h) = sim(1, 4);
+    let g = h.root().child("g").unwrap();
+    let sibling = h.root().child("s").unwrap();
+    sibling.force_charge(100);
+    g.charge(3).unwrap();
+    g.uncharge(50);
+    h.drain_stocks();
+    assert_eq!(g.usage(), 0);
+    // Counted each time bogus units reach the counter: here the excess over
+    // the stock's batch, then the stocked rest when drained.
+    assert!(g.events().underflow >= 1);
+    assert_eq!(h.root().usage(), 100, "the sibling's usage is untouched");
+    assert_eq!(h.root().events().underflow, 0);
+}
+
+#[test]
+fn names_are_validated_and_unique_among_live_siblings() {
+    let h = Hierarchy::default();
+    let r = h.root();
+    for bad in ["", "a/b", ".", "..", &"n".repeat(256)] {
+        assert!(
+            matches!(r.child(bad), Err(GroupError::InvalidName { .. })),
+            "{bad:?}"
+        );
+    }
+    let a = r.child("a").unwrap();
+    assert_eq!(
+        r.child("a").unwrap_err(),
+        GroupError::NameTaken { path: "/a".into() }
+    );
+    a.remove().unwrap();
+    r.child("a").unwrap(); // a removed group's name is free again
+    assert!(matches!(a.child("x"), Err(GroupError::Removed { .. })));
+}
+
+#[test]
+fn lookup_and_children() {
+    let h = Hierarchy::default();
+    let a = h.root().child("a").unwrap();
+    a.child("y").unwrap();
+    a.child("x").unwrap();
+    assert_eq!(h.lookup("/a/x").unwrap().path(), "/a/x");
+    assert_eq!(h.lookup("a/y/").unwrap().name(), "y");
+    assert_eq!(h.lookup("").unwrap().path(), "/");
+    assert_eq!(
+        h.lookup("a/z").unwrap_err(),
+        GroupError::NotFound { path: "a/z".into() }
+    );
+    let names: Vec<_> = a.children().iter().map(|g| g.name().to_owned()).collect();
+    assert_eq!(names, ["x", "y"]);
+    assert_eq!(h.lookup("a/x").unwrap().parent().unwrap().path(), "/a");
+}
+
+#[test]
+fn removal_rules() {
+    let h = Hierarchy::default();
+    assert_eq!(h.root().remove(), Err(GroupError::RootCannotBeRemoved));
+    let a = h.root().child("a").unwrap();
+    let b = a.child("b").unwrap();
+    assert_eq!(
+        a.remove(),
+        Err(GroupError::HasChildren {
+            path: "/a".into(),
+            children: 1
+        })
+    );
+    b.remove().unwrap();
+    assert_eq!(
+        b.remove(),
+        Err(GroupError::Removed {
+            path: "/a/b".into()
+        })
+    );
+    a.remove().unwrap();
+    assert!(h.lookup("a").is_err());
+}
+
+#[test]
+fn a_removed_groups_handles_act_on_the_nearest_live_ancestor() {
+    let (_m, h) = sim(2, 8);
+    let a = h.root().child("a").unwrap();
+    let b = a.child("b").unwrap();
+    b.charge(5).unwrap();
+    b.remove().unwrap();
+    assert_eq!(
+        a.usage(),
+        5,
+        "b's usage stays counted at a (stocks drained)"
+    );
+    b.charge(7).unwrap();
+    b.uncharge(12);
+    h.drain_stocks();
+    assert_eq!((a.usage(), h.root().usage()), (0, 0));
+    assert_eq!(a.events().underflow, 0);
+}
+
+#[test]
+fn bad_configuration_and_requests() {
+    assert!(Hierarchy::new(HierarchyConfig::default().stock_batch(0)).is_err());
+    assert!(Hierarchy::new(HierarchyConfig::default().stock_slots(0)).is_err());
+    assert!(Hierarchy::new(HierarchyConfig::default().stock_slots(8)).is_err());
+    let h = Hierarchy::default();
+    let g = h.root().child("g").unwrap();
+    let e = g.charge(u64::MAX).unwrap_err();
+    assert_eq!(e.kind, ChargeErrorKind::TooLarge);
+    assert_eq!(g.usage(), 0);
+    g.charge(0).unwrap();
+    assert_eq!(g.max(), UNLIMITED);
+}
+
+#[test]
+fn the_peak_is_kept_and_reset() {
+    let (_m, h) = sim(1, 1);
+    let g = h.root().child("g").unwrap();
+    g.charge(40).unwrap();
+    g.uncharge(30);
+    h.drain_stocks();
+    assert_eq!(g.peak(), 40);
+    g.reset_peak();
+    assert_eq!(g.peak(), 10);
+}
+
+/// 8 threads charge and uncharge random amounts across a three-level tree
+/// with limits, while a watcher checks that no usage ever exceeds its limit.
+#[test]
+fn threads_under_limits_never_exceed_them_and_nothing_is_lost() {
+    let h = Hierarchy::default();
+    let root = h.root();
+    let mut groups: Vec<Group> = Vec::new();
+    for (i, max) in [(0, 20_000u64), (1, 5_000)] {
+        let mid = root.child(&format!("m{i}")).unwrap();
+        mid.set_max(max).unwrap();
+        for j in 0..3 {
+            let leaf = mid.child(&format!("l{j}")).unwrap();
+            leaf.set_max(3_000).unwrap();
+            groups.push(leaf);
+        }
+        groups.push(mid);
+    }
+    let all: Vec<Group> = std::iter::once(root.clone())
+        .chain(groups.iter().cloned())
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let (all, stop) = (all.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut checks = 0u64;
+            while !stop.load(Relaxed) {
+                for g in &all {
+                    let (u, m) = (g.usage(), g.max());
+                    assert!(u <= m, "{} at {u} above its limit {m}", g.path());
+                }
+                checks += 1;
+            }
+            checks
+        })
+    };
+    let outstanding: Vec<Vec<u64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..8)
+            .map(|t| {
+                let groups = &groups;
+                s.spawn(move || {
+                    let mut rng = Rng::new(t + 1);
+                    let mut mine = vec![0u64; groups.len()];
+                    for _ in 0..50_000 {
+                        let i = rng.below(groups.len() as u64) as usize;
+                        if rng.below(3) == 0 && mine[i] > 0 {
+                            let n = 1 + rng.below(mine[i]);
+                            groups[i].uncharge(n);
+                            mine[i] -= n;
+                        } else {
+                            let n = 1 + rng.below(100);
+                            if groups[i].charge(n).is_ok() {
+                                mine[i] += n;
+                            }
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    stop.store(true, Relaxed);
+    assert!(watcher.join().unwrap() > 0);
+    h.drain_stocks();
+    let own: Vec<u64> = (0..groups.len())
+        .map(|i| outstanding.iter().map(|m| m[i]).sum())
+        .collect();
+    for (i, g) in groups.iter().enumerate() {
+        let subtree: u64 = groups
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| {
+                x.path() == g.path() || x.path().starts_with(&format!("{}/", g.path()))
+            })
+            .map(|(j, _)| own[j])
+            .sum();
+        assert_eq!(g.usage(), subtree, "{}", g.path());
+        let _ = i;
+    }
+    assert_eq!(root.usage(), own.iter().sum::<u64>());
+}
+
+#[test]
+fn removal_while_threads_charge_into_the_subtree_loses_nothing() {
+    let h = Hierarchy::default();
+    let p = h.root().child("p").unwrap();
+    p.set_max(1 << 40).unwrap();
+    let leaves: Vec<Group> = (0..4).map(|i| p.child(&format!("l{i}")).unwrap()).collect();
+    let go = Arc::new(AtomicBool::new(true));
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let (leaves, go) = (&leaves, go.clone());
+            s.spawn(move || {
+                let mut rng = Rng::new(t + 50);
+                let mut mine = vec![0u64; leaves.len()];
+                let mut rounds = 0;
+                while go.load(Relaxed) || rounds < 20_000 {
+                    rounds += 1;
+                    let i = rng.below(leaves.len() as u64) as usize;
+                    let n = 1 + rng.below(50);
+                    leaves[i].charge(n).unwrap();
+                    mine[i] += n;
+                    if rng.below(2) == 0 {
+                        let back = rng.below(mine[i] + 1);
+                        leaves[i].uncharge(back);
+                        mine[i] -= back;
+                    }
+                }
+                for (i, n) in mine.into_iter().enumerate() {
+                    leaves[i].uncharge(n);
+                }
+            });
+        }
+        for l in &leaves[..3] {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            l.remove().unwrap();
+        }
+        go.store(false, Relaxed);
+    });
+    h.drain_stocks();
+    assert_eq!(p.usage(), 0);
+    assert_eq!(h.root().usage(), 0);
+    assert_eq!(p.events().underflow, 0);
+}
