@@ -41,6 +41,9 @@ enum Command {
         /// Seconds per case.
         #[arg(long, default_value_t = 0.5)]
         seconds: f64,
+        /// Groups in the `stats` suite's tree.
+        #[arg(long, default_value_t = 10_000)]
+        groups: usize,
     },
     /// Bound vs observed error of each design on simulated machines.
     Accuracy {
@@ -161,6 +164,7 @@ fn run(cli: Cli) -> Result<(), String> {
             json,
             threads,
             seconds: s,
+            groups,
         } => {
             let threads = bench::parse_threads(&threads)?;
             let duration = seconds(s)?;
@@ -169,9 +173,10 @@ fn run(cli: Cli) -> Result<(), String> {
                 "counters" => bench::counters::run(&threads, duration),
                 "percpu" => bench::percpu::run(&threads, duration),
                 "charge" => bench::charge::run(&threads, duration),
+                "stats" => bench::stats::run(groups.clamp(1, 1_000_000), duration),
                 other => {
                     return Err(format!(
-                        "unknown suite {other:?} (known: cpu-id, percpu, counters, charge)"
+                        "unknown suite {other:?} (known: cpu-id, percpu, counters, charge, stats)"
                     ))
                 }
             };

@@ -234,3 +234,36 @@ fn bench_charge_has_every_case_with_ratios_to_no_accounting() {
         assert_eq!(l["baseline"], "no-accounting");
     }
 }
+
+#[test]
+fn bench_stats_reports_flush_and_update_costs_with_ratios() {
+    let (ok, out, err) = lab(
+        &[
+            "bench",
+            "stats",
+            "--json",
+            "--groups",
+            "500",
+            "--seconds",
+            "0.05",
+        ],
+        "",
+    );
+    assert!(ok, "{err}");
+    let lines = json_lines(&out);
+    for (case, baseline) in [
+        ("flush-updated", "full-walk"),
+        ("full-walk", "full-walk"),
+        ("flush-idle", "full-walk"),
+        ("mod-stat", "percpu-add"),
+        ("percpu-add", "percpu-add"),
+    ] {
+        let l = lines
+            .iter()
+            .find(|l| l["case"] == case)
+            .unwrap_or_else(|| panic!("{case} missing"));
+        assert_eq!(l["suite"], "stats");
+        assert!(l["ns_per_op"].as_f64().unwrap() > 0.0);
+        assert_eq!(l["baseline"], baseline);
+    }
+}

@@ -10,6 +10,8 @@
 //! 3. [`counter`] — split counters behind one trait ([`counter::Tree`] is
 //!    the default), each with an exact, tight accuracy bound;
 //! 4. [`charge`] — hierarchical usage with limits, and the per-CPU stock;
+//! 5. [`stat`] — per-group statistics: per-CPU deltas, lock-free update
+//!    lists, thresholds and subtree flushing;
 //! 6. [`group`] — the facade: a tree of named groups with limits, events,
 //!    hooks and removal.
 //!
@@ -31,6 +33,7 @@ pub mod counter;
 pub mod cpu;
 pub mod group;
 pub mod percpu;
+pub mod stat;
 pub(crate) mod sync;
 
 /// The README's examples, compiled and run as doctests so they stay true.

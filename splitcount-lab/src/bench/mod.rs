@@ -5,6 +5,7 @@ pub mod charge;
 pub mod counters;
 pub mod cpu_id;
 pub mod percpu;
+pub mod stats;
 
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};

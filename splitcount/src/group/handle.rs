@@ -3,8 +3,10 @@
 use super::hierarchy::Shared;
 use super::hooks::{OomHook, PressureHook, ReclaimHook};
 use super::node::Node;
+use super::snapshot::{limit, GroupSnapshot};
 use super::{ChargeError, ChargeErrorKind, GroupError};
 use crate::charge::{Consumed, Events, UsageCounter, MAX_REQUEST};
+use crate::stat::{StatError, StatId};
 use crate::sync::lock;
 use std::fmt;
 use std::sync::Arc;
@@ -325,7 +327,109 @@ impl Group {
         self.shared
             .stock
             .drain_all_waiting(&|c| std::ptr::eq(c, &**usage));
+        // Fold its statistics now: they stay in its ancestors' values.
+        self.shared.stats.flush(&self.node.stats, true);
         Ok(())
+    }
+
+    /// Add `delta` to stat item `item` of this group (of the nearest live
+    /// ancestor after removal) on the current CPU. Refuses an item outside
+    /// the schema and a negative delta for an event count.
+    #[inline]
+    pub fn mod_stat(&self, item: StatId, delta: i64) -> Result<(), StatError> {
+        self.live()
+            .stats
+            .mod_stat(&self.shared.stats, item.0, delta)
+    }
+
+    fn item(&self, item: StatId) -> Result<usize, StatError> {
+        (item.0 < self.shared.stats.items().len())
+            .then_some(item.0)
+            .ok_or(StatError::NoSuchItem(item.0))
+    }
+
+    /// Flush this group's subtree if forced or if enough changed since its
+    /// last flush. Returns whether it flushed.
+    pub fn flush(&self, force: bool) -> bool {
+        self.shared.stats.flush(&self.node.stats, force)
+    }
+
+    /// The hierarchical value of `item` (this group's subtree), flushing
+    /// first if enough changed.
+    pub fn stat(&self, item: StatId) -> Result<i64, StatError> {
+        let i = self.item(item)?;
+        self.flush(false);
+        Ok(self.node.stats.hier(i))
+    }
+
+    /// This group's own value of `item`, flushing first if enough changed.
+    pub fn stat_local(&self, item: StatId) -> Result<i64, StatError> {
+        let i = self.item(item)?;
+        self.flush(false);
+        Ok(self.node.stats.local(i))
+    }
+
+    /// Like [`Group::stat`], but without flushing if any flush happened in
+    /// the last flush period (the background flusher's, or 2 s).
+    pub fn stat_ratelimited(&self, item: StatId) -> Result<i64, StatError> {
+        let i = self.item(item)?;
+        let stats = &self.shared.stats;
+        if stats.since_epoch().saturating_sub(stats.last_flush()) >= self.shared.flush_period() {
+            self.flush(false);
+        }
+        Ok(self.node.stats.hier(i))
+    }
+
+    /// A `memory.stat`-like dump: one `name value` line per item
+    /// (hierarchical values), then `local_name value` lines (this group's
+    /// own), after a flush if enough changed.
+    pub fn memory_stat(&self) -> String {
+        self.flush(false);
+        let items = self.shared.stats.items();
+        let mut out = String::new();
+        for (i, item) in items.iter().enumerate() {
+            out.push_str(&format!("{} {}\n", item.name, self.node.stats.hier(i)));
+        }
+        for (i, item) in items.iter().enumerate() {
+            out.push_str(&format!(
+                "local_{} {}\n",
+                item.name,
+                self.node.stats.local(i)
+            ));
+        }
+        out
+    }
+
+    /// A structured snapshot of this group's subtree, after forcing a flush.
+    pub fn snapshot(&self) -> GroupSnapshot {
+        self.flush(true);
+        self.snapshot_flushed()
+    }
+
+    fn snapshot_flushed(&self) -> GroupSnapshot {
+        let items = self.shared.stats.items();
+        let named = |f: &dyn Fn(usize) -> i64| {
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, it)| (it.name.clone(), f(i)))
+                .collect()
+        };
+        GroupSnapshot {
+            path: self.path().to_owned(),
+            usage: self.usage(),
+            max: limit(self.max()),
+            high: limit(self.high()),
+            peak: self.peak(),
+            events: self.events(),
+            stats: named(&|i| self.node.stats.hier(i)),
+            local: named(&|i| self.node.stats.local(i)),
+            children: self
+                .children()
+                .iter()
+                .map(Group::snapshot_flushed)
+                .collect(),
+        }
     }
 }
 

@@ -1,10 +1,12 @@
 //! [`Hierarchy`]: the tree of groups, its configuration and its stocks.
 
+use super::flusher::Flusher;
 use super::name::{child_path, components, validate_name};
 use super::node::Node;
 use super::{Group, GroupError};
 use crate::charge::{Stock, UsageCounter, MAX_STOCK_BATCH, MAX_STOCK_SLOTS};
 use crate::cpu::Machine;
+use crate::stat::{StatError, StatGroup, StatId, StatItem, Stats};
 use crate::sync::{lock, Mutex};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -25,6 +27,8 @@ pub struct HierarchyConfig {
     pub stock_batch: u64,
     /// Groups each CPU's stock can hold at once (1..=7, default 7).
     pub stock_slots: usize,
+    /// The stat items every group carries (none by default).
+    pub stats: Vec<StatItem>,
 }
 
 impl Default for HierarchyConfig {
@@ -33,6 +37,7 @@ impl Default for HierarchyConfig {
             machine: Machine::host(),
             stock_batch: 64,
             stock_slots: MAX_STOCK_SLOTS,
+            stats: Vec::new(),
         }
     }
 }
@@ -53,6 +58,12 @@ impl HierarchyConfig {
     /// Groups per CPU stock.
     pub fn stock_slots(mut self, slots: usize) -> Self {
         self.stock_slots = slots;
+        self
+    }
+
+    /// The stat items every group carries.
+    pub fn stats(mut self, items: Vec<StatItem>) -> Self {
+        self.stats = items;
         self
     }
 
@@ -77,10 +88,16 @@ impl HierarchyConfig {
 pub(crate) struct Shared {
     pub(crate) config: HierarchyConfig,
     pub(crate) stock: Stock,
+    pub(crate) stats: Stats,
     pub(crate) root: Arc<Node>,
     /// Live children of each live group, by parent id then name.
     tree: Mutex<Tree>,
+    flusher: std::sync::Mutex<Option<Flusher>>,
 }
+
+/// How long a ratelimited read trusts a flush, and the background flusher's
+/// default period.
+pub const DEFAULT_FLUSH_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[derive(Default)]
 struct Tree {
@@ -120,16 +137,26 @@ impl Hierarchy {
             config.stock_slots,
             config.stock_batch,
         );
-        let root = Arc::new(Node::new(0, None, "/".to_owned(), UsageCounter::root()));
+        let stats = Stats::new(&config.machine, config.stats.clone()).map_err(stat_error)?;
+        let root_stats = StatGroup::new(&stats, 0, None).map_err(stat_error)?;
+        let root = Arc::new(Node::new(
+            0,
+            None,
+            "/".to_owned(),
+            UsageCounter::root(),
+            root_stats,
+        ));
         Ok(Hierarchy {
             shared: Arc::new(Shared {
                 config,
                 stock,
+                stats,
                 root,
                 tree: Mutex::new(Tree {
                     next_id: 1,
                     ..Tree::default()
                 }),
+                flusher: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -165,9 +192,66 @@ impl Hierarchy {
     pub fn drain_stocks(&self) -> u64 {
         self.shared.stock.drain_all_waiting(&|_| true)
     }
+
+    /// The id of the stat item named `name`, if the schema has it.
+    pub fn stat_id(&self, name: &str) -> Option<StatId> {
+        self.shared
+            .stats
+            .items()
+            .iter()
+            .position(|i| i.name == name)
+            .map(StatId)
+    }
+
+    /// The statistics machinery (schema, flush counts).
+    pub fn stats(&self) -> &Stats {
+        &self.shared.stats
+    }
+
+    /// Start (or restart with a new period) a background thread that
+    /// forces a flush of the whole hierarchy every `period`. It stops with
+    /// [`Hierarchy::stop_flusher`] or when the last handle of the hierarchy
+    /// is dropped.
+    pub fn start_flusher(&self, period: std::time::Duration) -> Result<(), GroupError> {
+        let f = Flusher::start(Arc::downgrade(&self.shared), period)
+            .map_err(|e| GroupError::Config(format!("cannot start the flusher thread: {e}")))?;
+        let old = self
+            .shared
+            .flusher
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(f);
+        drop(old);
+        Ok(())
+    }
+
+    /// Stop the background flusher, waiting for a flush in progress.
+    pub fn stop_flusher(&self) {
+        let old = self
+            .shared
+            .flusher
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(old);
+    }
+}
+
+fn stat_error(e: StatError) -> GroupError {
+    GroupError::Config(e.to_string())
 }
 
 impl Shared {
+    /// The period reads trust a flush for: the flusher's, or
+    /// [`DEFAULT_FLUSH_PERIOD`].
+    pub(crate) fn flush_period(&self) -> std::time::Duration {
+        self.flusher
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or(DEFAULT_FLUSH_PERIOD, |f| f.period)
+    }
+
     pub(crate) fn create_child(
         self: &Arc<Self>,
         parent: &Arc<Node>,
@@ -186,12 +270,15 @@ impl Shared {
             return Err(GroupError::NameTaken { path });
         }
         let id = tree.next_id;
+        let stats =
+            StatGroup::new(&self.stats, id, Some(parent.stats.clone())).map_err(stat_error)?;
         tree.next_id += 1;
         let node = Arc::new(Node::new(
             id,
             Some(parent.clone()),
             path,
             UsageCounter::child_of(&parent.usage),
+            stats,
         ));
         tree.children
             .entry(parent.id)

@@ -21,14 +21,17 @@
 //! ```
 
 mod error;
+mod flusher;
 mod handle;
 mod hierarchy;
 mod hooks;
 mod name;
 mod node;
+mod snapshot;
 
 pub use error::{ChargeError, ChargeErrorKind, GroupError};
 pub use handle::{Group, MAX_RECLAIM_RETRIES};
-pub use hierarchy::{Hierarchy, HierarchyConfig};
+pub use hierarchy::{Hierarchy, HierarchyConfig, DEFAULT_FLUSH_PERIOD};
 pub use hooks::{OomHook, PressureHook, ReclaimHook};
 pub use name::{validate_name, MAX_NAME_LEN};
+pub use snapshot::GroupSnapshot;

@@ -16,6 +16,7 @@
 
 use super::hooks::Hooks;
 use crate::charge::UsageCounter;
+use crate::stat::StatGroup;
 use crate::sync::{
     AtomicBool, Mutex,
     Ordering::{Acquire, Release},
@@ -26,6 +27,7 @@ use std::sync::Arc;
 /// Read-mostly: read by every charge.
 pub(crate) struct Hot {
     pub(crate) usage: crate::sync::Arc<UsageCounter>,
+    pub(crate) stats: Arc<StatGroup>,
     pub(crate) parent: Option<Arc<Node>>,
     removed: AtomicBool,
 }
@@ -50,10 +52,12 @@ impl Node {
         parent: Option<Arc<Node>>,
         path: String,
         usage: crate::sync::Arc<UsageCounter>,
+        stats: Arc<StatGroup>,
     ) -> Node {
         Node {
             read: CachePadded::new(Hot {
                 usage,
+                stats,
                 parent,
                 removed: AtomicBool::new(false),
             }),

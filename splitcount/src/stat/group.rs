@@ -1,0 +1,284 @@
+//! [`StatGroup`]: one group's statistics — per-CPU deltas, the per-CPU
+//! "updated" marks, the flush threshold, and the folded values.
+
+use super::schema::{StatError, StatKind};
+use super::stats::Stats;
+use crate::percpu::PerCpu;
+use crate::sync::{
+    AtomicBool, AtomicI64, AtomicPtr, AtomicU64,
+    Ordering::{Relaxed, Release, SeqCst},
+};
+use crossbeam_utils::CachePadded;
+use std::sync::Arc;
+
+/// Per-CPU deltas a CPU accumulates before they count towards its group's
+/// (and ancestors') `stats_updates` (the kernel's `MEMCG_CHARGE_BATCH`).
+pub const STAT_BATCH: u64 = 64;
+
+/// A group's entry in one CPU's lock-free update list.
+pub(crate) struct UpdateNode {
+    pub(crate) next: AtomicPtr<UpdateNode>,
+    /// On this CPU's list (or being pushed). Set only by the CAS winner,
+    /// cleared only by the flusher.
+    pub(crate) on_list: AtomicBool,
+    /// The group owning this node (a strong reference is held for it while
+    /// the node is on a list).
+    pub(crate) owner: *const StatGroup,
+}
+
+/// One group's statistics. See the module docs of [`crate::stat`].
+pub struct StatGroup {
+    pub(crate) id: u64,
+    pub(crate) depth: u32,
+    pub(crate) parent: Option<Arc<StatGroup>>,
+    /// Per CPU: slots `0..k` hold the running total of each item's updates
+    /// on that CPU; slots `k..2k` the same as of the last flush (written by
+    /// the flusher only). Side by side, so a fold reads one line per CPU.
+    pub(crate) values: PerCpu,
+    /// Per CPU: |delta| not yet moved to `stats_updates` (rseq arena).
+    pub(crate) unflushed: PerCpu,
+    pub(crate) nodes: Box<[UpdateNode]>,
+    /// Updates (|delta|) in this subtree since its last flush, moved here in
+    /// batches of [`STAT_BATCH`] per CPU.
+    pub(crate) stats_updates: CachePadded<AtomicU64>,
+    /// Number of items.
+    pub(crate) items: usize,
+    /// Folded values, `3k` of them: `0..k` this group's own updates
+    /// (local), `k..2k` its subtree's (hierarchical), `2k..3k` deltas
+    /// flushed from children and not yet folded here (flusher only). One
+    /// allocation, so a fold touches as few lines as possible.
+    pub(crate) folded: Box<[AtomicI64]>,
+    /// Per CPU: recorded in that CPU's set of updated groups (flusher only).
+    pub(crate) queued: Box<[AtomicBool]>,
+}
+
+// SAFETY: `owner` points to the group itself (kept alive by whoever holds
+// the group); everything else is atomics and allocations that are Send+Sync.
+unsafe impl Send for StatGroup {}
+// SAFETY: as above; shared access only goes through atomics.
+unsafe impl Sync for StatGroup {}
+
+impl StatGroup {
+    pub(crate) fn new(
+        stats: &Stats,
+        id: u64,
+        parent: Option<Arc<StatGroup>>,
+    ) -> Result<Arc<StatGroup>, StatError> {
+        let k = stats.items().len();
+        let cpus = stats.cpus();
+        let alloc = |arena: &crate::percpu::Arena, n: usize| {
+            arena
+                .alloc(n.max(1))
+                .map_err(|e| StatError::Schema(e.to_string()))
+        };
+        let values = alloc(stats.values_arena(), 2 * k)?;
+        let unflushed = alloc(stats.count_arena(), 1)?;
+        let zeros = |n: usize| (0..n).map(|_| AtomicI64::new(0)).collect::<Box<[_]>>();
+        let depth = parent.as_ref().map_or(0, |p| p.depth + 1);
+        Ok(Arc::new_cyclic(|me: &std::sync::Weak<StatGroup>| {
+            StatGroup {
+                id,
+                depth,
+                parent,
+                values,
+                unflushed,
+                nodes: (0..cpus)
+                    .map(|_| UpdateNode {
+                        next: AtomicPtr::new(std::ptr::null_mut()),
+                        on_list: AtomicBool::new(false),
+                        owner: me.as_ptr(),
+                    })
+                    .collect(),
+                stats_updates: CachePadded::new(AtomicU64::new(0)),
+                items: k,
+                folded: zeros(3 * k),
+                queued: (0..cpus).map(|_| AtomicBool::new(false)).collect(),
+            }
+        }))
+    }
+
+    /// Whether `ancestor` is this group or one of its ancestors.
+    pub(crate) fn is_within(&self, ancestor: &StatGroup) -> bool {
+        std::iter::successors(Some(self), |g| g.parent.as_deref())
+            .any(|g| std::ptr::eq(g, ancestor))
+    }
+
+    /// Add `delta` to item `item` on the current CPU and mark the group
+    /// updated there.
+    #[inline]
+    pub fn mod_stat(
+        self: &Arc<Self>,
+        stats: &Stats,
+        item: usize,
+        delta: i64,
+    ) -> Result<(), StatError> {
+        let kind = stats
+            .items()
+            .get(item)
+            .ok_or(StatError::NoSuchItem(item))?
+            .kind;
+        if kind == StatKind::Event && delta < 0 {
+            return Err(StatError::NegativeEvent {
+                item: stats.items()[item].name.clone(),
+                delta,
+            });
+        }
+        if delta == 0 {
+            return Ok(());
+        }
+        let cpu = stats.machine().current_cpu();
+        self.mod_stat_on(stats, cpu, item, delta);
+        Ok(())
+    }
+
+    /// The update itself, on CPU `cpu` (validated by the caller).
+    pub(crate) fn mod_stat_on(
+        self: &Arc<Self>,
+        stats: &Stats,
+        cpu: usize,
+        item: usize,
+        delta: i64,
+    ) {
+        // SeqCst read-modify-write, then a SeqCst load of the mark: with the
+        // flusher's SeqCst clear-then-read, one of the two always sees the
+        // other (see `mark_updated`). On x86 both are the same instructions
+        // as their relaxed forms (`lock xadd`, `mov`).
+        self.values.slot(cpu, item).fetch_add(delta, SeqCst);
+        self.mark_updated(stats, cpu);
+        self.count_update(stats, delta.unsigned_abs());
+    }
+
+    /// Put this group on CPU `cpu`'s update list unless it is there.
+    ///
+    /// 1. Speculative test: a plain load of `on_list` — the common case,
+    ///    no locked instruction.
+    /// 2. Otherwise a compare-and-swap decides the one winner (two threads —
+    ///    or a thread and a signal handler — on the same CPU can both find
+    ///    the mark clear; a plain store would let both push, and pushing one
+    ///    node twice corrupts the list and loses every update of this group
+    ///    on this CPU).
+    /// 3. The winner pushes the node (Treiber stack) with a strong reference
+    ///    that the flusher takes back.
+    ///
+    /// Why the speculative test is safe: the updater writes its delta, then
+    /// reads `on_list`; the flusher clears `on_list`, then reads the delta
+    /// (all SeqCst). If the updater saw the mark still set, its read came
+    /// before the clear in the single SeqCst order, so the flusher's later
+    /// read of the delta sees it. Otherwise the updater pushes again.
+    #[inline]
+    fn mark_updated(self: &Arc<Self>, stats: &Stats, cpu: usize) {
+        let node = &self.nodes[cpu];
+        if node.on_list.load(SeqCst) {
+            return;
+        }
+        if node
+            .on_list
+            .compare_exchange(false, true, SeqCst, Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        // The list owns one strong reference per node on it.
+        let _ = Arc::into_raw(self.clone());
+        stats.push(cpu, node as *const UpdateNode as *mut UpdateNode);
+    }
+
+    /// The per-group flush threshold: count `abs` towards `stats_updates` of
+    /// this group and its ancestors, in per-CPU batches; stop at the first
+    /// ancestor that already needs a flush (its ancestors then do too).
+    #[inline]
+    fn count_update(&self, stats: &Stats, abs: u64) {
+        let threshold = stats.threshold();
+        let mut g = Some(self);
+        while let Some(x) = g {
+            if x.stats_updates.load(Relaxed) > threshold {
+                break;
+            }
+            match x.unflushed.add_spill_current(0, abs as i64, STAT_BATCH) {
+                Some((_, 0)) => {}
+                Some((_, moved)) => {
+                    x.stats_updates.fetch_add(moved.unsigned_abs(), Relaxed);
+                }
+                None => {
+                    x.stats_updates.fetch_add(abs, Relaxed);
+                }
+            }
+            g = x.parent.as_deref();
+        }
+    }
+
+    /// Updates counted towards the flush threshold so far.
+    pub fn stats_updates(&self) -> u64 {
+        self.stats_updates.load(Relaxed)
+    }
+
+    /// Fold CPU `cpu`'s delta since the last flush into the local and
+    /// hierarchical values, and pass it (with what the children passed up)
+    /// to the parent. Flusher only.
+    pub(crate) fn fold(&self, cpu: usize) {
+        // Only the flusher (under the flush lock) writes `prev`, `local`,
+        // `hier` and `pending`, so plain loads and stores suffice: no locked
+        // instruction per item. Readers load `local`/`hier` relaxed.
+        let add = |a: &AtomicI64, d: i64| a.store(a.load(Relaxed).wrapping_add(d), Relaxed);
+        let k = self.items;
+        for item in 0..k {
+            let now = self.values.slot(cpu, item).load(SeqCst);
+            let prev = self.values.slot(cpu, k + item);
+            let delta_cpu = now.wrapping_sub(prev.load(Relaxed));
+            if delta_cpu != 0 {
+                prev.store(now, Relaxed);
+                add(&self.folded[item], delta_cpu);
+            }
+            let pending = self.folded[2 * k + item].load(Relaxed);
+            if pending != 0 {
+                self.folded[2 * k + item].store(0, Relaxed);
+            }
+            let delta = delta_cpu.wrapping_add(pending);
+            if delta != 0 {
+                add(&self.folded[k + item], delta);
+                if let Some(p) = &self.parent {
+                    add(&p.folded[2 * k + item], delta);
+                }
+            }
+        }
+    }
+
+    /// Reset the threshold count after a flush of this group's subtree.
+    pub(crate) fn reset_updates(&self) {
+        if self.stats_updates.load(Relaxed) != 0 {
+            self.stats_updates.store(0, Release);
+        }
+    }
+
+    /// The folded hierarchical value of item `item` (this group's subtree,
+    /// as of the last flush that reached it), or `None` outside the schema.
+    pub fn value(&self, item: usize) -> Option<i64> {
+        (item < self.items).then(|| self.hier(item))
+    }
+
+    /// The folded value of item `item` for this group's own updates, or
+    /// `None` outside the schema.
+    pub fn local_value(&self, item: usize) -> Option<i64> {
+        (item < self.items).then(|| self.local(item))
+    }
+
+    /// The folded hierarchical value of `item` (no flush).
+    pub(crate) fn hier(&self, item: usize) -> i64 {
+        self.folded[self.items + item].load(Relaxed)
+    }
+
+    /// The folded local value of `item` (no flush).
+    pub(crate) fn local(&self, item: usize) -> i64 {
+        self.folded[item].load(Relaxed)
+    }
+}
+
+impl std::fmt::Debug for StatGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatGroup")
+            .field("id", &self.id)
+            .field("depth", &self.depth)
+            .field("stats_updates", &self.stats_updates())
+            .finish()
+    }
+}

@@ -1,0 +1,121 @@
+//! The stat items every group of a hierarchy carries.
+
+use std::fmt;
+
+/// Whether a stat item goes up and down or only up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StatKind {
+    /// A level that goes up and down (bytes of anonymous memory in use).
+    Gauge,
+    /// A count of events; negative deltas are refused (page faults).
+    Event,
+}
+
+/// One stat item of a schema.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StatItem {
+    /// Its name in dumps and snapshots (validated like a group name, plus
+    /// no whitespace, so `memory.stat`-like dumps stay parseable).
+    pub name: String,
+    /// Gauge or event count.
+    pub kind: StatKind,
+}
+
+impl StatItem {
+    /// A gauge named `name`.
+    pub fn gauge(name: &str) -> StatItem {
+        StatItem {
+            name: name.to_owned(),
+            kind: StatKind::Gauge,
+        }
+    }
+
+    /// An event count named `name`.
+    pub fn event(name: &str) -> StatItem {
+        StatItem {
+            name: name.to_owned(),
+            kind: StatKind::Event,
+        }
+    }
+}
+
+/// The index of an item in its hierarchy's schema, from
+/// [`crate::group::Hierarchy::stat_id`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StatId(pub(crate) usize);
+
+impl StatId {
+    /// The item's position in the schema.
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
+/// Most items a schema may have (a group's per-CPU current and previous
+/// values must fit one arena region).
+pub const MAX_STAT_ITEMS: usize = crate::percpu::REGION_SLOTS / 2;
+
+/// A stat operation refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatError {
+    /// The schema is invalid.
+    Schema(String),
+    /// A [`StatId`] outside this hierarchy's schema.
+    NoSuchItem(usize),
+    /// A negative delta for an event count.
+    NegativeEvent {
+        /// The item's name.
+        item: String,
+        /// The delta given.
+        delta: i64,
+    },
+}
+
+impl fmt::Display for StatError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StatError::Schema(why) => write!(f, "invalid stat schema: {why}"),
+            StatError::NoSuchItem(i) => {
+                write!(f, "stat item {i} is not in this hierarchy's schema")
+            }
+            StatError::NegativeEvent { item, delta } => {
+                write!(f, "{item} counts events: it cannot change by {delta}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for StatError {}
+
+/// Check a schema: at most [`MAX_STAT_ITEMS`] items, unique names without
+/// whitespace or `/`, non-empty.
+pub(crate) fn validate(items: &[StatItem]) -> Result<(), StatError> {
+    if items.len() > MAX_STAT_ITEMS {
+        return Err(StatError::Schema(format!(
+            "{} items, at most {MAX_STAT_ITEMS}",
+            items.len()
+        )));
+    }
+    for (i, item) in items.iter().enumerate() {
+        let bad = item.name.is_empty()
+            || item.name.len() > 255
+            || item
+                .name
+                .chars()
+                .any(|c| c.is_whitespace() || c == '/' || c == '\0');
+        if bad {
+            return Err(StatError::Schema(format!(
+                "item name {:?} is empty, too long, or has whitespace or '/'",
+                item.name
+            )));
+        }
+        if items[..i].iter().any(|o| o.name == item.name) {
+            return Err(StatError::Schema(format!(
+                "item {:?} appears twice",
+                item.name
+            )));
+        }
+    }
+    Ok(())
+}

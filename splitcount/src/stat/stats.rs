@@ -1,0 +1,227 @@
+//! [`Stats`]: a hierarchy's statistics machinery — the schema, the per-CPU
+//! update lists, and the flush.
+
+use super::group::{StatGroup, UpdateNode, STAT_BATCH};
+use super::schema::{validate, StatError, StatItem};
+use crate::cpu::Machine;
+use crate::percpu::{AddPath, Arena, ArenaOptions};
+use crate::sync::{
+    lock, AtomicPtr, AtomicU64, Mutex,
+    Ordering::{Acquire, Relaxed, Release, SeqCst},
+};
+use crossbeam_utils::CachePadded;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The statistics of one hierarchy. See the module docs of [`crate::stat`].
+pub struct Stats {
+    items: Vec<StatItem>,
+    machine: Machine,
+    /// Per-CPU values: updated with SeqCst `fetch_add` (see `StatGroup`).
+    values: Arena,
+    /// Per-CPU threshold counts: plain per-CPU counters (rseq where possible).
+    counts: Arena,
+    /// Per CPU: the head of the lock-free list of groups updated there.
+    lists: Box<[CachePadded<AtomicPtr<UpdateNode>>]>,
+    /// One flusher at a time; per CPU, the groups drained from its list and
+    /// not yet flushed, with their ancestors (each once: `queued`).
+    flush: Mutex<Vec<Vec<Arc<StatGroup>>>>,
+    flushes: AtomicU64,
+    skipped: AtomicU64,
+    next_id: AtomicU64,
+    epoch: Instant,
+    last_flush_ns: AtomicU64,
+}
+
+impl Stats {
+    /// Statistics with `items` for `machine`'s CPUs.
+    pub fn new(machine: &Machine, items: Vec<StatItem>) -> Result<Stats, StatError> {
+        validate(&items)?;
+        let values = Arena::with_options(
+            machine,
+            &ArenaOptions {
+                add_path: AddPath::Atomic,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| StatError::Schema(e.to_string()))?;
+        let cpus = machine.cpus();
+        Ok(Stats {
+            items,
+            machine: machine.clone(),
+            values,
+            counts: Arena::new(machine),
+            lists: (0..cpus)
+                .map(|_| CachePadded::new(AtomicPtr::new(std::ptr::null_mut())))
+                .collect(),
+            flush: Mutex::new((0..cpus).map(|_| Vec::new()).collect()),
+            flushes: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+            next_id: AtomicU64::new(1 << 32),
+            epoch: Instant::now(),
+            last_flush_ns: AtomicU64::new(0),
+        })
+    }
+
+    /// A new group's statistics under `parent` (standalone use; a
+    /// [`crate::group::Hierarchy`] makes one for each of its groups).
+    pub fn group(&self, parent: Option<&Arc<StatGroup>>) -> Result<Arc<StatGroup>, StatError> {
+        let id = self.next_id.fetch_add(1, Relaxed);
+        StatGroup::new(self, id, parent.cloned())
+    }
+
+    /// The schema.
+    pub fn items(&self) -> &[StatItem] {
+        &self.items
+    }
+
+    pub(crate) fn machine(&self) -> &Machine {
+        &self.machine
+    }
+
+    pub(crate) fn cpus(&self) -> usize {
+        self.lists.len()
+    }
+
+    pub(crate) fn values_arena(&self) -> &Arena {
+        &self.values
+    }
+
+    pub(crate) fn count_arena(&self) -> &Arena {
+        &self.counts
+    }
+
+    /// A group needs a flush once more than `STAT_BATCH · ncpu` updates
+    /// were counted in its subtree since its last flush.
+    pub fn threshold(&self) -> u64 {
+        STAT_BATCH * self.cpus() as u64
+    }
+
+    /// Flushes done (not skipped) so far.
+    pub fn flushes(&self) -> u64 {
+        self.flushes.load(Relaxed)
+    }
+
+    /// Non-forced flushes skipped because nothing needed flushing.
+    pub fn skipped(&self) -> u64 {
+        self.skipped.load(Relaxed)
+    }
+
+    /// Time of the last flush, since this `Stats` was made.
+    pub fn last_flush(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.last_flush_ns.load(Relaxed))
+    }
+
+    pub(crate) fn since_epoch(&self) -> std::time::Duration {
+        self.epoch.elapsed()
+    }
+
+    /// Push `node` (whose `on_list` this thread just won) onto CPU `cpu`'s
+    /// list.
+    pub(crate) fn push(&self, cpu: usize, node: *mut UpdateNode) {
+        let head = &self.lists[cpu];
+        let mut first = head.load(Relaxed);
+        loop {
+            // SAFETY: `node` belongs to a live group (the list now holds a
+            // strong reference to it) and only the CAS winner writes `next`
+            // until the flusher takes the node off the list.
+            unsafe { (*node).next.store(first, Relaxed) };
+            // Release: the flusher's Acquire swap sees `next`.
+            match head.compare_exchange_weak(first, node, Release, Relaxed) {
+                Ok(_) => return,
+                Err(seen) => first = seen,
+            }
+        }
+    }
+
+    /// Take CPU `cpu`'s list and record its groups (and their ancestors) as
+    /// updated on that CPU. Flusher only (under the flush lock).
+    fn drain(&self, cpu: usize, updated: &mut Vec<Arc<StatGroup>>) {
+        // Speculative: an empty list is skipped without a locked instruction.
+        if self.lists[cpu].load(Relaxed).is_null() {
+            return;
+        }
+        // Acquire: pairs with the pushers' Release.
+        let mut p = self.lists[cpu].swap(std::ptr::null_mut(), Acquire);
+        while !p.is_null() {
+            // SAFETY: a node on the list belongs to a group the list holds a
+            // strong reference to (taken by the pusher with `into_raw`).
+            let node = unsafe { &*p };
+            let next = node.next.load(Relaxed);
+            // SAFETY: the reference leaked by the pusher, taken back once.
+            let group = unsafe { Arc::from_raw(node.owner) };
+            // SeqCst, and before reading any delta: see `mark_updated`.
+            node.on_list.store(false, SeqCst);
+            let mut g = Some(group);
+            while let Some(x) = g {
+                // Plain load and store: `queued` is only touched under the
+                // flush lock.
+                if x.queued[cpu].load(Relaxed) {
+                    break; // its ancestors are recorded too
+                }
+                x.queued[cpu].store(true, Relaxed);
+                g = x.parent.clone();
+                updated.push(x);
+            }
+            p = next;
+        }
+    }
+
+    /// Flush `group`'s subtree unless neither forced nor needed. Returns
+    /// whether it flushed.
+    pub fn flush(&self, group: &StatGroup, force: bool) -> bool {
+        if !force && group.stats_updates() <= self.threshold() {
+            self.skipped.fetch_add(1, Relaxed);
+            return false;
+        }
+        let mut updated = lock(&self.flush);
+        let mut flushed: Vec<Arc<StatGroup>> = Vec::new();
+        for (cpu, set) in updated.iter_mut().enumerate() {
+            self.drain(cpu, set);
+            if set.is_empty() {
+                continue;
+            }
+            let (mut visit, rest): (Vec<_>, Vec<_>) = std::mem::take(set)
+                .into_iter()
+                .partition(|g| g.is_within(group));
+            *set = rest;
+            // Children before parents: a parent folds what its children
+            // passed up on this CPU.
+            visit.sort_unstable_by_key(|g| std::cmp::Reverse(g.depth));
+            for g in visit {
+                g.fold(cpu);
+                g.queued[cpu].store(false, Relaxed);
+                flushed.push(g);
+            }
+        }
+        group.reset_updates();
+        for g in flushed {
+            g.reset_updates();
+        }
+        self.flushes.fetch_add(1, Relaxed);
+        self.last_flush_ns
+            .store(self.since_epoch().as_nanos() as u64, Relaxed);
+        true
+    }
+}
+
+impl std::fmt::Debug for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stats")
+            .field("items", &self.items.len())
+            .field("cpus", &self.cpus())
+            .field("flushes", &self.flushes())
+            .finish()
+    }
+}
+
+impl Drop for Stats {
+    fn drop(&mut self) {
+        // Give back the references the lists hold.
+        let mut sets = lock(&self.flush);
+        for (cpu, set) in sets.iter_mut().enumerate() {
+            self.drain(cpu, set);
+            set.clear();
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! Loom model of the update-list push racing a flush drain: two updaters of
+//! one group on one CPU (so both can find the mark clear and race for the
+//! push) against a concurrent flush. The final flush must be exact. With
+//! the winner decided by a load and a store instead of a compare-and-swap,
+//! both updaters push the same node, the list loops, and the model fails.
+//! Run with `RUSTFLAGS="--cfg loom" cargo test --release --test loom_stat`.
+
+#![cfg(loom)]
+
+use loom::thread;
+use splitcount::cpu::Machine;
+use splitcount::stat::{StatItem, Stats};
+use std::sync::Arc;
+
+#[test]
+fn an_update_racing_a_flush_is_never_lost() {
+    loom::model(|| {
+        let m = Machine::simulated(1, 1).unwrap();
+        let stats = Arc::new(Stats::new(&m, vec![StatItem::gauge("x")]).unwrap());
+        let g = stats.group(None).unwrap();
+        let updaters: Vec<_> = [1i64, 2]
+            .into_iter()
+            .map(|d| {
+                let (stats, g) = (stats.clone(), g.clone());
+                thread::spawn(move || g.mod_stat(&stats, 0, d).unwrap())
+            })
+            .collect();
+        stats.flush(&g, true);
+        let seen = g.value(0).unwrap();
+        assert!([0, 1, 2, 3].contains(&seen));
+        for u in updaters {
+            u.join().unwrap();
+        }
+        stats.flush(&g, true);
+        assert_eq!(g.value(0), Some(3));
+    });
+}
