@@ -28,9 +28,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run a benchmark suite: `cpu-id`, `percpu`, `counters` or `charge`.
+    /// Run a benchmark suite: `cpu-id`, `percpu`, `counters`, `charge`, `stats` or `alloc`.
     Bench {
-        /// The suite: `cpu-id`, `percpu`, `counters` or `charge`.
+        /// The suite: `cpu-id`, `percpu`, `counters`, `charge`, `stats` or `alloc`.
         suite: String,
         /// JSON lines instead of a table.
         #[arg(long)]
@@ -174,9 +174,10 @@ fn run(cli: Cli) -> Result<(), String> {
                 "percpu" => bench::percpu::run(&threads, duration),
                 "charge" => bench::charge::run(&threads, duration),
                 "stats" => bench::stats::run(groups.clamp(1, 1_000_000), duration),
+                "alloc" => bench::alloc::run(&threads, duration),
                 other => {
                     return Err(format!(
-                        "unknown suite {other:?} (known: cpu-id, percpu, counters, charge, stats)"
+                        "unknown suite {other:?} (known: cpu-id, percpu, counters, charge, stats, alloc)"
                     ))
                 }
             };

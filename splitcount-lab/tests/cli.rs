@@ -267,3 +267,31 @@ fn bench_stats_reports_flush_and_update_costs_with_ratios() {
         assert_eq!(l["baseline"], baseline);
     }
 }
+
+#[test]
+fn bench_alloc_compares_the_wrapper_with_the_system_allocator() {
+    let (ok, out, err) = lab(
+        &[
+            "bench",
+            "alloc",
+            "--json",
+            "--threads",
+            "1,2",
+            "--seconds",
+            "0.02",
+        ],
+        "",
+    );
+    assert!(ok, "{err}");
+    let lines = json_lines(&out);
+    for case in ["system", "accounted"] {
+        for t in [1, 2] {
+            let l = lines
+                .iter()
+                .find(|l| l["case"] == case && l["threads"] == t)
+                .unwrap_or_else(|| panic!("{case} at {t} threads missing"));
+            assert_eq!(l["baseline"], "system");
+            assert!(l["ratio"].as_f64().unwrap() > 0.0);
+        }
+    }
+}

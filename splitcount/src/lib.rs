@@ -13,7 +13,9 @@
 //! 5. [`stat`] — per-group statistics: per-CPU deltas, lock-free update
 //!    lists, thresholds and subtree flushing;
 //! 6. [`group`] — the facade: a tree of named groups with limits, events,
-//!    hooks and removal.
+//!    hooks and removal;
+//! 7. [`alloc`] — a `GlobalAlloc` wrapper that charges a Rust program's own
+//!    heap to groups.
 //!
 //! ```
 //! use splitcount::percpu::Arena;
@@ -28,6 +30,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod alloc;
 pub mod charge;
 pub mod counter;
 pub mod cpu;

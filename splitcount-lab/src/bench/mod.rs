@@ -1,6 +1,7 @@
 //! Benchmark machinery shared by every suite: a timed multi-thread loop and
 //! the record every measurement is reported as.
 
+pub mod alloc;
 pub mod charge;
 pub mod counters;
 pub mod cpu_id;

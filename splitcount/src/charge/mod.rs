@@ -9,8 +9,10 @@
 //! The charge path that combines them with reclaim and out-of-memory hooks
 //! is [`crate::group::Group::charge`].
 
+mod account;
 mod stock;
 mod usage;
 
+pub use account::ByteAccount;
 pub use stock::{Consumed, Leftovers, Stock, MAX_STOCK_BATCH, MAX_STOCK_SLOTS};
 pub use usage::{Busy, Events, UsageCounter, MAX_REQUEST, UNLIMITED};

@@ -259,30 +259,27 @@ impl Stock {
         left
     }
 
-    /// Empty CPU `cpu`'s slots whose counter satisfies `which`, waiting for
-    /// its lock; returns what was taken, to be uncharged.
-    fn take_cpu(
+    /// Take one of CPU `cpu`'s slots whose counter satisfies `which`,
+    /// waiting for the CPU's lock.
+    fn take_one(
         &self,
         cpu: usize,
         which: &dyn Fn(&UsageCounter) -> bool,
-    ) -> Vec<(Arc<UsageCounter>, u64)> {
-        let locked = self.cpu(cpu).lock();
-        locked.with(|s| {
-            let mut taken = Vec::new();
-            for i in 0..self.slots {
-                if s.counters[i].as_deref().is_some_and(which) {
-                    let c = s.counters[i].take().expect("checked");
-                    taken.push((c, std::mem::take(&mut s.units[i]) as u64));
-                }
-            }
-            taken
+    ) -> Option<(Arc<UsageCounter>, u64)> {
+        self.cpu(cpu).lock().with(|s| {
+            let i = (0..self.slots).find(|&i| s.counters[i].as_deref().is_some_and(which))?;
+            let c = s.counters[i].take()?;
+            Some((c, std::mem::take(&mut s.units[i]) as u64))
         })
     }
 
+    /// Drain slot by slot, uncharging (and dropping the slot's reference)
+    /// outside the lock, and allocating nothing: the allocator integration
+    /// drains from inside `GlobalAlloc::alloc`.
     fn drain_each(&self, which: &dyn Fn(&UsageCounter) -> bool) -> u64 {
         let mut drained = 0;
         for cpu in 0..self.cpus.len() {
-            for (c, units) in self.take_cpu(cpu, which) {
+            while let Some((c, units)) = self.take_one(cpu, which) {
                 c.uncharge(units);
                 drained += units;
             }

@@ -84,6 +84,12 @@ impl Group {
             .collect()
     }
 
+    pub(crate) fn alloc_account_cell(
+        &self,
+    ) -> &std::sync::OnceLock<&'static crate::charge::ByteAccount> {
+        &self.node.alloc_account
+    }
+
     /// The group's usage counter (limits, usage, events), for direct use
     /// without the stock.
     pub fn usage_counter(&self) -> &crate::sync::Arc<UsageCounter> {

@@ -15,7 +15,7 @@
 //! suite shows what the packed alternative costs.
 
 use super::hooks::Hooks;
-use crate::charge::UsageCounter;
+use crate::charge::{ByteAccount, UsageCounter};
 use crate::stat::StatGroup;
 use crate::sync::{
     AtomicBool, Mutex,
@@ -37,6 +37,9 @@ pub(crate) struct Node {
     pub(crate) id: u64,
     pub(crate) path: String,
     pub(crate) hooks: Mutex<Hooks>,
+    /// The allocator integration's account of this group, made on first
+    /// `enter()`.
+    pub(crate) alloc_account: std::sync::OnceLock<&'static ByteAccount>,
 }
 
 impl std::ops::Deref for Node {
@@ -64,6 +67,7 @@ impl Node {
             id,
             path,
             hooks: Mutex::new(Hooks::default()),
+            alloc_account: std::sync::OnceLock::new(),
         }
     }
 
