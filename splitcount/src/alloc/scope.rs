@@ -28,6 +28,7 @@ pub(crate) fn swap_current(account: *const ByteAccount) -> *const ByteAccount {
     CURRENT.with(|c| c.replace(account))
 }
 
+#[inline]
 pub(crate) fn in_hook() -> bool {
     IN_HOOK.with(|h| h.get())
 }

@@ -167,15 +167,6 @@ impl SplitCounter for Batched {
     /// `batch − 1` (of the side's sign) on every CPU: no slot spills, and
     /// the total stays 0.
     fn worst_case_schedule(&self, side: Side) -> Vec<Step> {
-        let d = match side {
-            Side::Under => self.batch - 1,
-            Side::Over => 1 - self.batch,
-        };
-        if d == 0 {
-            return Vec::new();
-        }
-        (0..self.slots.cpus())
-            .map(|cpu| Step { cpu, delta: d })
-            .collect()
+        super::spill_worst_case(0..self.slots.cpus(), self.batch, side)
     }
 }

@@ -193,6 +193,24 @@ pub trait SplitCounter: Send + Sync + fmt::Debug {
     fn worst_case_schedule(&self, side: Side) -> Vec<Step>;
 }
 
+/// The worst case of the designs that spill a whole part once `|part| ≥
+/// batch` (`Batched`, `PerNode`): `batch − 1` of the side's sign on one CPU
+/// of every part — nothing spills, and every part holds its maximum.
+pub(crate) fn spill_worst_case(
+    cpus: impl Iterator<Item = usize>,
+    batch: i64,
+    side: Side,
+) -> Vec<Step> {
+    let delta = match side {
+        Side::Under => batch - 1,
+        Side::Over => 1 - batch,
+    };
+    if delta == 0 {
+        return Vec::new();
+    }
+    cpus.map(|cpu| Step { cpu, delta }).collect()
+}
+
 /// Decide `precise ⋚ v` knowing `precise ∈ [approximate − over,
 /// approximate + under]`; call `precise` only when that cannot decide.
 pub(crate) fn compare_in_band(

@@ -133,16 +133,8 @@ impl SplitCounter for PerNode {
 
     /// `batch − 1` (of the side's sign) on one CPU of every node slot.
     fn worst_case_schedule(&self, side: Side) -> Vec<Step> {
-        let d = match side {
-            Side::Under => self.batch - 1,
-            Side::Over => 1 - self.batch,
-        };
-        if d == 0 {
-            return Vec::new();
-        }
-        (0..self.nodes.len())
-            .filter_map(|slot| self.slot_of.iter().position(|&s| s as usize == slot))
-            .map(|cpu| Step { cpu, delta: d })
-            .collect()
+        let one_cpu_per_slot = (0..self.nodes.len())
+            .filter_map(|slot| self.slot_of.iter().position(|&s| s as usize == slot));
+        super::spill_worst_case(one_cpu_per_slot, self.batch, side)
     }
 }
