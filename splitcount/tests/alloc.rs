@@ -139,10 +139,13 @@ fn many_threads_allocating_across_limited_groups_return_to_baseline() {
             g
         })
         .collect();
-    std::thread::scope(|s| {
-        for t in 0..8u64 {
-            let groups = &groups;
-            s.spawn(move || {
+    // Plain threads, joined: `join` returns after the thread's thread-local
+    // destructors ran (which give its reserve back); a scoped thread counts
+    // as finished before that.
+    let workers: Vec<_> = (0..8u64)
+        .map(|t| {
+            let groups = groups.clone();
+            std::thread::spawn(move || {
                 let mut rng = Rng::new(t + 1);
                 let mut live: Vec<Vec<u8>> = Vec::new();
                 for _ in 0..20_000 {
@@ -161,9 +164,12 @@ fn many_threads_allocating_across_limited_groups_return_to_baseline() {
                         }
                     }
                 }
-            });
-        }
-    });
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
     for g in &groups {
         assert_eq!(live_bytes(g), 0, "{}", g.path());
         assert!(g.peak() <= 8 << 20);
