@@ -176,3 +176,30 @@ fn many_threads_allocating_across_limited_groups_return_to_baseline() {
     }
     assert_eq!(live_bytes(&parent), 0);
 }
+
+static HOOK_CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn count_and_decline(r: &splitcount::alloc::Refusal) -> bool {
+    // Runs with allocations unaccounted: allocating here must not recurse.
+    let note = format!("refused {} bytes", r.request);
+    assert!(!note.is_empty());
+    HOOK_CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    false
+}
+
+#[test]
+fn a_groups_refusal_hook_runs_before_the_allocation_fails() {
+    let g = fresh("hooked");
+    g.set_max(1 << 20).unwrap();
+    g.on_alloc_refusal(count_and_decline);
+    g.scope(|| {
+        let mut v: Vec<u8> = Vec::new();
+        assert!(v.try_reserve(4 << 20).is_err());
+    });
+    assert_eq!(HOOK_CALLS.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(
+        live_bytes(&g),
+        0,
+        "the hook's own allocation was not charged"
+    );
+}

@@ -38,8 +38,9 @@
 //! bytes by the stocks (`BYTE_BATCH · 7 · ncpu`) plus the reserves
 //! (`2 · RESERVE_BATCH` per thread); a limit may refuse while other
 //! threads' reserves hold some of the group's bytes. A refused charge (after
-//! draining the refusing group's stocked bytes and an optional hook) makes
-//! the allocation return null: `try_reserve` reports an error, plain
+//! draining the refusing group's stocked bytes, then the charged group's
+//! hook ([`crate::group::Group::on_alloc_refusal`]) and the allocator's)
+//! makes the allocation return null: `try_reserve` reports an error, plain
 //! allocation reaches the standard out-of-memory path.
 //!
 //! **Never allocates, works anywhere.** The charge path uses only
@@ -60,6 +61,7 @@ mod reserve;
 mod scope;
 mod wrapper;
 
+pub use crate::charge::{Refusal, RefusalHook};
 pub use reserve::RESERVE_BATCH;
 pub use scope::AllocScope;
-pub use wrapper::{take_last_refusal, Accounted, AttachError, Refusal, RefusalHook, BYTE_BATCH};
+pub use wrapper::{take_last_refusal, Accounted, AttachError, BYTE_BATCH};

@@ -89,6 +89,17 @@ impl Group {
         }
     }
 
+    /// Call `hook` (with allocations unaccounted while it runs) when an
+    /// allocation charged to this group is refused by a limit; if it returns
+    /// `true` (it freed memory), the allocation is tried once more.
+    pub fn on_alloc_refusal(&self, hook: crate::charge::RefusalHook) {
+        *self
+            .byte_account()
+            .hook
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(hook);
+    }
+
     /// Run `f` with this thread's allocations charged to this group.
     pub fn scope<R>(&self, f: impl FnOnce() -> R) -> R {
         let _guard = self.enter();

@@ -4,7 +4,9 @@
 
 use super::reserve::{RESERVE, RESERVE_BATCH};
 use super::scope::{current, in_hook, without_accounting};
-use crate::charge::{ByteAccount, Consumed, Stock, UsageCounter, MAX_STOCK_SLOTS};
+use crate::charge::{
+    ByteAccount, Consumed, Refusal, RefusalHook, Stock, UsageCounter, MAX_STOCK_SLOTS,
+};
 use crate::cpu::{self, Machine};
 use crate::group::Hierarchy;
 use std::alloc::{GlobalAlloc, Layout};
@@ -21,27 +23,6 @@ pub const BYTE_BATCH: u64 = 64 << 10;
 /// Bytes in front of every allocation: the charged group's account.
 const MIN_HEADER: usize = 16;
 
-/// A refused allocation: the numbers of the usage counter that refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Refusal {
-    /// Bytes requested.
-    pub request: u64,
-    /// The refusing group's limit.
-    pub limit: u64,
-    /// The refusing group's usage when it refused.
-    pub usage: u64,
-}
-
-impl fmt::Display for Refusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "allocation of {} bytes refused: limit {}, usage {}",
-            self.request, self.limit, self.usage
-        )
-    }
-}
-
 thread_local! {
     static LAST_REFUSAL: Cell<Option<Refusal>> = const { Cell::new(None) };
 }
@@ -50,10 +31,6 @@ thread_local! {
 pub fn take_last_refusal() -> Option<Refusal> {
     LAST_REFUSAL.with(|r| r.take())
 }
-
-/// Called (with allocations unaccounted) when an allocation is refused;
-/// return `true` if it freed memory worth one more try.
-pub type RefusalHook = fn(&Refusal) -> bool;
 
 /// What `attach` sets up: the byte stock and the root account.
 struct Attached {
@@ -96,7 +73,8 @@ impl<A> Accounted<A> {
     }
 
     /// Start accounting into `hierarchy` (threads outside any scope charge
-    /// its root). `hook` runs when an allocation is refused. Once per
+    /// its root). `hook` runs when an allocation is refused (after the
+    /// charged group's own hook, see `Group::on_alloc_refusal`). Once per
     /// allocator.
     pub fn attach(
         &self,
@@ -232,9 +210,14 @@ impl<A> Accounted<A> {
                 usage: refuser.usage(),
             };
             LAST_REFUSAL.with(|r| r.set(Some(refusal)));
-            match st.hook {
-                Some(hook) if without_accounting(|| hook(&refusal)) => continue,
-                _ => break,
+            // The charged group's own hook first, then the allocator's.
+            let own = *acc.hook.lock().unwrap_or_else(|e| e.into_inner());
+            let freed = [own, st.hook]
+                .into_iter()
+                .flatten()
+                .any(|hook| without_accounting(|| hook(&refusal)));
+            if !freed {
+                break;
             }
         }
         Err(())

@@ -14,12 +14,43 @@ use crate::sync::Arc;
 #[derive(Debug)]
 pub struct ByteAccount {
     pub(crate) counter: Arc<UsageCounter>,
+    /// Called when an allocation charged here is refused (see
+    /// `Group::on_alloc_refusal`). A mutex, taken only on refusals.
+    pub(crate) hook: std::sync::Mutex<Option<RefusalHook>>,
 }
+
+/// A refused allocation: the numbers of the usage counter that refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    /// Bytes requested.
+    pub request: u64,
+    /// The refusing group's limit.
+    pub limit: u64,
+    /// The refusing group's usage when it refused.
+    pub usage: u64,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "allocation of {} bytes refused: limit {}, usage {}",
+            self.request, self.limit, self.usage
+        )
+    }
+}
+
+/// Called (with allocations unaccounted) when an allocation is refused;
+/// return `true` if it freed memory worth one more try.
+pub type RefusalHook = fn(&Refusal) -> bool;
 
 impl ByteAccount {
     /// A leaked account for `counter`.
     pub(crate) fn leak(counter: Arc<UsageCounter>) -> &'static ByteAccount {
-        Box::leak(Box::new(ByteAccount { counter }))
+        Box::leak(Box::new(ByteAccount {
+            counter,
+            hook: std::sync::Mutex::new(None),
+        }))
     }
 
     /// The usage counter bytes are charged to.

@@ -13,6 +13,6 @@ mod account;
 mod stock;
 mod usage;
 
-pub use account::ByteAccount;
+pub use account::{ByteAccount, Refusal, RefusalHook};
 pub use stock::{Consumed, Leftovers, Stock, MAX_STOCK_BATCH, MAX_STOCK_SLOTS};
 pub use usage::{Busy, Events, UsageCounter, MAX_REQUEST, UNLIMITED};
