@@ -28,9 +28,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run a benchmark suite: `cpu-id`, `percpu`, `counters` or `charge`.
+    /// Run a benchmark suite: `cpu-id`, `percpu`, `counters`, `charge` or `layout`.
     Bench {
-        /// The suite: `cpu-id`, `percpu`, `counters` or `charge`.
+        /// The suite: `cpu-id`, `percpu`, `counters`, `charge` or `layout`
+        /// (`layout` always runs two threads and ignores `--threads`).
         suite: String,
         /// JSON lines instead of a table.
         #[arg(long)]
@@ -87,11 +88,16 @@ enum Command {
         #[arg(long)]
         nodes: Option<usize>,
     },
-    /// Run every available suite and write the report.
+    /// Run every suite (or those of `--suites`), print the tables and write
+    /// `report.json` and `index.html`.
     Report {
-        /// Shorter runs, for smoke tests.
+        /// Shorter runs, for smoke tests (under a minute on 2 cores).
         #[arg(long)]
         quick: bool,
+        /// Suites to run, comma-separated (default: all): counters, accuracy,
+        /// watchdog, layout, charge, percpu, cpu-id.
+        #[arg(long)]
+        suites: Option<String>,
         /// Output directory.
         #[arg(long, default_value = "target/splitcount-report")]
         out: PathBuf,
@@ -169,9 +175,10 @@ fn run(cli: Cli) -> Result<(), String> {
                 "counters" => bench::counters::run(&threads, duration),
                 "percpu" => bench::percpu::run(&threads, duration),
                 "charge" => bench::charge::run(&threads, duration),
+                "layout" => bench::layout::run(duration),
                 other => {
                     return Err(format!(
-                        "unknown suite {other:?} (known: cpu-id, percpu, counters, charge)"
+                        "unknown suite {other:?} (known: cpu-id, percpu, counters, charge, layout)"
                     ))
                 }
             };
@@ -221,7 +228,9 @@ fn run(cli: Cli) -> Result<(), String> {
             let s = spec(design, cpus, batch, &arity, nodes)?;
             replay::run(&s, std::io::stdin().lock(), std::io::stdout().lock())?;
         }
-        Command::Report { quick, out } => report::run(quick, &out)?,
+        Command::Report { quick, suites, out } => {
+            report::run(&report::Options { quick, suites, out })?
+        }
     }
     Ok(())
 }
