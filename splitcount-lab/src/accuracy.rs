@@ -6,6 +6,7 @@
 //! seen over random walks (tracked against an exact oracle, so each step
 //! costs O(1) even at 4096 CPUs).
 
+use crate::rng::Rng;
 use serde::Serialize;
 use splitcount::counter::{Arity, Config, Design, Side, SplitCounter};
 use splitcount::cpu::{Machine, MAX_NODES};
@@ -133,7 +134,7 @@ pub fn measure(spec: &Spec) -> Result<Record, String> {
 /// Walks of random CPUs and deltas up to ±2·batch, each walk biased to one
 /// sign for a while (a workload that grows or shrinks), against an oracle.
 fn random_walks(c: &dyn SplitCounter, spec: &Spec, batch: u64) -> Result<u64, String> {
-    let mut rng = Rng(spec.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::new(spec.seed);
     let span = (2 * batch.min(1 << 20)) as i64;
     let mut oracle = 0i128;
     let mut worst = 0i128;
@@ -164,18 +165,6 @@ fn random_walks(c: &dyn SplitCounter, spec: &Spec, batch: u64) -> Result<u64, St
         ));
     }
     Ok(worst as u64)
-}
-
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
 }
 
 /// Print records as a table.

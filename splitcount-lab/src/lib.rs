@@ -6,6 +6,8 @@ pub mod bench;
 pub mod machine;
 pub mod replay;
 pub mod report;
+mod rng;
+pub mod watchdog;
 
 /// Parse a comma-separated list with `parse_one`, naming the bad element.
 pub fn parse_list<T>(

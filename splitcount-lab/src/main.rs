@@ -28,9 +28,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run a benchmark suite: `cpu-id`, `percpu`, `counters`, `charge`, `stats` or `alloc`.
+    /// Run a benchmark suite: `cpu-id`, `percpu`, `counters`, `charge`,
+    /// `stats`, `alloc` or `layout`.
     Bench {
-        /// The suite: `cpu-id`, `percpu`, `counters`, `charge`, `stats` or `alloc`.
+        /// The suite: `cpu-id`, `percpu`, `counters`, `charge`, `stats`,
+        /// `alloc` or `layout` (`layout` always runs two threads and ignores
+        /// `--threads`).
         suite: String,
         /// JSON lines instead of a table.
         #[arg(long)]
@@ -90,11 +93,16 @@ enum Command {
         #[arg(long)]
         nodes: Option<usize>,
     },
-    /// Run every available suite and write the report.
+    /// Run every suite (or those of `--suites`), print the tables and write
+    /// `report.json` and `index.html`.
     Report {
-        /// Shorter runs, for smoke tests.
+        /// Shorter runs, for smoke tests (under a minute on 2 cores).
         #[arg(long)]
         quick: bool,
+        /// Suites to run, comma-separated (default: all): counters, accuracy,
+        /// watchdog, layout, charge, percpu, cpu-id.
+        #[arg(long)]
+        suites: Option<String>,
         /// Output directory.
         #[arg(long, default_value = "target/splitcount-report")]
         out: PathBuf,
@@ -175,9 +183,10 @@ fn run(cli: Cli) -> Result<(), String> {
                 "charge" => bench::charge::run(&threads, duration),
                 "stats" => bench::stats::run(groups.clamp(1, 1_000_000), duration),
                 "alloc" => bench::alloc::run(&threads, duration),
+                "layout" => bench::layout::run(duration),
                 other => {
                     return Err(format!(
-                        "unknown suite {other:?} (known: cpu-id, percpu, counters, charge, stats, alloc)"
+                        "unknown suite {other:?} (known: cpu-id, percpu, counters, charge, stats, alloc, layout)"
                     ))
                 }
             };
@@ -227,7 +236,9 @@ fn run(cli: Cli) -> Result<(), String> {
             let s = spec(design, cpus, batch, &arity, nodes)?;
             replay::run(&s, std::io::stdin().lock(), std::io::stdout().lock())?;
         }
-        Command::Report { quick, out } => report::run(quick, &out)?,
+        Command::Report { quick, suites, out } => {
+            report::run(&report::Options { quick, suites, out })?
+        }
     }
     Ok(())
 }

@@ -79,7 +79,7 @@ fn bench_cpu_id_json_lines_carry_a_ratio_to_the_raw_syscall() {
 }
 
 #[test]
-fn bench_counters_covers_every_design_the_floor_and_the_shared_atomic() {
+fn bench_counters_covers_every_design_the_floor_the_shared_atomic_and_the_peers() {
     let (ok, out, err) = lab(
         &[
             "bench",
@@ -101,6 +101,8 @@ fn bench_counters_covers_every_design_the_floor_and_the_shared_atomic() {
         "batched",
         "pernode",
         "tree",
+        "striped",
+        "fast-counter",
     ] {
         for t in [1, 2] {
             let l = lines
@@ -293,5 +295,27 @@ fn bench_alloc_compares_the_wrapper_with_the_system_allocator() {
             assert_eq!(l["baseline"], "system");
             assert!(l["ratio"].as_f64().unwrap() > 0.0);
         }
+    }
+}
+
+#[test]
+fn bench_layout_reports_each_role_against_the_padded_layout() {
+    let (ok, out, err) = lab(&["bench", "layout", "--json", "--seconds", "0.03"], "");
+    assert!(ok, "{err}");
+    let lines = json_lines(&out);
+    let cases: Vec<&str> = lines.iter().map(|l| l["case"].as_str().unwrap()).collect();
+    assert_eq!(
+        cases,
+        [
+            "padded-reader",
+            "packed-reader",
+            "padded-writer",
+            "packed-writer"
+        ]
+    );
+    for l in &lines {
+        assert_eq!(l["threads"], 2);
+        let role = l["case"].as_str().unwrap().rsplit('-').next().unwrap();
+        assert_eq!(l["baseline"], format!("padded-{role}"));
     }
 }

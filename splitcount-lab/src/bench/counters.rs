@@ -1,6 +1,11 @@
-//! `bench counters`: add throughput of every design, the thread-local floor
-//! and a single shared atomic, at each thread count.
+//! `bench counters`: add throughput of every design, the thread-local floor,
+//! a single shared atomic, and two peers that are not splitcount designs: a
+//! LongAdder-style striped counter ([`super::striped`]) and the crates.io
+//! crate `fast-counter` (cells indexed by a per-thread id), at each thread
+//! count. Every case is measured in the same run, so the ratios to the
+//! shared atomic compare like with like.
 
+use super::striped::Striped;
 use super::{measure, set_ratios, Record};
 use splitcount::counter::{Atomic, Batched, Config, Design, PerNode, SplitCounter, Tree};
 use std::cell::Cell;
@@ -12,13 +17,15 @@ use std::time::Duration;
 pub const BASELINE: &str = "shared-atomic";
 
 /// The cases, in table order.
-pub const CASES: [&str; 6] = [
+pub const CASES: [&str; 8] = [
     "thread-local",
     BASELINE,
     "atomic",
     "batched",
     "pernode",
     "tree",
+    "striped",
+    "fast-counter",
 ];
 
 fn bench_counter<C: SplitCounter>(c: &C, threads: usize, duration: Duration) -> Record {
@@ -64,6 +71,19 @@ pub fn run(threads: &[usize], duration: Duration) -> Vec<Record> {
             t,
             duration,
         ));
+        let striped = Striped::new();
+        records.push(measure("counters", "striped", t, duration, |_| {
+            let striped = &striped;
+            move || striped.add(black_box(1))
+        }));
+        // Sized as its documentation advises: at least one cell per thread
+        // (it picks the cell from a per-thread id, not from the CPU).
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let peer = fast_counter::ConcurrentCounter::new(t.max(cores));
+        records.push(measure("counters", "fast-counter", t, duration, |_| {
+            let peer = &peer;
+            move || peer.add(black_box(1))
+        }));
     }
     set_ratios(&mut records, BASELINE);
     records

@@ -5,10 +5,13 @@ pub mod alloc;
 pub mod charge;
 pub mod counters;
 pub mod cpu_id;
+pub mod layout;
 pub mod percpu;
 pub mod stats;
+pub mod striped;
 
 use serde::Serialize;
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -47,9 +50,69 @@ where
     F: FnMut(),
 {
     let threads = threads.max(1);
+    let (per_thread, wall) = run_threads(threads, duration, make);
+    let ops: u64 = per_thread.iter().map(|r| r.0).sum();
+    let busy: Duration = per_thread.iter().map(|r| r.1).sum();
+    let record = record(suite, case, threads, ops, busy, wall);
+    observe(&record);
+    record
+}
+
+/// Run one thread per case at once, for about `duration`: thread `t` runs
+/// `make(t)` and is reported as `cases[t]`, each record with the thread
+/// count of the whole run. For workloads whose threads play different roles
+/// (one writes, another reads), where an average over roles would hide what
+/// each one pays.
+pub fn measure_roles<M, F>(suite: &str, cases: &[&str], duration: Duration, make: M) -> Vec<Record>
+where
+    M: Fn(usize) -> F + Sync,
+    F: FnMut(),
+{
+    let threads = cases.len().max(1);
+    let (per_thread, wall) = run_threads(threads, duration, make);
+    let records: Vec<Record> = cases
+        .iter()
+        .zip(per_thread)
+        .map(|(case, (ops, busy))| record(suite, case, threads, ops, busy, wall))
+        .collect();
+    records.iter().for_each(observe);
+    records
+}
+
+fn record(
+    suite: &str,
+    case: &str,
+    threads: usize,
+    ops: u64,
+    busy: Duration,
+    wall: Duration,
+) -> Record {
+    let ops = ops.max(1) as f64;
+    Record {
+        suite: suite.to_owned(),
+        case: case.to_owned(),
+        threads,
+        ns_per_op: busy.as_nanos() as f64 / ops,
+        ops_per_sec: ops / wall.as_secs_f64(),
+        ratio: None,
+        baseline: None,
+    }
+}
+
+/// The timed loop: each thread's (operations, busy time), and the wall time
+/// from the common start to the last join.
+fn run_threads<M, F>(
+    threads: usize,
+    duration: Duration,
+    make: M,
+) -> (Vec<(u64, Duration)>, Duration)
+where
+    M: Fn(usize) -> F + Sync,
+    F: FnMut(),
+{
     let stop = AtomicBool::new(false);
     let barrier = Barrier::new(threads + 1);
-    let (ops, busy, wall) = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|t| {
                 let (stop, barrier, make) = (&stop, &barrier, &make);
@@ -77,21 +140,38 @@ where
             .into_iter()
             .map(|w| w.join().expect("bench thread"))
             .collect();
-        let wall = start.elapsed();
-        let ops: u64 = results.iter().map(|r| r.0).sum();
-        let busy: Duration = results.iter().map(|r| r.1).sum();
-        (ops, busy, wall)
-    });
-    let ops_f = ops.max(1) as f64;
-    Record {
-        suite: suite.to_owned(),
-        case: case.to_owned(),
-        threads,
-        ns_per_op: busy.as_nanos() as f64 / ops_f,
-        ops_per_sec: ops_f / wall.as_secs_f64(),
-        ratio: None,
-        baseline: None,
+        (results, start.elapsed())
+    })
+}
+
+type Observer = Box<dyn Fn(&Record)>;
+
+thread_local! {
+    static OBSERVER: RefCell<Option<Observer>> = const { RefCell::new(None) };
+}
+
+/// Run `f`, calling `observer` with every record that [`measure`] and
+/// [`measure_roles`] produce on this thread meanwhile (the report advances
+/// its progress bars this way, without a parameter through every suite).
+pub fn observed<R>(observer: impl Fn(&Record) + 'static, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Observer>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0.take();
+            OBSERVER.with(|o| *o.borrow_mut() = previous);
+        }
     }
+    let previous = OBSERVER.with(|o| o.borrow_mut().replace(Box::new(observer)));
+    let _restore = Restore(previous);
+    f()
+}
+
+fn observe(record: &Record) {
+    OBSERVER.with(|o| {
+        if let Some(observer) = o.borrow().as_ref() {
+            observer(record);
+        }
+    });
 }
 
 /// Fill `ratio` and `baseline` of every record from the `baseline` case at

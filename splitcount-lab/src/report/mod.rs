@@ -1,0 +1,217 @@
+//! `splitcount-lab report`: every suite (or those `--suites` names), one
+//! progress bar per suite, tables in the terminal, and in the output
+//! directory `report.json` (the machine and every record) and `index.html`
+//! (the same tables with inline SVG plots).
+//!
+//! Honest numbers: every timing is a ratio to a baseline measured in the
+//! same run, with the absolute time beside it; the machine's shape is at the
+//! top; figures the anchors published are in a column of their own, labelled
+//! as measured elsewhere. The suites are listed in [`suites::SUITES`].
+
+pub mod html;
+pub mod plots;
+pub mod published;
+pub mod suites;
+pub mod table;
+
+use crate::machine::MachineInfo;
+use indicatif::{ProgressBar, ProgressStyle};
+use published::Published;
+use serde::Serialize;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use suites::{Settings, Suite};
+use table::Table;
+
+/// What `report` was asked to do.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Shorter runs, for smoke tests.
+    pub quick: bool,
+    /// Comma-separated suite names (`None`: all).
+    pub suites: Option<String>,
+    /// Where `report.json` and `index.html` go.
+    pub out: PathBuf,
+}
+
+/// `report.json`.
+#[derive(Serialize)]
+struct Report {
+    generator: String,
+    quick: bool,
+    seconds: f64,
+    machine: MachineInfo,
+    suites: Vec<SuiteJson>,
+}
+
+/// One suite in `report.json`.
+#[derive(Serialize)]
+struct SuiteJson {
+    name: &'static str,
+    title: &'static str,
+    seconds: f64,
+    settings: Value,
+    records: Vec<Value>,
+    published: Vec<Published>,
+}
+
+/// A suite that ran, with what it produced.
+struct Ran {
+    suite: &'static Suite,
+    seconds: f64,
+    outcome: suites::Outcome,
+}
+
+/// Run the selected suites and write `out/report.json` and `out/index.html`.
+pub fn run(options: &Options) -> Result<(), String> {
+    let selected = suites::select(options.suites.as_deref())?;
+    // Fail on an unwritable directory before minutes of measuring.
+    let out = &options.out;
+    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let start = Instant::now();
+    let machine = MachineInfo::detect();
+    let machine_table = machine_table(&machine);
+    println!("{}\n", machine_table.to_text());
+    let settings = Settings {
+        quick: options.quick,
+    };
+    let mut ran = Vec::new();
+    for suite in selected {
+        let progress = progress_bar(suite.name);
+        let t0 = Instant::now();
+        let outcome = (suite.run)(&settings, &progress);
+        progress.finish_and_clear();
+        let outcome = outcome.map_err(|e| format!("suite {}: {e}", suite.name))?;
+        let seconds = t0.elapsed().as_secs_f64();
+        println!("== {} ({seconds:.1} s)", suite.title);
+        for t in &outcome.tables {
+            println!("{}\n", t.to_text());
+        }
+        ran.push(Ran {
+            suite,
+            seconds,
+            outcome,
+        });
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    write(out, options.quick, seconds, machine, &machine_table, ran)?;
+    println!(
+        "wrote {} and {} ({seconds:.1} s)",
+        out.join("report.json").display(),
+        out.join("index.html").display()
+    );
+    Ok(())
+}
+
+fn progress_bar(name: &str) -> ProgressBar {
+    let style = ProgressStyle::with_template(
+        "{prefix:>9} [{bar:32.cyan/blue}] {pos}/{len} cases {elapsed:>4}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    let bar = ProgressBar::new(1)
+        .with_style(style)
+        .with_prefix(name.to_owned());
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
+fn write(
+    out: &Path,
+    quick: bool,
+    seconds: f64,
+    machine: MachineInfo,
+    machine_table: &Table,
+    ran: Vec<Ran>,
+) -> Result<(), String> {
+    let lead = vec![
+        format!(
+            "Measured on this machine by splitcount-lab {} ({} run, {seconds:.0} s).",
+            env!("CARGO_PKG_VERSION"),
+            if quick { "quick" } else { "full" }
+        ),
+        "Every timing is a ratio to a baseline measured in the same run, with the absolute \
+         time beside it. The published column holds figures the kernel and its anchors \
+         reported: measured elsewhere, on other machines, for context only."
+            .to_owned(),
+    ];
+    let sections: Vec<html::Section> = ran
+        .iter()
+        .map(|r| html::Section {
+            id: r.suite.name,
+            title: r.suite.title,
+            about: r.suite.about,
+            seconds: r.seconds,
+            tables: &r.outcome.tables,
+            plots: &r.outcome.plots,
+        })
+        .collect();
+    let page = html::page(&lead, machine_table, &sections);
+    let report = Report {
+        generator: format!("splitcount-lab {}", env!("CARGO_PKG_VERSION")),
+        quick,
+        seconds,
+        machine,
+        suites: ran
+            .into_iter()
+            .map(|r| SuiteJson {
+                name: r.suite.name,
+                title: r.suite.title,
+                seconds: r.seconds,
+                settings: r.outcome.settings,
+                records: r.outcome.records,
+                published: published::of(r.suite.name),
+            })
+            .collect(),
+    };
+    let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+    let save = |name: &str, text: &str| {
+        let path = out.join(name);
+        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    };
+    save("report.json", &json)?;
+    save("index.html", &page)
+}
+
+/// The machine's shape as a two-column table.
+fn machine_table(m: &MachineInfo) -> Table {
+    let mut t = Table::new("machine").text("property").text("value");
+    let mut add = |k: &str, v: String| t.row(vec![k.to_owned(), v]);
+    add(
+        "CPUs",
+        format!(
+            "{} possible ({}), {} online",
+            m.possible_cpus, m.possible_cpu_list, m.online_cpus
+        ),
+    );
+    add("NUMA nodes", m.numa_nodes.to_string());
+    for c in &m.caches {
+        add(
+            &format!("L{} {}", c.level, c.kind),
+            format!(
+                "{} domain(s), up to {} CPU(s) each",
+                c.domains, c.cpus_per_domain
+            ),
+        );
+    }
+    add("CPU id source", m.cpu_id_source.name().to_owned());
+    add(
+        "rseq",
+        format!(
+            "registered by {:?}; per-CPU adds use {:?}",
+            m.rseq_registered_by, m.percpu_add
+        ),
+    );
+    add(
+        "mm_cid",
+        if m.mm_cid_available {
+            "available".to_owned()
+        } else {
+            "not available".to_owned()
+        },
+    );
+    add("kernel", m.kernel.clone());
+    add("topology from", format!("{:?}", m.topology_source));
+    t
+}

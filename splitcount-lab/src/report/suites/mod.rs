@@ -1,0 +1,227 @@
+//! The report's suites: each is one entry in [`SUITES`] — a name, a title,
+//! what it measures, and a function that runs it and returns its records,
+//! tables and plots. Adding a suite is a function and an entry here.
+//!
+//! A suite reuses the lab's machinery (`bench`, `accuracy`, `watchdog`):
+//! the report formats and draws, it never measures a second way.
+
+mod accuracy;
+mod timed;
+mod watchdog;
+
+use super::table::Table;
+use crate::bench;
+use indicatif::ProgressBar;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// What every suite is run with.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Shorter runs for smoke tests (`--quick`).
+    pub quick: bool,
+}
+
+impl Settings {
+    /// How long each timed case runs.
+    pub fn per_case(&self) -> Duration {
+        Duration::from_millis(if self.quick { 40 } else { 500 })
+    }
+
+    /// Thread counts of the timed suites; 8 oversubscribes small machines
+    /// on purpose (a real case for a counter: preempted adders).
+    pub fn threads(&self) -> Vec<usize> {
+        vec![1, 2, 4, 8]
+    }
+}
+
+/// What a suite hands back.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// The configuration it ran with, for `report.json`.
+    pub settings: Value,
+    /// Its records, each with a `case`.
+    pub records: Vec<Value>,
+    /// Tables, printed in the terminal and shown on the page.
+    pub tables: Vec<Table>,
+    /// Plots, as SVG documents.
+    pub plots: Vec<String>,
+}
+
+/// The signature of a suite's runner: it may advance `progress` (whose
+/// length it sets) and reports a failure as a message.
+pub type Runner = fn(&Settings, &ProgressBar) -> Result<Outcome, String>;
+
+/// One suite of the report.
+#[derive(Debug)]
+pub struct Suite {
+    /// The name (`--suites`, `report.json`, the page's anchors).
+    pub name: &'static str,
+    /// The heading.
+    pub title: &'static str,
+    /// What it measures and how to read it.
+    pub about: &'static str,
+    /// Runs it.
+    pub run: Runner,
+}
+
+/// Every suite, in report order.
+pub const SUITES: &[Suite] = &[
+    Suite {
+        name: "counters",
+        title: "Counters: cost of an add vs threads",
+        about: "Every design adding 1 on the current CPU in a loop, beside the floor (a \
+                thread-local add), a single shared atomic (the baseline), a LongAdder-style \
+                striped counter and the crates.io crate fast-counter. 8 threads oversubscribe \
+                small machines on purpose. Cells: ns per add per thread, and × the shared \
+                atomic at the same thread count, measured in this run.",
+        run: timed::counters,
+    },
+    Suite {
+        name: "accuracy",
+        title: "Accuracy: error bound and observed worst vs CPUs",
+        about: "Each design at its default batch on simulated machines of 2…4096 CPUs: the \
+                bound of approximate() (under: how far it may lag below precise(); over: how \
+                far above), what the design's worst-case schedule reaches, and the largest \
+                error over random walks. Units are whatever is counted; the pages column \
+                reads them as 4 KiB pages, the kernel's RSS case. The same numbers as \
+                `splitcount-lab accuracy`.",
+        run: accuracy::run,
+    },
+    Suite {
+        name: "watchdog",
+        title: "Watchdog: error of the cheap read over time",
+        about: "Five threads hop across 256 simulated CPUs (4 nodes), mapping and unmapping \
+                pages in growing and shrinking phases; a watchdog reads approximate() every \
+                so often and compares it with the truth. Each CPU a thread ran on keeps a \
+                remainder below the batch, so the error grows with the CPUs visited — the case \
+                that made the kernel replace percpu_counter for RSS. A deterministic, seeded \
+                simulation: every design sees the same workload.",
+        run: watchdog::run,
+    },
+    Suite {
+        name: "layout",
+        title: "Layout: a read-mostly field beside a write-hot one",
+        about: "Two threads on one group-like struct: one adds to the usage field, the other \
+                reads the limit field and works with it. Packed: both fields on one cache \
+                line (false sharing); padded: each on its own CachePadded line. Each role is \
+                shown as × the same role on the padded layout.",
+        run: timed::layout,
+    },
+    Suite {
+        name: "charge",
+        title: "Charge: accounting in a page-fault-like loop",
+        about: "Each op writes a 4 KiB page and charges one unit two levels deep (uncharging \
+                once 64 are outstanding): without accounting (the baseline), on the usage \
+                counters directly, and through the per-CPU stock; then tenants sharing CPUs \
+                with 1 or 7 stock slots per CPU.",
+        run: timed::charge,
+    },
+    Suite {
+        name: "stats",
+        title: "Statistics: a read after few changes in a large tree",
+        about: "A tree of 10,000 groups four levels deep where 10 groups change between two \
+                reads. flush-updated: our flush, which visits only what changed; full-walk \
+                (the baseline): summing every group's per-CPU slots, the naive reader; \
+                flush-idle: a flush with nothing changed. Then the update itself: mod-stat \
+                against a plain per-CPU add. The naive reader's cost grows with the CPUs, \
+                the flush's does not: on a 2-CPU machine the ratio is at its least flattering.",
+        run: timed::stats,
+    },
+    Suite {
+        name: "alloc",
+        title: "Allocator: the heap accounted by group",
+        about: "A malloc-heavy loop (free the oldest of 64 blocks, allocate 16 to 512 bytes) \
+                through the system allocator (the baseline) and through Accounted<System> \
+                with each thread in a group scope: the cost of the header, the thread \
+                reserve and the per-CPU byte stock.",
+        run: timed::alloc,
+    },
+    Suite {
+        name: "percpu",
+        title: "Per-CPU add: rseq critical section vs atomic",
+        about: "One add to this CPU's copy of a per-CPU slot, as an rseq critical section and \
+                as a relaxed fetch_add (the baseline), beside a shared atomic and the \
+                thread-local floor.",
+        run: timed::percpu,
+    },
+    Suite {
+        name: "cpu-id",
+        title: "CPU id: which CPU am I on?",
+        about: "The cost of each CPU-id source available here, as × the raw getcpu system \
+                call (the baseline).",
+        run: timed::cpu_id,
+    },
+];
+
+/// The suites named in `spec` (comma-separated, or `all`), in report order.
+/// An unknown or empty name is an error that lists the known ones.
+pub fn select(spec: Option<&str>) -> Result<Vec<&'static Suite>, String> {
+    let known = || SUITES.iter().map(|s| s.name).collect::<Vec<_>>().join(", ");
+    let Some(spec) = spec.filter(|s| s.trim() != "all") else {
+        return Ok(SUITES.iter().collect());
+    };
+    let mut wanted = Vec::new();
+    for name in spec.split(',').map(str::trim) {
+        match SUITES.iter().find(|s| s.name == name) {
+            Some(s) => wanted.push(s.name),
+            None if name.is_empty() => {
+                return Err(format!("--suites has an empty name (known: {})", known()))
+            }
+            None => return Err(format!("unknown suite {name:?} (known: {})", known())),
+        }
+    }
+    Ok(SUITES.iter().filter(|s| wanted.contains(&s.name)).collect())
+}
+
+/// Run `f`, advancing `progress` by one for every record the bench
+/// machinery measures meanwhile.
+fn counted<R>(progress: &ProgressBar, f: impl FnOnce() -> R) -> R {
+    let p = progress.clone();
+    bench::observed(move |_| p.inc(1), f)
+}
+
+/// A record as JSON with its `case` named.
+fn with_case(case: &str, record: &impl serde::Serialize) -> Result<Value, String> {
+    let mut v = serde_json::to_value(record).map_err(|e| e.to_string())?;
+    match v.as_object_mut() {
+        Some(map) => {
+            map.insert("case".to_owned(), json!(case));
+            Ok(v)
+        }
+        None => Err(format!("record of {case} is not a JSON object")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_select_suites_in_report_order() {
+        let s = select(Some("watchdog, counters")).unwrap();
+        let names: Vec<&str> = s.iter().map(|s| s.name).collect();
+        assert_eq!(names, ["counters", "watchdog"]);
+        assert_eq!(select(None).unwrap().len(), SUITES.len());
+        assert_eq!(select(Some("all")).unwrap().len(), SUITES.len());
+    }
+
+    #[test]
+    fn an_unknown_suite_is_named_with_the_known_ones() {
+        let e = select(Some("counters,nope")).unwrap_err();
+        assert!(e.contains("\"nope\""), "{e}");
+        assert!(e.contains("counters, accuracy, watchdog"), "{e}");
+        assert!(select(Some("counters,,layout")).is_err());
+    }
+
+    #[test]
+    fn suite_names_are_unique() {
+        for (i, a) in SUITES.iter().enumerate() {
+            assert!(
+                SUITES[i + 1..].iter().all(|b| b.name != a.name),
+                "{}",
+                a.name
+            );
+        }
+    }
+}
