@@ -120,7 +120,8 @@ pub const SUITES: &[Suite] = &[
     Suite {
         name: "stats",
         title: "Statistics: a read after few changes in a large tree",
-        about: "A tree of 10,000 groups four levels deep where 10 groups change between two \
+        about: "A tree of 10,000 groups (1,000 in a quick run) four levels deep where 10 \
+                groups change between two \
                 reads. flush-updated: our flush, which visits only what changed; full-walk \
                 (the baseline): summing every group's per-CPU slots, the naive reader; \
                 flush-idle: a flush with nothing changed. Then the update itself: mod-stat \
