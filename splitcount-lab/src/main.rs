@@ -56,15 +56,8 @@ enum Command {
         /// Simulated CPU counts, e.g. `2,64,4096`.
         #[arg(long, default_value = "2,8,64,256,1024,4096")]
         cpus: String,
-        /// Batch (default: each design's own).
-        #[arg(long)]
-        batch: Option<u64>,
-        /// Tree fan-outs: `auto`, `binary` or e.g. `8,8,8` (bottom first).
-        #[arg(long, default_value = "auto")]
-        arity: String,
-        /// Simulated NUMA nodes (default: one per 64 CPUs).
-        #[arg(long)]
-        nodes: Option<usize>,
+        #[command(flatten)]
+        shape: Shape,
         /// Seed of the random walks.
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -83,15 +76,8 @@ enum Command {
         /// Simulated CPUs.
         #[arg(long)]
         cpus: usize,
-        /// Batch (default: the design's own).
-        #[arg(long)]
-        batch: Option<u64>,
-        /// Tree fan-outs: `auto`, `binary` or e.g. `8,8,8`.
-        #[arg(long, default_value = "auto")]
-        arity: String,
-        /// Simulated NUMA nodes.
-        #[arg(long)]
-        nodes: Option<usize>,
+        #[command(flatten)]
+        shape: Shape,
     },
     /// Run every suite (or those of `--suites`), print the tables and write
     /// `report.json` and `index.html`.
@@ -107,6 +93,20 @@ enum Command {
         #[arg(long, default_value = "target/splitcount-report")]
         out: PathBuf,
     },
+}
+
+/// How a simulated counter is built (`accuracy` and `replay`).
+#[derive(clap::Args)]
+struct Shape {
+    /// Batch (default: each design's own).
+    #[arg(long)]
+    batch: Option<u64>,
+    /// Tree fan-outs: `auto`, `binary` or e.g. `8,8,8` (bottom first).
+    #[arg(long, default_value = "auto")]
+    arity: String,
+    /// Simulated NUMA nodes (default: one per 64 CPUs).
+    #[arg(long)]
+    nodes: Option<usize>,
 }
 
 fn main() -> ExitCode {
@@ -140,17 +140,11 @@ fn cpu_counts(s: &str) -> Result<Vec<usize>, String> {
     })
 }
 
-fn spec(
-    design: Design,
-    cpus: usize,
-    batch: Option<u64>,
-    arity: &str,
-    nodes: Option<usize>,
-) -> Result<accuracy::Spec, String> {
+fn spec(design: Design, cpus: usize, shape: &Shape) -> Result<accuracy::Spec, String> {
     let mut spec = accuracy::Spec::new(design, cpus);
-    spec.batch = batch;
-    spec.arity = arity.parse::<Arity>().map_err(|e| e.to_string())?;
-    spec.nodes = nodes;
+    spec.batch = shape.batch;
+    spec.arity = shape.arity.parse::<Arity>().map_err(|e| e.to_string())?;
+    spec.nodes = shape.nodes;
     Ok(spec)
 }
 
@@ -199,9 +193,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Accuracy {
             design,
             cpus,
-            batch,
-            arity,
-            nodes,
+            shape,
             seed,
             steps,
             json,
@@ -209,7 +201,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let mut records = Vec::new();
             for d in designs(&design)? {
                 for &n in &cpu_counts(&cpus)? {
-                    let mut s = spec(d, n, batch, &arity, nodes)?;
+                    let mut s = spec(d, n, &shape)?;
                     s.seed = seed;
                     s.steps = steps;
                     let r = accuracy::measure(&s)?;
@@ -226,14 +218,12 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Replay {
             design,
             cpus,
-            batch,
-            arity,
-            nodes,
+            shape,
         } => {
             let design: Design = design
                 .parse()
                 .map_err(|e: splitcount::counter::ConfigError| e.to_string())?;
-            let s = spec(design, cpus, batch, &arity, nodes)?;
+            let s = spec(design, cpus, &shape)?;
             replay::run(&s, std::io::stdin().lock(), std::io::stdout().lock())?;
         }
         Command::Report { quick, suites, out } => {

@@ -27,7 +27,6 @@ pub struct Stats {
     /// not yet flushed, with their ancestors (each once: `queued`).
     flush: Mutex<Vec<Vec<Arc<StatGroup>>>>,
     flushes: AtomicU64,
-    skipped: AtomicU64,
     next_id: AtomicU64,
     epoch: Instant,
     last_flush_ns: AtomicU64,
@@ -56,7 +55,6 @@ impl Stats {
                 .collect(),
             flush: Mutex::new((0..cpus).map(|_| Vec::new()).collect()),
             flushes: AtomicU64::new(0),
-            skipped: AtomicU64::new(0),
             next_id: AtomicU64::new(1 << 32),
             epoch: Instant::now(),
             last_flush_ns: AtomicU64::new(0),
@@ -97,14 +95,10 @@ impl Stats {
         STAT_BATCH * self.cpus() as u64
     }
 
-    /// Flushes done (not skipped) so far.
+    /// Flushes done so far (a read that finds nothing worth flushing does
+    /// not count, and writes nothing shared).
     pub fn flushes(&self) -> u64 {
         self.flushes.load(Relaxed)
-    }
-
-    /// Non-forced flushes skipped because nothing needed flushing.
-    pub fn skipped(&self) -> u64 {
-        self.skipped.load(Relaxed)
     }
 
     /// Time of the last flush, since this `Stats` was made.
@@ -171,7 +165,6 @@ impl Stats {
     /// whether it flushed.
     pub fn flush(&self, group: &StatGroup, force: bool) -> bool {
         if !force && group.stats_updates() <= self.threshold() {
-            self.skipped.fetch_add(1, Relaxed);
             return false;
         }
         let mut updated = lock(&self.flush);
