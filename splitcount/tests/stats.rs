@@ -279,3 +279,26 @@ fn the_text_dump_and_the_snapshot() {
     assert_eq!(json["children"][0]["path"], "/a/b");
     assert_eq!(json["high"], serde_json::Value::Null);
 }
+
+#[test]
+fn a_ratelimited_read_trusts_a_recent_flush() {
+    let m = Machine::simulated(2, 1).unwrap();
+    let h = hierarchy(Some(&m));
+    let g = h.root().child("g").unwrap();
+    let anon = h.stat_id("anon").unwrap();
+    h.start_flusher(Duration::from_secs(3600)).unwrap(); // sets the period, never fires here
+    h.root().flush(true);
+    for i in 0..1000 {
+        m.set_current_cpu(i % 2).unwrap();
+        g.mod_stat(anon, 1).unwrap(); // far above the 128-unit threshold
+    }
+    let flushes = h.stats().flushes();
+    assert_eq!(
+        g.stat_ratelimited(anon).unwrap(),
+        0,
+        "a flush happened within the period"
+    );
+    assert_eq!(h.stats().flushes(), flushes);
+    assert_eq!(g.stat(anon).unwrap(), 1000, "the plain read flushes");
+    h.stop_flusher();
+}

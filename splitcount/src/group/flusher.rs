@@ -12,7 +12,6 @@ pub(crate) struct Flusher {
     stop: Arc<(Mutex<bool>, Condvar)>,
     thread: Option<JoinHandle<()>>,
     id: ThreadId,
-    pub(crate) period: Duration,
 }
 
 impl Flusher {
@@ -43,7 +42,6 @@ impl Flusher {
             stop,
             thread: Some(thread),
             id,
-            period,
         })
     }
 }

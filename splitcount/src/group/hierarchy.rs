@@ -93,6 +93,9 @@ pub(crate) struct Shared {
     /// Live children of each live group, by parent id then name.
     tree: Mutex<Tree>,
     flusher: std::sync::Mutex<Option<Flusher>>,
+    /// The period ratelimited reads trust a flush for, in nanoseconds:
+    /// read on every such read, so kept outside the flusher's mutex.
+    flush_period_ns: std::sync::atomic::AtomicU64,
 }
 
 /// How long a ratelimited read trusts a flush, and the background flusher's
@@ -157,6 +160,9 @@ impl Hierarchy {
                     ..Tree::default()
                 }),
                 flusher: std::sync::Mutex::new(None),
+                flush_period_ns: std::sync::atomic::AtomicU64::new(
+                    DEFAULT_FLUSH_PERIOD.as_nanos() as u64
+                ),
             }),
         })
     }
@@ -221,6 +227,7 @@ impl Hierarchy {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .replace(f);
+        self.shared.set_flush_period(period);
         drop(old);
         Ok(())
     }
@@ -233,6 +240,7 @@ impl Hierarchy {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
+        self.shared.set_flush_period(DEFAULT_FLUSH_PERIOD);
         drop(old);
     }
 }
@@ -245,11 +253,16 @@ impl Shared {
     /// The period reads trust a flush for: the flusher's, or
     /// [`DEFAULT_FLUSH_PERIOD`].
     pub(crate) fn flush_period(&self) -> std::time::Duration {
-        self.flusher
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map_or(DEFAULT_FLUSH_PERIOD, |f| f.period)
+        std::time::Duration::from_nanos(
+            self.flush_period_ns
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    fn set_flush_period(&self, period: std::time::Duration) {
+        let ns = period.as_nanos().min(u64::MAX as u128) as u64;
+        self.flush_period_ns
+            .store(ns, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub(crate) fn create_child(
