@@ -148,7 +148,7 @@ fn uncharging_more_than_charged_clamps_at_zero_with_an_event() {
     let (_m, h) = sim(1, 4);
     let g = h.root().child("g").unwrap();
     let sibling = h.root().child("s").unwrap();
-    sibling.force_charge(100);
+    sibling.force_charge(100).unwrap();
     g.charge(3).unwrap();
     g.uncharge(50);
     h.drain_stocks();
@@ -249,6 +249,8 @@ fn bad_configuration_and_requests() {
     let h = Hierarchy::default();
     let g = h.root().child("g").unwrap();
     let e = g.charge(u64::MAX).unwrap_err();
+    assert_eq!(e.kind, ChargeErrorKind::TooLarge);
+    let e = g.force_charge(u64::MAX).unwrap_err();
     assert_eq!(e.kind, ChargeErrorKind::TooLarge);
     assert_eq!(g.usage(), 0);
     g.charge(0).unwrap();
@@ -390,4 +392,16 @@ fn removal_while_threads_charge_into_the_subtree_loses_nothing() {
     assert_eq!(p.usage(), 0);
     assert_eq!(h.root().usage(), 0);
     assert_eq!(p.events().underflow, 0);
+}
+
+#[test]
+fn an_absurd_uncharge_clamps_without_overflow() {
+    let (_m, h) = sim(2, 64);
+    let g = h.root().child("g").unwrap();
+    g.charge(5).unwrap();
+    g.uncharge(u64::MAX);
+    h.drain_stocks();
+    assert_eq!(g.usage(), 0);
+    assert!(g.events().underflow >= 1);
+    assert_eq!(h.root().usage(), 0);
 }

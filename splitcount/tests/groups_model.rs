@@ -124,7 +124,7 @@ proptest! {
                     // level over its limit would still be usable; start
                     // from empty stocks so the model stays exact.
                     h.drain_stocks();
-                    handles[g].force_charge(n);
+                    handles[g].force_charge(n).unwrap();
                     model.groups[t].own += n as i64;
                     // A forced charge may exceed a limit: keep the model's
                     // limits meaningful by raising them like the kernel's

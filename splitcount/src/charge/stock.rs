@@ -249,7 +249,7 @@ impl Stock {
                     i
                 }
             };
-            let total = s.units[i] as u64 + n;
+            let total = (s.units[i] as u64).saturating_add(n);
             let keep = total.min(self.batch);
             s.units[i] = keep as u32;
             if total > keep {

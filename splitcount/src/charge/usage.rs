@@ -234,11 +234,19 @@ impl UsageCounter {
 
     /// Charge `n` here and at every ancestor, ignoring limits. Returns
     /// whether some level is now above its `high` soft limit.
+    ///
+    /// The usage saturates at `u64::MAX` instead of wrapping around (a
+    /// forced charge that large is a caller's bug; wrapping would make the
+    /// group look empty).
     pub fn charge(&self, n: u64) -> bool {
         let mut over_high = false;
         for c in self.chain() {
-            let new = c.hot.usage.fetch_add(n, Relaxed).saturating_add(n);
-            over_high |= c.note_usage(new);
+            let old = c
+                .hot
+                .usage
+                .fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_add(n)))
+                .unwrap_or_else(|u| u);
+            over_high |= c.note_usage(old.saturating_add(n));
         }
         over_high
     }
@@ -422,6 +430,14 @@ mod tests {
         assert_eq!(c.peak(), 30);
         c.reset_peak();
         assert_eq!(c.peak(), 10);
+    }
+
+    #[test]
+    fn forced_charges_saturate_instead_of_wrapping() {
+        let c = UsageCounter::root();
+        c.charge(u64::MAX - 1);
+        c.charge(10);
+        assert_eq!(c.usage(), u64::MAX);
     }
 
     #[test]

@@ -169,11 +169,18 @@ impl Group {
 
     /// Charge `n` units regardless of limits (the kernel's forced charge),
     /// without the stock.
-    pub fn force_charge(&self, n: u64) {
+    ///
+    /// A request above [`MAX_REQUEST`] is refused (`TooLarge`): it can only
+    /// be a caller's bug, and would saturate every ancestor's usage.
+    pub fn force_charge(&self, n: u64) -> Result<(), ChargeError> {
         let node = self.live().clone();
+        if n > MAX_REQUEST {
+            return Err(self.error(ChargeErrorKind::TooLarge, &node, n));
+        }
         if node.usage.charge(n) {
             self.pressure(&node);
         }
+        Ok(())
     }
 
     /// Charge `n` units, or say why not.
