@@ -405,3 +405,16 @@ fn an_absurd_uncharge_clamps_without_overflow() {
     assert!(g.events().underflow >= 1);
     assert_eq!(h.root().usage(), 0);
 }
+
+#[test]
+fn handles_and_counters_are_send_and_sync() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<Group>();
+    shareable::<Hierarchy>();
+    shareable::<splitcount::counter::Tree>();
+    shareable::<splitcount::counter::Batched>();
+    shareable::<splitcount::counter::PerNode>();
+    shareable::<splitcount::counter::Atomic>();
+    shareable::<splitcount::percpu::PerCpu>();
+    shareable::<splitcount::stat::Stats>();
+}

@@ -24,6 +24,9 @@ pub(crate) struct UpdateNode {
     /// The group owning this node (a strong reference is held for it while
     /// the node is on a list).
     pub(crate) owner: *const StatGroup,
+    /// Recorded in this CPU's set of updated groups (flusher only; beside
+    /// the fields the drain touches anyway, to save a cache line).
+    pub(crate) queued: AtomicBool,
 }
 
 /// One group's statistics. See the module docs of [`crate::stat`].
@@ -48,8 +51,6 @@ pub struct StatGroup {
     /// flushed from children and not yet folded here (flusher only). One
     /// allocation, so a fold touches as few lines as possible.
     pub(crate) folded: Box<[AtomicI64]>,
-    /// Per CPU: recorded in that CPU's set of updated groups (flusher only).
-    pub(crate) queued: Box<[AtomicBool]>,
 }
 
 // SAFETY: `owner` points to the group itself (kept alive by whoever holds
@@ -87,12 +88,12 @@ impl StatGroup {
                         next: AtomicPtr::new(std::ptr::null_mut()),
                         on_list: AtomicBool::new(false),
                         owner: me.as_ptr(),
+                        queued: AtomicBool::new(false),
                     })
                     .collect(),
                 stats_updates: CachePadded::new(AtomicU64::new(0)),
                 items: k,
                 folded: zeros(3 * k),
-                queued: (0..cpus).map(|_| AtomicBool::new(false)).collect(),
             }
         }))
     }

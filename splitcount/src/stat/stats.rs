@@ -150,10 +150,10 @@ impl Stats {
             while let Some(x) = g {
                 // Plain load and store: `queued` is only touched under the
                 // flush lock.
-                if x.queued[cpu].load(Relaxed) {
+                if x.nodes[cpu].queued.load(Relaxed) {
                     break; // its ancestors are recorded too
                 }
-                x.queued[cpu].store(true, Relaxed);
+                x.nodes[cpu].queued.store(true, Relaxed);
                 g = x.parent.clone();
                 updated.push(x);
             }
@@ -183,7 +183,7 @@ impl Stats {
             visit.sort_unstable_by_key(|g| std::cmp::Reverse(g.depth));
             for g in visit {
                 g.fold(cpu);
-                g.queued[cpu].store(false, Relaxed);
+                g.nodes[cpu].queued.store(false, Relaxed);
                 flushed.push(g);
             }
         }
