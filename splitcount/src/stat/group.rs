@@ -27,6 +27,10 @@ pub(crate) struct UpdateNode {
     /// Recorded in this CPU's set of updated groups (flusher only; beside
     /// the fields the drain touches anyway, to save a cache line).
     pub(crate) queued: AtomicBool,
+    /// Drained from this CPU's list since the last fold: its own deltas on
+    /// this CPU need reading (flusher only). A group recorded only as an
+    /// ancestor folds just what its children passed up.
+    pub(crate) own: AtomicBool,
 }
 
 /// One group's statistics. See the module docs of [`crate::stat`].
@@ -89,6 +93,7 @@ impl StatGroup {
                         on_list: AtomicBool::new(false),
                         owner: me.as_ptr(),
                         queued: AtomicBool::new(false),
+                        own: AtomicBool::new(false),
                     })
                     .collect(),
                 stats_updates: CachePadded::new(AtomicU64::new(0)),
@@ -222,13 +227,20 @@ impl StatGroup {
         // instruction per item. Readers load `local`/`hier` relaxed.
         let add = |a: &AtomicI64, d: i64| a.store(a.load(Relaxed).wrapping_add(d), Relaxed);
         let k = self.items;
+        let own = self.nodes[cpu].own.load(Relaxed);
+        if own {
+            self.nodes[cpu].own.store(false, Relaxed);
+        }
         for item in 0..k {
-            let now = self.values.slot(cpu, item).load(SeqCst);
-            let prev = self.values.slot(cpu, k + item);
-            let delta_cpu = now.wrapping_sub(prev.load(Relaxed));
-            if delta_cpu != 0 {
-                prev.store(now, Relaxed);
-                add(&self.folded[item], delta_cpu);
+            let mut delta_cpu = 0;
+            if own {
+                let now = self.values.slot(cpu, item).load(SeqCst);
+                let prev = self.values.slot(cpu, k + item);
+                delta_cpu = now.wrapping_sub(prev.load(Relaxed));
+                if delta_cpu != 0 {
+                    prev.store(now, Relaxed);
+                    add(&self.folded[item], delta_cpu);
+                }
             }
             let pending = self.folded[2 * k + item].load(Relaxed);
             if pending != 0 {

@@ -146,6 +146,9 @@ impl Stats {
             let group = unsafe { Arc::from_raw(node.owner) };
             // SeqCst, and before reading any delta: see `mark_updated`.
             node.on_list.store(false, SeqCst);
+            // Its own deltas on this CPU must be read; its ancestors' only if
+            // they were drained themselves (else they only fold `pending`).
+            node.own.store(true, Relaxed);
             let mut g = Some(group);
             while let Some(x) = g {
                 // Plain load and store: `queued` is only touched under the
