@@ -58,12 +58,7 @@ impl Drop for AllocScope {
 
 impl Group {
     /// The allocator's account of this group (created on first use).
-    pub(crate) fn byte_account_pub(&self) -> &'static ByteAccount {
-        self.byte_account()
-    }
-
-    /// The allocator's account of this group (created on first use).
-    fn byte_account(&self) -> &'static ByteAccount {
+    pub(crate) fn byte_account(&self) -> &'static ByteAccount {
         self.alloc_account_cell()
             .get_or_init(|| ByteAccount::leak(self.usage_counter().clone()))
     }

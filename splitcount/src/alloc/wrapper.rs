@@ -94,7 +94,7 @@ impl<A> Accounted<A> {
         );
         let attached = Box::into_raw(Box::new(Attached {
             stock: Stock::new(machine.cpus(), MAX_STOCK_SLOTS, BYTE_BATCH),
-            root: hierarchy.root().byte_account_pub(),
+            root: hierarchy.root().byte_account(),
             machine,
             hook,
         }));
