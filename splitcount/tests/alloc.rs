@@ -203,3 +203,30 @@ fn a_groups_refusal_hook_runs_before_the_allocation_fails() {
         "the hook's own allocation was not charged"
     );
 }
+
+#[test]
+fn every_alignment_is_honoured_and_accounted() {
+    use std::alloc::{GlobalAlloc, Layout};
+    let g = fresh("aligned");
+    g.scope(|| {
+        for align in [1usize, 2, 8, 16, 32, 64, 4096] {
+            for size in [1usize, 7, 8, 24, 100, 5000] {
+                let l = Layout::from_size_align(size, align).unwrap();
+                // SAFETY: non-zero size; freed below with the same layout.
+                let p = unsafe { ALLOC.alloc(l) };
+                assert!(!p.is_null());
+                assert_eq!(p as usize % align, 0, "align {align}");
+                // SAFETY: `size` bytes were allocated at `p`.
+                unsafe { std::ptr::write_bytes(p, 0xAB, size) };
+                // SAFETY: grown with the same alignment, freed below.
+                let q = unsafe { ALLOC.realloc(p, l, size * 3) };
+                assert_eq!(q as usize % align, 0, "realloc keeps align {align}");
+                // SAFETY: the first `size` bytes were copied.
+                assert_eq!(unsafe { *q.add(size - 1) }, 0xAB);
+                // SAFETY: allocated above with this layout and new size.
+                unsafe { ALLOC.dealloc(q, Layout::from_size_align(size * 3, align).unwrap()) };
+            }
+        }
+    });
+    assert_eq!(live_bytes(&g), 0);
+}

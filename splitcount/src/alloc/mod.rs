@@ -26,7 +26,7 @@
 //! }
 //! ```
 //!
-//! **How.** Every allocation carries a 16-byte header (more for larger
+//! **How.** Every allocation carries an 8-byte header (more for larger
 //! alignments) holding the account of the group that allocated it, so a
 //! free — on any thread, in any scope — uncharges that group. Charges go
 //! through a byte stock (per-CPU slots of pre-charged bytes per group,
@@ -49,7 +49,7 @@
 //! allocations pass through unaccounted; while a refusal hook runs,
 //! allocations are unaccounted too (no recursion).
 //!
-//! **Costs and limits.** The header costs 16 bytes per allocation. Each
+//! **Costs and limits.** The header costs 8 bytes per allocation. Each
 //! group that ever entered a scope keeps a small account (and its usage
 //! counter, a few hundred bytes) alive until the process exits, because
 //! allocations may point at it for as long as they live: reuse groups (a

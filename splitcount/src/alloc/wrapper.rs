@@ -20,8 +20,10 @@ use std::sync::atomic::{
 /// Bytes a stock miss charges at once to a group's usage counter.
 pub const BYTE_BATCH: u64 = 64 << 10;
 
-/// Bytes in front of every allocation: the charged group's account.
-const MIN_HEADER: usize = 16;
+/// Bytes in front of every allocation: the charged group's account (a
+/// pointer). Alignments above 8 take a header of their own size, so that
+/// the user pointer stays aligned.
+const MIN_HEADER: usize = std::mem::size_of::<*const ByteAccount>();
 
 thread_local! {
     static LAST_REFUSAL: Cell<Option<Refusal>> = const { Cell::new(None) };
@@ -252,7 +254,8 @@ impl<A> Accounted<A> {
     }
 }
 
-/// The header size for an alignment: at least 16 bytes, a multiple of it.
+/// The header size for an alignment: 8 bytes, or the alignment when larger
+/// (a multiple of it either way).
 #[inline]
 fn header(align: usize) -> usize {
     align.max(MIN_HEADER)
