@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::Rng;
+use common::{online_cpu_ids, pin_to, unpin, Rng};
 use splitcount::charge::UNLIMITED;
 use splitcount::cpu::Machine;
 use splitcount::group::{ChargeErrorKind, Group, GroupError, Hierarchy, HierarchyConfig};
@@ -311,7 +311,12 @@ fn threads_under_limits_never_exceed_them_and_nothing_is_lost() {
                 s.spawn(move || {
                     let mut rng = Rng::new(t + 1);
                     let mut mine = vec![0u64; groups.len()];
-                    for _ in 0..50_000 {
+                    let online = online_cpu_ids();
+                    for op in 0..50_000 {
+                        if op % 2_000 == 0 {
+                            // Migrate: stocks of the CPU left behind keep units.
+                            pin_to(online[rng.below(online.len() as u64) as usize]);
+                        }
                         let i = rng.below(groups.len() as u64) as usize;
                         if rng.below(3) == 0 && mine[i] > 0 {
                             let n = 1 + rng.below(mine[i]);
@@ -324,6 +329,7 @@ fn threads_under_limits_never_exceed_them_and_nothing_is_lost() {
                             }
                         }
                     }
+                    unpin(&online);
                     mine
                 })
             })

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::Rng;
+use common::{online_cpu_ids, pin_to, unpin, Rng};
 use splitcount::cpu::Machine;
 use splitcount::group::{Group, Hierarchy, HierarchyConfig};
 use splitcount::stat::{StatError, StatItem};
@@ -116,12 +116,17 @@ fn flushes_racing_updates_end_exact() {
                 s.spawn(move || {
                     let mut rng = Rng::new(500 + t);
                     let mut own = vec![0i64; groups.len()];
-                    for _ in 0..30_000 {
+                    let online = online_cpu_ids();
+                    for op in 0..30_000 {
+                        if op % 1_000 == 0 {
+                            pin_to(online[rng.below(online.len() as u64) as usize]);
+                        }
                         let g = rng.below(groups.len() as u64) as usize;
                         let d = rng.delta(20);
                         groups[g].mod_stat(file, d).unwrap();
                         own[g] += d;
                     }
+                    unpin(&online);
                     own
                 })
             })
