@@ -81,7 +81,10 @@ const THREAD_INDEX: u8 = 4;
 /// same answer), read with relaxed loads: it is a plain configuration value
 /// that orders nothing else.
 static MODE: AtomicU8 = AtomicU8::new(UNDECIDED);
-static GLIBC_OFFSET: AtomicIsize = AtomicIsize::new(0);
+/// glibc's `__rseq_offset` once the source is decided to be glibc's area;
+/// [`NO_OFFSET`] otherwise. Checked first on the hot path: one load decides.
+static GLIBC_OFFSET: AtomicIsize = AtomicIsize::new(NO_OFFSET);
+const NO_OFFSET: isize = isize::MIN;
 
 #[cold]
 fn decide() -> u8 {
@@ -155,6 +158,16 @@ pub fn rseq_owner() -> RseqOwner {
 #[cfg(target_os = "linux")]
 #[inline(always)]
 pub(crate) fn area() -> Option<*const u8> {
+    match GLIBC_OFFSET.load(Relaxed) {
+        NO_OFFSET => area_other(),
+        offset => rseq::glibc_area(offset),
+    }
+}
+
+/// [`area`] when glibc's area is not (or not yet known to be) the source.
+#[cfg(target_os = "linux")]
+#[inline(never)]
+fn area_other() -> Option<*const u8> {
     match mode() {
         GLIBC => rseq::glibc_area(GLIBC_OFFSET.load(Relaxed)),
         OWN => rseq::own_area(),

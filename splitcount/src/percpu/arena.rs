@@ -250,6 +250,17 @@ impl Arena {
         };
         a.used += len;
         let chunk = NonNull::from(&*a.chunks[at.chunk]);
+        #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+        let (rseq_field, row) = {
+            let field = match (self.inner.rseq, self.inner.index) {
+                (false, _) => 0,
+                (true, SlotIndex::CpuId) => cpu::CPU_ID_OFFSET,
+                (true, SlotIndex::MmCid) => cpu::MM_CID_OFFSET,
+            };
+            // SAFETY: the chunk is alive (the arena owns it) and `at.start`
+            // is inside its regions.
+            (field, unsafe { chunk.as_ref() }.slot(0, at.start).as_ptr())
+        };
         Ok(PerCpu {
             arena: self.clone(),
             chunk,
@@ -257,6 +268,10 @@ impl Arena {
             start: at.start,
             len,
             regions: self.inner.regions,
+            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            rseq_field,
+            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            row,
         })
     }
 
@@ -328,6 +343,14 @@ pub struct PerCpu {
     len: usize,
     /// Per-CPU regions; region `regions` is the overflow copy.
     regions: usize,
+    /// For rseq arenas, the byte offset of the id field (`cpu_id` or
+    /// `mm_cid`) in the rseq area; 0 for atomic arenas. Kept here, with
+    /// `row`, so the hot path reads only this handle.
+    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+    rseq_field: usize,
+    /// Address of slot 0 in region 0 (region `r` is `r · 4096` bytes on).
+    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+    row: *mut i64,
 }
 
 // SAFETY: `chunk` points to atomics owned by the arena that `self.arena`
@@ -458,7 +481,7 @@ impl PerCpu {
     #[inline(always)]
     pub(crate) fn add_current(&self, index: usize, delta: i64) -> Option<(usize, i64)> {
         #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-        if self.arena.inner.rseq {
+        if self.rseq_field != 0 {
             let area = cpu::rseq_area()?;
             // SAFETY: `area` is this thread's registered area; the slot's
             // region-0 address and `regions` describe this chunk; in an rseq
@@ -466,8 +489,8 @@ impl PerCpu {
             let (cpu, new) = unsafe {
                 super::rseq_ops::add_return(
                     area,
-                    self.index_field(),
-                    self.slot_ptr(index),
+                    self.rseq_field,
+                    self.row.wrapping_add(index),
                     self.regions,
                     delta,
                 )
@@ -491,14 +514,14 @@ impl PerCpu {
         batch: u64,
     ) -> Option<(usize, i64)> {
         #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-        if self.arena.inner.rseq {
+        if self.rseq_field != 0 {
             let area = cpu::rseq_area()?;
             // SAFETY: as in `add_current`.
             let (cpu, spilled) = unsafe {
                 super::rseq_ops::add_spill(
                     area,
-                    self.index_field(),
-                    self.slot_ptr(index),
+                    self.rseq_field,
+                    self.row.wrapping_add(index),
                     self.regions,
                     delta,
                     batch,
@@ -528,22 +551,6 @@ impl PerCpu {
         } else {
             0
         }
-    }
-
-    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-    #[inline(always)]
-    fn index_field(&self) -> usize {
-        match self.arena.inner.index {
-            SlotIndex::CpuId => cpu::CPU_ID_OFFSET,
-            SlotIndex::MmCid => cpu::MM_CID_OFFSET,
-        }
-    }
-
-    /// Address of slot `index` in region 0.
-    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-    #[inline(always)]
-    fn slot_ptr(&self, index: usize) -> *mut i64 {
-        self.slot(0, index).as_ptr()
     }
 
     /// Slot `index` of CPU `cpu`'s own copy, or `None` if either is out of
