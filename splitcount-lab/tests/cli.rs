@@ -25,6 +25,18 @@ fn lab(args: &[&str], stdin: &str) -> (bool, String, String) {
     )
 }
 
+/// Run `bench <suite> --json <args>`, which must succeed, and parse its lines.
+fn bench_json(suite: &str, args: &[&str]) -> Vec<serde_json::Value> {
+    let argv: Vec<&str> = ["bench", suite, "--json"]
+        .iter()
+        .chain(args)
+        .copied()
+        .collect();
+    let (ok, out, err) = lab(&argv, "");
+    assert!(ok, "bench {suite}: {err}");
+    json_lines(&out)
+}
+
 fn json_lines(s: &str) -> Vec<serde_json::Value> {
     s.lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -51,20 +63,7 @@ fn machine_json_has_the_promised_fields() {
 
 #[test]
 fn bench_cpu_id_json_lines_carry_a_ratio_to_the_raw_syscall() {
-    let (ok, out, err) = lab(
-        &[
-            "bench",
-            "cpu-id",
-            "--json",
-            "--threads",
-            "1",
-            "--seconds",
-            "0.02",
-        ],
-        "",
-    );
-    assert!(ok, "{err}");
-    let lines = json_lines(&out);
+    let lines = bench_json("cpu-id", &["--threads", "1", "--seconds", "0.02"]);
     assert!(!lines.is_empty());
     for l in &lines {
         for key in ["suite", "case", "threads", "ns_per_op"] {
@@ -80,20 +79,7 @@ fn bench_cpu_id_json_lines_carry_a_ratio_to_the_raw_syscall() {
 
 #[test]
 fn bench_counters_covers_every_design_the_floor_the_shared_atomic_and_the_peers() {
-    let (ok, out, err) = lab(
-        &[
-            "bench",
-            "counters",
-            "--json",
-            "--threads",
-            "1,2",
-            "--seconds",
-            "0.02",
-        ],
-        "",
-    );
-    assert!(ok, "{err}");
-    let lines = json_lines(&out);
+    let lines = bench_json("counters", &["--threads", "1,2", "--seconds", "0.02"]);
     for case in [
         "thread-local",
         "shared-atomic",
@@ -207,20 +193,7 @@ fn replay_prints_the_state_after_each_line_and_names_a_bad_line() {
 
 #[test]
 fn bench_charge_has_every_case_with_ratios_to_no_accounting() {
-    let (ok, out, err) = lab(
-        &[
-            "bench",
-            "charge",
-            "--json",
-            "--threads",
-            "1,2",
-            "--seconds",
-            "0.02",
-        ],
-        "",
-    );
-    assert!(ok, "{err}");
-    let lines = json_lines(&out);
+    let lines = bench_json("charge", &["--threads", "1,2", "--seconds", "0.02"]);
     for case in [
         "no-accounting",
         "usage-counter",
@@ -239,20 +212,7 @@ fn bench_charge_has_every_case_with_ratios_to_no_accounting() {
 
 #[test]
 fn bench_stats_reports_flush_and_update_costs_with_ratios() {
-    let (ok, out, err) = lab(
-        &[
-            "bench",
-            "stats",
-            "--json",
-            "--groups",
-            "500",
-            "--seconds",
-            "0.05",
-        ],
-        "",
-    );
-    assert!(ok, "{err}");
-    let lines = json_lines(&out);
+    let lines = bench_json("stats", &["--groups", "500", "--seconds", "0.05"]);
     for (case, baseline) in [
         ("flush-updated", "full-walk"),
         ("full-walk", "full-walk"),
@@ -272,20 +232,7 @@ fn bench_stats_reports_flush_and_update_costs_with_ratios() {
 
 #[test]
 fn bench_alloc_compares_the_wrapper_with_the_system_allocator() {
-    let (ok, out, err) = lab(
-        &[
-            "bench",
-            "alloc",
-            "--json",
-            "--threads",
-            "1,2",
-            "--seconds",
-            "0.02",
-        ],
-        "",
-    );
-    assert!(ok, "{err}");
-    let lines = json_lines(&out);
+    let lines = bench_json("alloc", &["--threads", "1,2", "--seconds", "0.02"]);
     for case in ["system", "accounted"] {
         for t in [1, 2] {
             let l = lines
@@ -300,9 +247,7 @@ fn bench_alloc_compares_the_wrapper_with_the_system_allocator() {
 
 #[test]
 fn bench_layout_reports_each_role_against_the_padded_layout() {
-    let (ok, out, err) = lab(&["bench", "layout", "--json", "--seconds", "0.03"], "");
-    assert!(ok, "{err}");
-    let lines = json_lines(&out);
+    let lines = bench_json("layout", &["--seconds", "0.03"]);
     let cases: Vec<&str> = lines.iter().map(|l| l["case"].as_str().unwrap()).collect();
     assert_eq!(
         cases,
