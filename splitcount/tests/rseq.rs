@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{online_cpu_ids, pin_to, unpin, Rng};
+use common::{online_cpu_ids, pin_to, unpin, Migrator, Rng};
 use splitcount::counter::{Config, Design, SplitCounter};
 use splitcount::cpu::{self, Machine};
 use splitcount::percpu::{rseq_available, AddPath, Arena, ArenaOptions, PerCpu, SlotIndex};
@@ -16,6 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 
 const HANDLER_DELTA: i64 = 1_000;
+/// Forced migrations each stress run aims for, and the most time it takes.
+const MIGRATIONS: u64 = 20_000;
+const STRESS_LIMIT: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// What the signal handler adds to: one per-CPU slot and two counters.
 struct Targets {
@@ -337,4 +340,154 @@ fn forcing_the_atomic_path_process_wide() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert!(stdout.contains("PATH Atomic"), "{stdout}");
+}
+
+/// Adders moved between CPUs by *another* thread (so a move can land between
+/// any two instructions of a critical section, not only where the adder
+/// re-pins itself), more adders than CPUs (so they preempt each other on
+/// every CPU): per-CPU slots and the counters built on them stay exact. A
+/// sequence that read the CPU id before it was armed would store into the
+/// copy of a CPU it had left, racing that CPU's own adders, and lose adds.
+#[test]
+fn adds_stay_exact_while_another_thread_migrates_the_adders() {
+    for index in [SlotIndex::CpuId, SlotIndex::MmCid] {
+        let options = ArenaOptions {
+            index,
+            ..Default::default()
+        };
+        let arena = Arena::with_options(&Machine::host(), &options).unwrap();
+        let slots = arena.alloc(1).unwrap();
+        let tree = Config::new(Design::Tree).batch(4).build().unwrap();
+        let batched = Config::new(Design::Batched).batch(8).build().unwrap();
+        let migrator = Migrator::start();
+        let start = std::time::Instant::now();
+        let expected: i64 = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..4u64)
+                .map(|seed| {
+                    let (slots, tree, batched, migrator) = (&slots, &tree, &batched, &migrator);
+                    s.spawn(move || {
+                        let _moved = migrator.register();
+                        let mut rng = Rng::new(seed + 77);
+                        let mut sum = 0i64;
+                        while migrator.keep_going(MIGRATIONS, start, STRESS_LIMIT) {
+                            for _ in 0..1_000 {
+                                let d = rng.delta(9);
+                                slots.add(0, d).unwrap();
+                                tree.add(d);
+                                batched.add(d);
+                                sum += d;
+                            }
+                        }
+                        sum
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        let moves = migrator.stop();
+        println!(
+            "{index:?}: {moves} migrations forced, path {:?}",
+            arena.add_path()
+        );
+        assert!(moves > 0, "the migrator must have moved the adders");
+        assert_eq!(slots.sum(0), Some(expected), "per-CPU slot ({index:?})");
+        assert_eq!(tree.precise(), expected, "tree");
+        assert_eq!(batched.precise(), expected, "batched");
+    }
+}
+
+/// glibc's rseq area of the calling thread (x86_64), if glibc registered
+/// one: `(area, size glibc registered it with)`.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn glibc_rseq_area() -> Option<(*mut u8, u32)> {
+    // SAFETY: dlsym only reads symbol tables; the symbols are glibc's
+    // `const ptrdiff_t __rseq_offset` and `const unsigned int __rseq_size`.
+    unsafe {
+        let off = libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_offset".as_ptr());
+        let size = libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_size".as_ptr());
+        if off.is_null() || size.is_null() || *(size as *const u32) == 0 {
+            return None;
+        }
+        let tp: usize;
+        std::arch::asm!("mov {}, fs:0", out(reg) tp, options(nostack, readonly, preserves_flags));
+        Some((
+            tp.wrapping_add_signed(*(off as *const isize)) as *mut u8,
+            *(size as *const u32),
+        ))
+    }
+}
+
+/// Unregister glibc's rseq area for the calling thread (threads it creates
+/// then start unregistered too: glibc copies the state). True on success.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn unregister_glibc_rseq() -> bool {
+    let Some((area, size)) = glibc_rseq_area() else {
+        return false;
+    };
+    // glibc registers 32 bytes (older releases) or its feature size; the
+    // kernel wants the registered length back.
+    [32, size].into_iter().any(|len| {
+        // SAFETY: unregistering this thread's own area with glibc's
+        // signature; the area stays valid (it is in the thread's TCB).
+        unsafe { libc::syscall(libc::SYS_rseq, area, len, 1, 0x5305_3053u32) == 0 }
+    })
+}
+
+/// A thread that unregistered its rseq area still reads an `mm_cid` of 0
+/// (the kernel resets `cpu_id` to −1 but leaves `mm_cid`), and its critical
+/// sections are never restarted: every add must check registration and take
+/// the atomic path. The threads it creates inherit the unregistered state.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[test]
+fn unregistered_threads_never_lose_adds_in_concurrency_id_arenas() {
+    if !rseq_available(SlotIndex::MmCid) || glibc_rseq_area().is_none() {
+        println!("skipped: needs glibc's rseq registration and mm_cid");
+        return;
+    }
+    let arena = Arena::with_options(
+        &Machine::host(),
+        &ArenaOptions {
+            index: SlotIndex::MmCid,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(arena.add_path(), AddPath::Rseq);
+    let slots = Arc::new(arena.alloc(1).unwrap());
+    const ADDS: i64 = 2_000_000;
+    let parent = {
+        let slots = slots.clone();
+        std::thread::spawn(move || {
+            if !unregister_glibc_rseq() {
+                return None;
+            }
+            // SAFETY: a volatile read of this thread's area (cpu_id field).
+            let cpu_id = unsafe {
+                std::ptr::read_volatile(glibc_rseq_area().unwrap().0.add(4) as *const u32)
+            };
+            assert_eq!(cpu_id, u32::MAX, "the kernel marks the area uninitialized");
+            let children: Vec<_> = (0..3)
+                .map(|_| {
+                    let slots = slots.clone();
+                    std::thread::spawn(move || {
+                        for _ in 0..ADDS {
+                            slots.add(0, 1).unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for _ in 0..ADDS {
+                slots.add(0, 1).unwrap();
+            }
+            for c in children {
+                c.join().unwrap();
+            }
+            Some(())
+        })
+    };
+    if parent.join().unwrap().is_none() {
+        println!("skipped: could not unregister glibc's rseq area");
+        return;
+    }
+    assert_eq!(slots.sum(0), Some(4 * ADDS), "no add may be lost");
 }

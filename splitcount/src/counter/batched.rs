@@ -101,7 +101,8 @@ impl SplitCounter for Batched {
     /// the total directly: exact, and the bound is unchanged.
     #[inline]
     fn add(&self, delta: i64) {
-        match self.slots.add_spill_current(0, delta, self.batch as u64) {
+        // SAFETY: slot 0 of a one-slot allocation.
+        match unsafe { self.slots.add_spill_current(0, delta, self.batch as u64) } {
             Some((_, taken)) => self.settle(taken),
             None => {
                 self.total.fetch_add(delta, Relaxed);
@@ -118,10 +119,12 @@ impl SplitCounter for Batched {
             return Err(CounterError::NoSuchCpu { cpu, cpus });
         }
         if self.slots.remote_writes_allowed() {
-            self.settle(
+            // SAFETY: `cpu < cpus` checked above; slot 0 of a one-slot
+            // allocation.
+            self.settle(unsafe {
                 self.slots
-                    .atomic_add_spill(cpu, 0, delta, self.batch as u64),
-            );
+                    .atomic_add_spill(cpu, 0, delta, self.batch as u64)
+            });
         } else {
             self.total.fetch_add(delta, Relaxed);
         }
@@ -135,7 +138,8 @@ impl SplitCounter for Batched {
     fn precise(&self) -> i64 {
         self.total
             .load(Relaxed)
-            .wrapping_add(self.slots.sum_unchecked(0))
+            // SAFETY: slot 0 of a one-slot allocation.
+            .wrapping_add(unsafe { self.slots.sum_unchecked(0) })
     }
 
     /// `ncpu·(batch − 1)` on each side.

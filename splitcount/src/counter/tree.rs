@@ -182,7 +182,8 @@ impl SplitCounter for Tree {
     /// at most one atomic per level whose batch the slot crossed.
     #[inline]
     fn add(&self, delta: i64) {
-        match self.slots.add_current(0, delta) {
+        // SAFETY: slot 0 of a one-slot allocation.
+        match unsafe { self.slots.add_current(0, delta) } {
             Some((cpu, new)) => self.after_slot_add(cpu, new, delta),
             None => self.add_to_bias(delta),
         }
@@ -197,7 +198,9 @@ impl SplitCounter for Tree {
             return Err(CounterError::NoSuchCpu { cpu, cpus });
         }
         if self.slots.remote_writes_allowed() {
-            let new = self.slots.atomic_add(cpu, 0, delta);
+            // SAFETY: `cpu < cpus` (the arena's regions, checked when the
+            // tree was built) checked above; slot 0 of a one-slot allocation.
+            let new = unsafe { self.slots.atomic_add(cpu, 0, delta) };
             self.after_slot_add(cpu, new, delta);
         } else {
             self.add_to_bias(delta);
@@ -213,9 +216,8 @@ impl SplitCounter for Tree {
     }
 
     fn precise(&self) -> i64 {
-        self.slots
-            .sum_unchecked(0)
-            .wrapping_add(self.root.bias.load(Relaxed))
+        // SAFETY: slot 0 of a one-slot allocation.
+        unsafe { self.slots.sum_unchecked(0) }.wrapping_add(self.root.bias.load(Relaxed))
     }
 
     /// `(under, 0)`: see [`TreeShape::under`].

@@ -257,9 +257,9 @@ impl Arena {
                 (true, SlotIndex::CpuId) => cpu::CPU_ID_OFFSET,
                 (true, SlotIndex::MmCid) => cpu::MM_CID_OFFSET,
             };
-            // SAFETY: the chunk is alive (the arena owns it) and `at.start`
-            // is inside its regions.
-            (field, unsafe { chunk.as_ref() }.slot(0, at.start).as_ptr())
+            // SAFETY: the chunk is alive (the arena owns it); region 0
+            // exists and `at.start < REGION_SLOTS`.
+            (field, unsafe { chunk.as_ref().slot(0, at.start) }.as_ptr())
         };
         Ok(PerCpu {
             arena: self.clone(),
@@ -390,13 +390,27 @@ impl PerCpu {
     }
 
     /// Slot `index` of region `region` (`region == cpus()` is the overflow
-    /// copy), unchecked except in debug builds: for in-crate callers that
-    /// validated both.
+    /// copy), unchecked except in debug builds.
+    ///
+    /// # Safety
+    /// `region <= self.cpus()` and `index < self.len()`. Out of range, the
+    /// address is another allocation's slot or outside the chunk: every
+    /// in-crate caller either validated both or derives them from this
+    /// handle (`self.cpus()`, a CPU id checked against it).
     #[inline(always)]
-    pub(crate) fn slot(&self, region: usize, index: usize) -> &AtomicI64 {
+    pub(crate) unsafe fn slot(&self, region: usize, index: usize) -> &AtomicI64 {
         debug_assert!(region <= self.regions && index < self.len);
-        // SAFETY: the arena (kept alive by `self.arena`) owns the chunk.
-        unsafe { self.chunk.as_ref() }.slot(region, self.start + index)
+        // SAFETY: the arena (kept alive by `self.arena`) owns the chunk; the
+        // chunk has `self.regions + 1` regions and `self.start + index <
+        // self.start + self.len <= REGION_SLOTS` (the caller's bounds).
+        unsafe { self.chunk.as_ref().slot(region, self.start + index) }
+    }
+
+    /// Slot `index` of region `region`, or `None` out of range.
+    #[inline]
+    fn slot_checked(&self, region: usize, index: usize) -> Option<&AtomicI64> {
+        // SAFETY: both bounds checked just before.
+        (region <= self.regions && index < self.len).then(|| unsafe { self.slot(region, index) })
     }
 
     fn check(&self, cpu: usize, index: usize) -> Result<(), ArenaError> {
@@ -429,9 +443,11 @@ impl PerCpu {
     #[inline(always)]
     pub fn add(&self, index: usize, delta: i64) -> Result<i64, ArenaError> {
         self.check(0, index)?;
-        Ok(match self.add_current(index, delta) {
+        // SAFETY: `index` checked just above.
+        Ok(match unsafe { self.add_current(index, delta) } {
             Some((_, new)) => new,
-            None => self.atomic_add(self.regions, index, delta),
+            // SAFETY: the overflow region, and `index` checked above.
+            None => unsafe { self.atomic_add(self.regions, index, delta) },
         })
     }
 
@@ -447,15 +463,20 @@ impl PerCpu {
         } else {
             self.regions
         };
-        Ok(self.atomic_add(region, index, delta))
+        // SAFETY: `cpu < regions` and `index < len` checked above.
+        Ok(unsafe { self.atomic_add(region, index, delta) })
     }
 
     /// Relaxed `fetch_add` on one region's copy; returns the new value.
+    ///
+    /// # Safety
+    /// As for [`PerCpu::slot`]: `region <= self.cpus()`, `index < self.len()`.
     #[inline(always)]
-    pub(crate) fn atomic_add(&self, region: usize, index: usize, delta: i64) -> i64 {
+    pub(crate) unsafe fn atomic_add(&self, region: usize, index: usize, delta: i64) -> i64 {
         // Relaxed: a slot is a pure counter; readers sum slots and need no
         // ordering with other memory.
-        self.slot(region, index)
+        // SAFETY: forwarded from the caller.
+        unsafe { self.slot(region, index) }
             .fetch_add(delta, Relaxed)
             .wrapping_add(delta)
     }
@@ -476,16 +497,20 @@ impl PerCpu {
 
     /// Add `delta` to slot `index` of the current CPU's own copy and return
     /// `(cpu, new value)`; `None` when this thread cannot update its CPU's
-    /// copy (no rseq area in an rseq arena, or an id beyond the regions) —
-    /// the caller then accounts the delta elsewhere.
+    /// copy (no registered rseq area in an rseq arena, or an id beyond the
+    /// regions) — the caller then accounts the delta elsewhere.
+    ///
+    /// # Safety
+    /// `index < self.len()`.
     #[inline(always)]
-    pub(crate) fn add_current(&self, index: usize, delta: i64) -> Option<(usize, i64)> {
+    pub(crate) unsafe fn add_current(&self, index: usize, delta: i64) -> Option<(usize, i64)> {
         #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
         if self.rseq_field != 0 {
             let area = cpu::rseq_area()?;
-            // SAFETY: `area` is this thread's registered area; the slot's
-            // region-0 address and `regions` describe this chunk; in an rseq
-            // arena every write to a CPU's own copy is such a sequence.
+            // SAFETY: `area` is this thread's area (the sequence checks that
+            // it is registered); the slot's region-0 address (`index` from
+            // the caller) and `regions` describe this chunk; in an rseq arena
+            // every write to a CPU's own copy is such a sequence.
             let (cpu, new) = unsafe {
                 super::rseq_ops::add_return(
                     area,
@@ -498,7 +523,9 @@ impl PerCpu {
             return (cpu < self.regions).then_some((cpu, new));
         }
         let region = self.current_region()?;
-        Some((region, self.atomic_add(region, index, delta)))
+        // SAFETY: `current_region` is below the regions; `index` from the
+        // caller.
+        Some((region, unsafe { self.atomic_add(region, index, delta) }))
     }
 
     /// The kernel's `percpu_counter` step on the current CPU's copy: add
@@ -506,8 +533,11 @@ impl PerCpu {
     /// (leaving 0) and return it as `(cpu, taken)` for the caller to move to
     /// a shared total (`taken` is 0 when nothing spilled). `None` as for
     /// [`PerCpu::add_current`].
+    ///
+    /// # Safety
+    /// `index < self.len()`.
     #[inline(always)]
-    pub(crate) fn add_spill_current(
+    pub(crate) unsafe fn add_spill_current(
         &self,
         index: usize,
         delta: i64,
@@ -530,24 +560,31 @@ impl PerCpu {
             return (cpu < self.regions).then_some((cpu, spilled));
         }
         let region = self.current_region()?;
-        Some((region, self.atomic_add_spill(region, index, delta, batch)))
+        // SAFETY: as in `add_current`.
+        Some((region, unsafe {
+            self.atomic_add_spill(region, index, delta, batch)
+        }))
     }
 
     /// The atomic form of the spill step on one region's copy: `fetch_add`,
     /// and when the result reaches `|v| ≥ batch`, swap the copy with 0. The
     /// swap takes whatever is there — adds that raced in since included — so
     /// each unit moves exactly once. Returns what was taken (0 if nothing).
+    ///
+    /// # Safety
+    /// As for [`PerCpu::slot`].
     #[inline(always)]
-    pub(crate) fn atomic_add_spill(
+    pub(crate) unsafe fn atomic_add_spill(
         &self,
         region: usize,
         index: usize,
         delta: i64,
         batch: u64,
     ) -> i64 {
-        let new = self.atomic_add(region, index, delta);
+        // SAFETY: forwarded from the caller (both calls).
+        let new = unsafe { self.atomic_add(region, index, delta) };
         if new.unsigned_abs() >= batch {
-            self.slot(region, index).swap(0, Relaxed)
+            unsafe { self.slot(region, index) }.swap(0, Relaxed)
         } else {
             0
         }
@@ -557,12 +594,12 @@ impl PerCpu {
     /// range.
     pub fn get(&self, cpu: usize, index: usize) -> Option<i64> {
         self.check(cpu, index).ok()?;
-        Some(self.slot(cpu, index).load(Relaxed))
+        Some(self.slot_checked(cpu, index)?.load(Relaxed))
     }
 
     /// Slot `index` of the shared overflow copy, or `None` if out of range.
     pub fn overflow(&self, index: usize) -> Option<i64> {
-        (index < self.len).then(|| self.slot(self.regions, index).load(Relaxed))
+        Some(self.slot_checked(self.regions, index)?.load(Relaxed))
     }
 
     /// Sum of slot `index` over every copy, the overflow copy included
@@ -570,13 +607,20 @@ impl PerCpu {
     /// in flight; otherwise some in-flight adds may or may not be counted,
     /// none is counted twice.
     pub fn sum(&self, index: usize) -> Option<i64> {
-        (index < self.len).then(|| self.sum_unchecked(index))
+        // SAFETY: `index` checked first.
+        (index < self.len).then(|| unsafe { self.sum_unchecked(index) })
     }
 
+    /// [`PerCpu::sum`] without the range check.
+    ///
+    /// # Safety
+    /// `index < self.len()`.
     #[inline]
-    pub(crate) fn sum_unchecked(&self, index: usize) -> i64 {
+    pub(crate) unsafe fn sum_unchecked(&self, index: usize) -> i64 {
         (0..=self.regions).fold(0i64, |acc, region| {
-            acc.wrapping_add(self.slot(region, index).load(Relaxed))
+            // SAFETY: every region up to the overflow one; `index` from the
+            // caller.
+            acc.wrapping_add(unsafe { self.slot(region, index) }.load(Relaxed))
         })
     }
 }
@@ -587,7 +631,8 @@ impl Drop for PerCpu {
         // the lock orders these stores before the next owner's first access.
         for cpu in 0..=self.regions {
             for i in 0..self.len {
-                self.slot(cpu, i).store(0, Relaxed);
+                // SAFETY: every region and every slot of this allocation.
+                unsafe { self.slot(cpu, i) }.store(0, Relaxed);
             }
         }
         lock(&self.arena.inner.alloc).release(Free {
@@ -633,7 +678,7 @@ mod tests {
     fn copies_of_different_cpus_never_share_a_cache_line() {
         let a = sim(4);
         let p = a.alloc(REGION_SLOTS).unwrap();
-        let addr = |cpu, i| p.slot(cpu, i) as *const _ as usize;
+        let addr = |cpu, i| p.slot_checked(cpu, i).unwrap() as *const _ as usize;
         for cpu in 0..3 {
             let last_of_this = addr(cpu, REGION_SLOTS - 1);
             let first_of_next = addr(cpu + 1, 0);
@@ -647,7 +692,7 @@ mod tests {
         let a = sim(3);
         let p = a.alloc(3).unwrap();
         let q = a.alloc(5).unwrap();
-        let base = |x: &PerCpu, cpu| x.slot(cpu, 0) as *const _ as usize;
+        let base = |x: &PerCpu, cpu| x.slot_checked(cpu, 0).unwrap() as *const _ as usize;
         for cpu in 0..3 {
             assert_eq!(base(&q, cpu) - base(&p, cpu), 3 * 8);
         }
@@ -662,10 +707,14 @@ mod tests {
                 p.add_on(cpu, i, 99).unwrap();
             }
         }
-        let where_p = p.slot(0, 0) as *const _ as usize;
+        let where_p = p.slot_checked(0, 0).unwrap() as *const _ as usize;
         drop(p);
         let q = a.alloc(4).unwrap();
-        assert_eq!(q.slot(0, 0) as *const _ as usize, where_p, "reused");
+        assert_eq!(
+            q.slot_checked(0, 0).unwrap() as *const _ as usize,
+            where_p,
+            "reused"
+        );
         for i in 0..4 {
             assert_eq!(q.sum(i), Some(0));
         }
@@ -688,10 +737,13 @@ mod tests {
         let a = sim(2);
         let first = a.alloc(1).unwrap();
         first.add_on(1, 0, 7).unwrap();
-        let before = first.slot(1, 0) as *const _ as usize;
+        let before = first.slot_checked(1, 0).unwrap() as *const _ as usize;
         let many: Vec<_> = (0..3 * REGION_SLOTS).map(|_| a.alloc(1).unwrap()).collect();
         assert!(a.chunks() >= 4);
-        assert_eq!(first.slot(1, 0) as *const _ as usize, before);
+        assert_eq!(
+            first.slot_checked(1, 0).unwrap() as *const _ as usize,
+            before
+        );
         assert_eq!(first.get(1, 0), Some(7));
         assert_eq!(a.slots_in_use(), many.len() + 1);
     }

@@ -88,17 +88,20 @@ impl Chunk {
 
     /// The slot `index` of region `region`.
     ///
-    /// Callers guarantee `region < regions` and `index < REGION_SLOTS`
-    /// (checked in debug builds): the arena's handles only hand out indices
-    /// they own.
+    /// # Safety
+    /// `region` must be below the chunk's regions (the overflow region
+    /// included) and `index` below [`REGION_SLOTS`]. Only the arena's
+    /// handles call this, with indices they own; the bounds are checked in
+    /// debug builds.
     #[inline(always)]
-    pub(crate) fn slot(&self, region: usize, index: usize) -> &AtomicI64 {
+    pub(crate) unsafe fn slot(&self, region: usize, index: usize) -> &AtomicI64 {
         debug_assert!(region < self.regions && index < REGION_SLOTS);
         let at = region * REGION_SLOTS + index;
         #[cfg(all(unix, not(loom)))]
         {
-            // SAFETY: `at` is inside the mapping (bounds above); the mapping
-            // lives as long as `self`; zeroed memory is a valid `AtomicI64`.
+            // SAFETY: `at` is inside the mapping (the caller's bounds); the
+            // mapping lives as long as `self`; zeroed memory is a valid
+            // `AtomicI64`.
             unsafe { &*self.base.as_ptr().add(at) }
         }
         #[cfg(any(not(unix), loom))]

@@ -9,7 +9,8 @@
 //!
 //! ```text
 //!  21: rseq->rseq_cs = &descriptor          ; arm (re-armed on every retry)
-//!  22: cpu = rseq->cpu_id  (or mm_cid)      ; ── start_ip
+//!  22: if rseq->cpu_id >= 0xfffffffe: goto 25  ── start_ip: not registered
+//!      cpu = rseq->cpu_id  (or mm_cid)      ;    read inside the sequence
 //!      if cpu >= regions: goto 25           ;    leave without committing
 //!      p = slot0 + cpu·4096
 //!      v = *p + delta
@@ -17,7 +18,27 @@
 //!  23:                                      ; ── post_commit_ip
 //!      .long 0x53053053                     ; signature (inside `ud1`)
 //!  24: goto 21                              ; ── abort_ip: retry from scratch
+//!  25: rseq->rseq_cs = 0                    ; disarm
 //! ```
+//!
+//! **Registration is checked inside the sequence.** An area that is not
+//! registered (never, or no longer: a thread may unregister glibc's area,
+//! and threads it creates then start unregistered) is never restarted by
+//! the kernel, so a sequence run on it would be a plain, racy
+//! read-modify-write. The kernel keeps `cpu_id` at `RSEQ_CPU_ID_UNINITIALIZED`
+//! (−1) or `RSEQ_CPU_ID_REGISTRATION_FAILED` (−2) in such an area — but
+//! leaves `mm_cid` at 0 after an unregistration — so every sequence reads
+//! `cpu_id` first and leaves without committing when it is one of those;
+//! the caller then takes the atomic path. The check is inside the sequence,
+//! so a registration cannot change between it and the commit (only the
+//! thread itself registers or unregisters).
+//!
+//! **Disarmed on the way out.** The kernel reads `rseq_cs` on every
+//! preemption and signal until it finds the thread outside the sequence;
+//! if the code holding the descriptor were unloaded meanwhile (a `dlclose`
+//! of a library linking splitcount), the thread would be killed. Clearing
+//! `rseq_cs` after the commit (one store to a line this thread owns) leaves
+//! nothing pointing at our code between operations.
 //!
 //! The descriptor (`struct rseq_cs`: version, flags, start_ip,
 //! post_commit_offset, abort_ip) lives in the `__rseq_cs` section, and the
@@ -36,17 +57,23 @@
 use super::chunk::REGION_BYTES;
 
 const _: () = assert!(REGION_BYTES == 4096, "the critical sections shift by 12");
+const _: () = assert!(
+    crate::cpu::CPU_ID_OFFSET == 4,
+    "the sequences check registration at rseq->cpu_id (offset 4)"
+);
 
 /// Add `delta` to the calling CPU's copy of a slot and return
 /// `(cpu, new value)`; `cpu ≥ regions` means the id was out of range and
 /// nothing was written.
 ///
 /// # Safety
-/// `area` is the calling thread's registered rseq area (registered with
-/// [`crate::cpu`]'s signature); `field` the byte offset of `cpu_id` or
-/// `mm_cid` in it; `slot0` the slot's address in region 0 of a chunk whose
-/// regions `0..regions` are 4096 bytes apart; and every write to those
-/// regions' copies of this slot is made by such a critical section.
+/// `area` is the calling thread's rseq area (registered with
+/// [`crate::cpu`]'s signature, or not registered at all: the sequence then
+/// writes nothing and returns a `cpu ≥ regions`); `field` the byte offset
+/// of `cpu_id` or `mm_cid` in it; `slot0` the slot's address in region 0 of
+/// a chunk whose regions `0..regions` are 4096 bytes apart; and every write
+/// to those regions' copies of this slot is made by such a critical
+/// section.
 #[inline(always)]
 pub(crate) unsafe fn add_return(
     area: *const u8,
@@ -71,6 +98,9 @@ pub(crate) unsafe fn add_return(
             "lea {tmp}, [rip + 20b]",
             "mov qword ptr [{area} + 8], {tmp}",
             "22:",
+            "mov {cpu:e}, dword ptr [{area} + 4]",
+            "cmp {cpu:e}, -2",
+            "jae 25f",
             "mov {cpu:e}, dword ptr [{area} + {field}]",
             "cmp {cpu}, {regions}",
             "jae 25f",
@@ -87,6 +117,7 @@ pub(crate) unsafe fn add_return(
             "24:",
             "jmp 21b",
             "25:",
+            "mov qword ptr [{area} + 8], 0",
             area = in(reg) area,
             field = in(reg) field,
             slot0 = in(reg) slot0,
@@ -133,6 +164,9 @@ pub(crate) unsafe fn add_spill(
             "lea {addr}, [rip + 20b]",
             "mov qword ptr [{area} + 8], {addr}",
             "22:",
+            "mov {cpu:e}, dword ptr [{area} + 4]",
+            "cmp {cpu:e}, -2",
+            "jae 25f",
             "mov {cpu:e}, dword ptr [{area} + {field}]",
             "cmp {cpu}, {regions}",
             "jae 25f",
@@ -159,6 +193,7 @@ pub(crate) unsafe fn add_spill(
             "24:",
             "jmp 21b",
             "25:",
+            "mov qword ptr [{area} + 8], 0",
             area = in(reg) area,
             field = in(reg) field,
             slot0 = in(reg) slot0,

@@ -65,3 +65,191 @@ impl Rng {
         (self.below(2 * range as u64 + 1) as i64) - range
     }
 }
+
+/// Forces migrations from *outside* the threads it moves: a thread that,
+/// in a loop, pins every registered worker (by kernel tid, with
+/// `sched_setaffinity`) to a random online CPU. A worker is then moved
+/// wherever it happens to be — between any two instructions, inside rseq
+/// critical sections and between the steps of lock-free protocols — which a
+/// thread re-pinning itself never is.
+pub struct Migrator {
+    tids: std::sync::Arc<std::sync::Mutex<Vec<i32>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    moves: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+/// A worker's registration with a [`Migrator`]; dropping it (before the
+/// thread exits) stops the moves.
+pub struct Registered {
+    tids: std::sync::Arc<std::sync::Mutex<Vec<i32>>>,
+    tid: i32,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        // Under the lock the migrator holds while it moves a thread, so no
+        // move can target this tid once it is gone (and maybe reused).
+        self.tids.lock().unwrap().retain(|&t| t != self.tid);
+        unpin(&online_cpu_ids());
+    }
+}
+
+impl Migrator {
+    /// Start moving registered threads across the online CPUs.
+    pub fn start() -> Migrator {
+        let tids: std::sync::Arc<std::sync::Mutex<Vec<i32>>> = Default::default();
+        let stop: std::sync::Arc<std::sync::atomic::AtomicBool> = Default::default();
+        let counted: std::sync::Arc<std::sync::atomic::AtomicU64> = Default::default();
+        let online = online_cpu_ids();
+        let thread = {
+            let (tids, stop, counted) = (tids.clone(), stop.clone(), counted.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng::new(0x5eed);
+                let mut moves = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    {
+                        let tids = tids.lock().unwrap();
+                        for &tid in tids.iter() {
+                            let cpu = online[rng.below(online.len() as u64) as usize];
+                            if set_affinity(tid, &[cpu]) {
+                                moves += 1;
+                                counted.store(moves, std::sync::atomic::Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    std::thread::yield_now();
+                }
+                moves
+            })
+        };
+        Migrator {
+            tids,
+            stop,
+            moves: counted,
+            thread: Some(thread),
+        }
+    }
+
+    /// Moves made so far.
+    pub fn moves(&self) -> u64 {
+        self.moves.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether a worker should go on: until `moves` moves were made, for at
+    /// most `limit` since `start` (a bounded run on a slow machine).
+    pub fn keep_going(
+        &self,
+        moves: u64,
+        start: std::time::Instant,
+        limit: std::time::Duration,
+    ) -> bool {
+        self.moves() < moves && start.elapsed() < limit
+    }
+
+    /// Register the calling thread: it is moved until the guard drops.
+    pub fn register(&self) -> Registered {
+        let tid = gettid();
+        self.tids.lock().unwrap().push(tid);
+        Registered {
+            tids: self.tids.clone(),
+            tid,
+        }
+    }
+
+    /// Stop, and say how many moves were made.
+    pub fn stop(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Migrator {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The calling thread's kernel id.
+pub fn gettid() -> i32 {
+    #[cfg(target_os = "linux")]
+    // SAFETY: gettid has no preconditions.
+    return unsafe { libc::syscall(libc::SYS_gettid) as i32 };
+    #[cfg(not(target_os = "linux"))]
+    0
+}
+
+/// Let thread `tid` run only on `cpus`; false where the system refuses.
+pub fn set_affinity(tid: i32, cpus: &[u32]) -> bool {
+    #[cfg(target_os = "linux")]
+    // SAFETY: as in `pin_to`, for another thread of this process.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &cpu in cpus {
+            libc::CPU_SET(cpu as usize, &mut set);
+        }
+        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (tid, cpus);
+        false
+    }
+}
+
+/// A barrier for a few threads that spins (yielding now and then) instead
+/// of sleeping, so rounds of a race start within nanoseconds of each other.
+pub struct SpinBarrier {
+    parties: usize,
+    arrived: std::sync::atomic::AtomicUsize,
+    generation: std::sync::atomic::AtomicUsize,
+}
+
+impl SpinBarrier {
+    pub fn new(parties: usize) -> SpinBarrier {
+        SpinBarrier {
+            parties,
+            arrived: Default::default(),
+            generation: Default::default(),
+        }
+    }
+
+    pub fn wait(&self) {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+        let generation = self.generation.load(Acquire);
+        if self.arrived.fetch_add(1, AcqRel) + 1 == self.parties {
+            self.arrived.store(0, Relaxed);
+            self.generation.fetch_add(1, Release);
+            return;
+        }
+        let mut spins = 0u32;
+        while self.generation.load(Acquire) == generation {
+            spins += 1;
+            if spins % 1024 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+/// Run `f` on its own thread; panic (instead of hanging the suite) if it
+/// does not finish within `limit` — the symptom of a deadlock.
+pub fn finishes_within<R: Send + 'static>(
+    limit: std::time::Duration,
+    f: impl FnOnce() -> R + Send + 'static,
+) -> R {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(Ok(r)) => r,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => panic!("did not finish within {limit:?}: deadlocked?"),
+    }
+}
