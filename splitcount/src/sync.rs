@@ -13,14 +13,18 @@
 #[cfg(not(loom))]
 #[allow(unused_imports)]
 pub(crate) use std::sync::{
-    atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    atomic::{
+        fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+    },
     Arc, Mutex, MutexGuard,
 };
 
 #[cfg(loom)]
 #[allow(unused_imports)]
 pub(crate) use loom::sync::{
-    atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    atomic::{
+        fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+    },
     Arc, Mutex, MutexGuard,
 };
 

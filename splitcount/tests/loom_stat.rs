@@ -35,3 +35,34 @@ fn an_update_racing_a_flush_is_never_lost() {
         assert_eq!(g.value(0), Some(3));
     });
 }
+
+/// A group updated again while the flusher walks the list it is on: the
+/// rest of the chain must not be lost. The list is `a → b`; the flusher
+/// drains it while another thread updates `a` once more. A node's mark
+/// stays set until its group is folded, so `a` cannot be pushed again
+/// while the walk reads `a.next`. Clearing the mark during the walk, before
+/// `next` is read, lets the updater push `a` again (`a.next` = the new,
+/// empty head): the walk then ends at `a`, `b` is dropped with its mark
+/// still set, its update is never folded, and loom reports its leaked
+/// reference.
+#[test]
+fn a_node_pushed_again_during_the_drain_keeps_the_rest_of_its_list() {
+    loom::model(|| {
+        let m = Machine::simulated(1, 1).unwrap();
+        let stats = Arc::new(Stats::new(&m, vec![StatItem::gauge("x")]).unwrap());
+        let a = stats.group(None).unwrap();
+        let b = stats.group(None).unwrap();
+        b.mod_stat(&stats, 0, 1).unwrap();
+        a.mod_stat(&stats, 0, 1).unwrap(); // the list is now a → b
+        let again = {
+            let (stats, a) = (stats.clone(), a.clone());
+            thread::spawn(move || a.mod_stat(&stats, 0, 1).unwrap())
+        };
+        stats.flush(&b, true);
+        again.join().unwrap();
+        stats.flush(&a, true);
+        stats.flush(&b, true);
+        assert_eq!(a.local_value(0), Some(2));
+        assert_eq!(b.local_value(0), Some(1));
+    });
+}

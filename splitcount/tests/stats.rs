@@ -307,3 +307,178 @@ fn a_ratelimited_read_trusts_a_recent_flush() {
     assert_eq!(g.stat(anon).unwrap(), 1000, "the plain read flushes");
     h.stop_flusher();
 }
+
+/// A group works only with the `Stats` that made it: another hierarchy's
+/// `Stats` (other schema, other machine) is refused instead of writing into
+/// another group's slots or past the end of a chunk.
+#[test]
+fn a_group_refuses_the_statistics_of_another_hierarchy() {
+    use splitcount::stat::Stats;
+    let small = Machine::simulated(2, 1).unwrap();
+    let big = Machine::simulated(64, 1).unwrap();
+    let mine = Stats::new(&small, vec![StatItem::gauge("x")]).unwrap();
+    let other = Stats::new(&big, vec![StatItem::gauge("x"), StatItem::gauge("y")]).unwrap();
+    let g = mine.group(None).unwrap();
+    big.set_current_cpu(63).unwrap();
+    assert_eq!(g.mod_stat(&other, 1, 5), Err(StatError::ForeignGroup));
+    assert_eq!(g.mod_stat(&other, 0, 5), Err(StatError::ForeignGroup));
+    assert!(!other.flush(&g, true), "a foreign group is not flushed");
+    assert!(matches!(
+        other.group(Some(&g)),
+        Err(StatError::ForeignGroup)
+    ));
+    g.mod_stat(&mine, 0, 5).unwrap();
+    assert!(mine.flush(&g, true));
+    assert_eq!(g.local_value(0), Some(5));
+}
+
+/// The documented staleness bound: a read that does not flush misses at
+/// most `2 · 64 · ncpu` units of |delta|. The reviewer's case first: with
+/// groups r → x → g and r → s on one CPU, a group over its threshold must
+/// not stop its ancestors from counting later updates.
+#[test]
+fn an_ancestor_below_its_threshold_still_counts_updates_below_a_flushable_group() {
+    let m = Machine::simulated(1, 1).unwrap();
+    let h = hierarchy(Some(&m));
+    let anon = h.stat_id("anon").unwrap();
+    let r = h.root();
+    let x = r.child("x").unwrap();
+    let g = x.child("g").unwrap();
+    let s = r.child("s").unwrap();
+    g.mod_stat(anon, 60).unwrap();
+    s.mod_stat(anon, 4).unwrap();
+    g.mod_stat(anon, 10).unwrap();
+    for _ in 0..1000 {
+        g.mod_stat(anon, 1000).unwrap();
+    }
+    let truth = 60 + 4 + 10 + 1000 * 1000;
+    assert_eq!(g.stat(anon).unwrap(), 60 + 10 + 1_000_000);
+    let bound = 2 * 64 * m.cpus() as i64;
+    let seen = r.stat(anon).unwrap();
+    assert!(
+        (truth - seen).abs() <= bound,
+        "root reads {seen}, truth {truth}"
+    );
+}
+
+/// Random walks on random trees over simulated machines of several sizes:
+/// after every update, a read of a random group (which flushes only when
+/// its threshold says so) is within `2 · 64 · ncpu` of the truth.
+#[test]
+fn reads_that_skip_the_flush_stay_within_the_staleness_bound() {
+    for (cpus, seed) in [(1usize, 1u64), (2, 2), (4, 3), (16, 4)] {
+        let m = Machine::simulated(cpus, 1).unwrap();
+        let h = hierarchy(Some(&m));
+        let anon = h.stat_id("anon").unwrap();
+        let mut rng = Rng::new(seed);
+        let (groups, parents) = random_tree(&h, 12, &mut rng);
+        let mut own = vec![0i64; groups.len()];
+        let bound = 2 * 64 * cpus as i64;
+        let mut worst = 0;
+        for step in 0..40_000 {
+            m.set_current_cpu(rng.below(cpus as u64) as usize).unwrap();
+            let g = rng.below(groups.len() as u64) as usize;
+            let d = match rng.below(10) {
+                0 => rng.delta(5_000),
+                _ => rng.delta(40),
+            };
+            groups[g].mod_stat(anon, d).unwrap();
+            own[g] += d;
+            let hier = subtree_sums(&own, &parents);
+            let r = rng.below(groups.len() as u64) as usize;
+            let seen = groups[r].stat(anon).unwrap();
+            let miss = (hier[r] - seen).abs();
+            worst = worst.max(miss);
+            assert!(
+                miss <= bound,
+                "{cpus} CPUs, step {step}: {} reads {seen}, truth {}, bound {bound}",
+                groups[r].path(),
+                hier[r]
+            );
+        }
+        println!("{cpus} CPUs: worst miss {worst} of bound {bound}");
+    }
+}
+
+/// A flush racing updates of a group on another thread, round after round:
+/// every update is folded by this flush or by the next, never lost. The
+/// flusher's clear of a node's on-list mark and the updater's test of it
+/// are a Dekker pair (each stores, then loads what the other stored): the
+/// clear must be sequentially consistent, or on x86 it may still sit in the
+/// store buffer while the flusher reads the value; the updater then sees
+/// the mark set and does not push, and its update is never folded. The
+/// statistics live on a 64-CPU simulated machine, so every flush opens 64
+/// such windows (one per CPU: clear the mark, then fold that CPU's value),
+/// and the group has no parent, so no locked instruction closes them.
+#[test]
+fn a_flush_racing_updates_on_another_thread_never_loses_them() {
+    use common::SpinBarrier;
+    use splitcount::stat::Stats;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use std::sync::Arc;
+    const CPUS: usize = 64;
+    let online = online_cpu_ids();
+    if online.len() < 2 {
+        println!("skipped: needs two CPUs");
+        return;
+    }
+    let m = Machine::simulated(CPUS, 1).unwrap();
+    let stats = Arc::new(Stats::new(&m, vec![StatItem::gauge("x")]).unwrap());
+    let g = stats.group(None).unwrap();
+    let barrier = Arc::new(SpinBarrier::new(2));
+    let stop = Arc::new(AtomicBool::new(false));
+    let update_everywhere = {
+        let (m, stats, g) = (m.clone(), stats.clone(), g.clone());
+        move |rng: &mut Rng, spread: bool| {
+            for cpu in 0..CPUS {
+                m.set_current_cpu(cpu).unwrap();
+                g.mod_stat(&stats, 0, 1).unwrap();
+                if spread {
+                    for _ in 0..rng.below(8) {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+        }
+    };
+    let updater = {
+        let (barrier, stop, cpu) = (barrier.clone(), stop.clone(), online[1]);
+        std::thread::spawn(move || {
+            pin_to(cpu);
+            let mut rng = Rng::new(11);
+            loop {
+                // The group is on every CPU's list when the round starts.
+                update_everywhere(&mut rng, false);
+                barrier.wait();
+                if stop.load(Relaxed) {
+                    return;
+                }
+                update_everywhere(&mut rng, true);
+                barrier.wait();
+                barrier.wait(); // the flusher has checked the round
+            }
+        })
+    };
+    pin_to(online[0]);
+    let (start, mut rounds) = (Instant::now(), 0i64);
+    while rounds < 100_000 && start.elapsed() < Duration::from_secs(4) {
+        barrier.wait();
+        stats.flush(&g, true);
+        barrier.wait();
+        rounds += 1;
+        // Whatever the interleaving, every update of the round is folded
+        // by now or pushed for the next flush.
+        stats.flush(&g, true);
+        assert_eq!(
+            g.local_value(0),
+            Some(2 * CPUS as i64 * rounds),
+            "round {rounds}"
+        );
+        barrier.wait();
+    }
+    stop.store(true, Relaxed);
+    barrier.wait();
+    updater.join().unwrap();
+    unpin(&online);
+    println!("{rounds} rounds");
+}

@@ -6,7 +6,7 @@ use super::stats::Stats;
 use crate::percpu::PerCpu;
 use crate::sync::{
     AtomicBool, AtomicI64, AtomicPtr, AtomicU64,
-    Ordering::{Relaxed, Release, SeqCst},
+    Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
 use crossbeam_utils::CachePadded;
 use std::sync::Arc;
@@ -34,8 +34,15 @@ pub(crate) struct UpdateNode {
 }
 
 /// One group's statistics. See the module docs of [`crate::stat`].
+///
+/// A group belongs to the [`Stats`] that made it: its per-CPU slots come
+/// from that `Stats`' arenas and it is pushed onto that `Stats`' update
+/// lists. Every operation that takes a `Stats` checks it is that one and
+/// refuses another with [`StatError::ForeignGroup`].
 pub struct StatGroup {
     pub(crate) id: u64,
+    /// The identity of the [`Stats`] this group belongs to.
+    pub(crate) owner_stats: u64,
     pub(crate) depth: u32,
     pub(crate) parent: Option<Arc<StatGroup>>,
     /// Per CPU: slots `0..k` hold the running total of each item's updates
@@ -76,6 +83,9 @@ impl StatGroup {
                 .alloc(n.max(1))
                 .map_err(|e| StatError::Schema(e.to_string()))
         };
+        if parent.as_ref().is_some_and(|p| !stats.owns(p)) {
+            return Err(StatError::ForeignGroup);
+        }
         let values = alloc(stats.values_arena(), 2 * k)?;
         let unflushed = alloc(stats.count_arena(), 1)?;
         let zeros = |n: usize| (0..n).map(|_| AtomicI64::new(0)).collect::<Box<[_]>>();
@@ -83,6 +93,7 @@ impl StatGroup {
         Ok(Arc::new_cyclic(|me: &std::sync::Weak<StatGroup>| {
             StatGroup {
                 id,
+                owner_stats: stats.identity(),
                 depth,
                 parent,
                 values,
@@ -110,7 +121,8 @@ impl StatGroup {
     }
 
     /// Add `delta` to item `item` on the current CPU and mark the group
-    /// updated there.
+    /// updated there. `stats` must be the [`Stats`] that made this group
+    /// ([`StatError::ForeignGroup`] otherwise).
     #[inline]
     pub fn mod_stat(
         self: &Arc<Self>,
@@ -118,6 +130,9 @@ impl StatGroup {
         item: usize,
         delta: i64,
     ) -> Result<(), StatError> {
+        if !stats.owns(self) {
+            return Err(StatError::ForeignGroup);
+        }
         let kind = stats
             .items()
             .get(item)
@@ -133,12 +148,19 @@ impl StatGroup {
             return Ok(());
         }
         let cpu = stats.machine().current_cpu();
-        self.mod_stat_on(stats, cpu, item, delta);
+        // SAFETY: `stats` owns this group (checked above), whose machine's
+        // current CPU is below its CPU count; `item` is in the schema.
+        unsafe { self.mod_stat_on(stats, cpu, item, delta) };
         Ok(())
     }
 
-    /// The update itself, on CPU `cpu` (validated by the caller).
-    pub(crate) fn mod_stat_on(
+    /// The update itself, on CPU `cpu`.
+    ///
+    /// # Safety
+    /// `stats` owns this group, `cpu < stats.cpus()` and `item` is in the
+    /// schema: the slot's address is computed from them unchecked.
+    #[inline]
+    pub(crate) unsafe fn mod_stat_on(
         self: &Arc<Self>,
         stats: &Stats,
         cpu: usize,
@@ -149,9 +171,11 @@ impl StatGroup {
         // flusher's SeqCst clear-then-read, one of the two always sees the
         // other (see `mark_updated`). On x86 both are the same instructions
         // as their relaxed forms (`lock xadd`, `mov`).
-        self.values.slot(cpu, item).fetch_add(delta, SeqCst);
+        // SAFETY: this group's values have `stats.cpus()` regions and
+        // `2·items` slots (the caller's bounds).
+        unsafe { self.values.slot(cpu, item) }.fetch_add(delta, SeqCst);
         self.mark_updated(stats, cpu);
-        self.count_update(stats, delta.unsigned_abs());
+        self.count_update(delta.unsigned_abs());
     }
 
     /// Put this group on CPU `cpu`'s update list unless it is there.
@@ -190,24 +214,29 @@ impl StatGroup {
     }
 
     /// The per-group flush threshold: count `abs` towards `stats_updates` of
-    /// this group and its ancestors, in per-CPU batches; stop at the first
-    /// ancestor that already needs a flush (its ancestors then do too).
+    /// this group and *every* ancestor, in per-CPU batches of
+    /// [`STAT_BATCH`].
+    ///
+    /// The climb never stops early: an ancestor that was skipped because a
+    /// group below it already needed a flush would never learn of the
+    /// update, and a read of that ancestor could then miss it for ever (a
+    /// flush of the group below resets only that group). Every level costs
+    /// one per-CPU add, and one shared atomic add per batch.
     #[inline]
-    fn count_update(&self, stats: &Stats, abs: u64) {
-        let threshold = stats.threshold();
+    fn count_update(&self, abs: u64) {
+        let abs = abs.min(i64::MAX as u64) as i64;
         let mut g = Some(self);
         while let Some(x) = g {
-            if x.stats_updates.load(Relaxed) > threshold {
-                break;
-            }
-            match x.unflushed.add_spill_current(0, abs as i64, STAT_BATCH) {
-                Some((_, 0)) => {}
-                Some((_, moved)) => {
-                    x.stats_updates.fetch_add(moved.unsigned_abs(), Relaxed);
-                }
-                None => {
-                    x.stats_updates.fetch_add(abs, Relaxed);
-                }
+            // SAFETY: slot 0 of a one-slot allocation.
+            let moved = match unsafe { x.unflushed.add_spill_current(0, abs, STAT_BATCH) } {
+                Some((_, moved)) => moved.unsigned_abs(),
+                None => abs as u64,
+            };
+            if moved != 0 {
+                // Release: a flusher whose Acquire snapshot of the count
+                // includes these units also sees the value update made
+                // before them (and so folds it): see `Stats::flush`.
+                x.stats_updates.fetch_add(moved, Release);
             }
             g = x.parent.as_deref();
         }
@@ -234,8 +263,14 @@ impl StatGroup {
         for item in 0..k {
             let mut delta_cpu = 0;
             if own {
-                let now = self.values.slot(cpu, item).load(SeqCst);
-                let prev = self.values.slot(cpu, k + item);
+                // SAFETY: the flusher passes CPUs of the owning `Stats`
+                // (`cpu < regions`); `item < k` and `k + item < 2k` slots.
+                let (now, prev) = unsafe {
+                    (
+                        self.values.slot(cpu, item).load(SeqCst),
+                        self.values.slot(cpu, k + item),
+                    )
+                };
                 delta_cpu = now.wrapping_sub(prev.load(Relaxed));
                 if delta_cpu != 0 {
                     prev.store(now, Relaxed);
@@ -256,10 +291,22 @@ impl StatGroup {
         }
     }
 
-    /// Reset the threshold count after a flush of this group's subtree.
-    pub(crate) fn reset_updates(&self) {
-        if self.stats_updates.load(Relaxed) != 0 {
-            self.stats_updates.store(0, Release);
+    /// The threshold count as a flush starts: every update it includes was
+    /// made before this load and is folded by the flush.
+    pub(crate) fn updates_before_flush(&self) -> u64 {
+        // Acquire: pairs with `count_update`'s Release.
+        self.stats_updates.load(Acquire)
+    }
+
+    /// After a flush of this group's subtree: forget the `seen` updates the
+    /// flush started with (they are folded). Updates counted since — which
+    /// may have landed on a CPU the flush had already drained — stay
+    /// counted, so the staleness bound holds while flushes run.
+    pub(crate) fn forget_updates(&self, seen: u64) {
+        if seen != 0 {
+            // Relaxed: a counter; the count only grows between the snapshot
+            // and here except through this flusher (one at a time).
+            self.stats_updates.fetch_sub(seen, Relaxed);
         }
     }
 

@@ -70,6 +70,10 @@ pub enum StatError {
         /// The delta given.
         delta: i64,
     },
+    /// A group used with the statistics of another hierarchy (another
+    /// [`super::Stats`]): its per-CPU slots and update lists are not
+    /// that one's.
+    ForeignGroup,
 }
 
 impl fmt::Display for StatError {
@@ -82,6 +86,10 @@ impl fmt::Display for StatError {
             StatError::NegativeEvent { item, delta } => {
                 write!(f, "{item} counts events: it cannot change by {delta}")
             }
+            StatError::ForeignGroup => write!(
+                f,
+                "this stat group belongs to another Stats (another hierarchy's statistics)"
+            ),
         }
     }
 }

@@ -6,7 +6,7 @@ use super::schema::{validate, StatError, StatItem};
 use crate::cpu::Machine;
 use crate::percpu::{AddPath, Arena, ArenaOptions};
 use crate::sync::{
-    lock, AtomicPtr, AtomicU64, Mutex,
+    fence, lock, AtomicPtr, AtomicU64, Mutex,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
 use crossbeam_utils::CachePadded;
@@ -15,6 +15,9 @@ use std::time::Instant;
 
 /// The statistics of one hierarchy. See the module docs of [`crate::stat`].
 pub struct Stats {
+    /// Process-unique: the groups this `Stats` made carry it, so a group is
+    /// never used with another `Stats`' slots and lists.
+    identity: u64,
     items: Vec<StatItem>,
     machine: Machine,
     /// Per-CPU values: updated with SeqCst `fetch_add` (see `StatGroup`).
@@ -45,7 +48,9 @@ impl Stats {
         )
         .map_err(|e| StatError::Schema(e.to_string()))?;
         let cpus = machine.cpus();
+        static NEXT_IDENTITY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(Stats {
+            identity: NEXT_IDENTITY.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             items,
             machine: machine.clone(),
             values,
@@ -63,9 +68,20 @@ impl Stats {
 
     /// A new group's statistics under `parent` (standalone use; a
     /// [`crate::group::Hierarchy`] makes one for each of its groups).
+    /// `parent` must have been made by this `Stats`
+    /// ([`StatError::ForeignGroup`] otherwise).
     pub fn group(&self, parent: Option<&Arc<StatGroup>>) -> Result<Arc<StatGroup>, StatError> {
         let id = self.next_id.fetch_add(1, Relaxed);
         StatGroup::new(self, id, parent.cloned())
+    }
+
+    /// Whether `group` was made by this `Stats`.
+    pub fn owns(&self, group: &StatGroup) -> bool {
+        group.owner_stats == self.identity
+    }
+
+    pub(crate) fn identity(&self) -> u64 {
+        self.identity
     }
 
     /// The schema.
@@ -141,11 +157,12 @@ impl Stats {
             // SAFETY: a node on the list belongs to a group the list holds a
             // strong reference to (taken by the pusher with `into_raw`).
             let node = unsafe { &*p };
+            // The node's mark stays set until its group is folded (`flush`
+            // clears it just before), so no updater can push the node again
+            // while this chain is walked: `next` cannot change under us.
             let next = node.next.load(Relaxed);
             // SAFETY: the reference leaked by the pusher, taken back once.
             let group = unsafe { Arc::from_raw(node.owner) };
-            // SeqCst, and before reading any delta: see `mark_updated`.
-            node.on_list.store(false, SeqCst);
             // Its own deltas on this CPU must be read; its ancestors' only if
             // they were drained themselves (else they only fold `pending`).
             node.own.store(true, Relaxed);
@@ -165,13 +182,21 @@ impl Stats {
     }
 
     /// Flush `group`'s subtree unless neither forced nor needed. Returns
-    /// whether it flushed.
+    /// whether it flushed (never for a group another `Stats` made).
+    ///
+    /// A flush folds every update counted in `group`'s threshold count when
+    /// it starts, and forgets only those: updates that arrive while it runs
+    /// stay counted (some land on CPUs it already drained), so a read that
+    /// skips the next flush still misses at most the documented bound.
+    /// Groups below `group` keep their counts (the flush cannot know which
+    /// of their updates it saw); their next read may flush once more,
+    /// cheaply, and forget them.
     pub fn flush(&self, group: &StatGroup, force: bool) -> bool {
-        if !force && group.stats_updates() <= self.threshold() {
+        if !self.owns(group) || (!force && group.stats_updates() <= self.threshold()) {
             return false;
         }
         let mut updated = lock(&self.flush);
-        let mut flushed: Vec<Arc<StatGroup>> = Vec::new();
+        let seen = group.updates_before_flush();
         for (cpu, set) in updated.iter_mut().enumerate() {
             self.drain(cpu, set);
             if set.is_empty() {
@@ -184,16 +209,26 @@ impl Stats {
             // Children before parents: a parent folds what its children
             // passed up on this CPU.
             visit.sort_unstable_by_key(|g| std::cmp::Reverse(g.depth));
+            // Clear the marks of the drained groups about to be folded, then
+            // one SeqCst fence, then read their values (in `fold`). Against
+            // an updater's SeqCst add-then-read-mark this is Dekker's
+            // pattern: either the updater sees its mark cleared (and pushes
+            // again), or its add precedes the fence and `fold` reads it. A
+            // group drained but not folded here keeps its mark set and its
+            // entry in `set`: it is folded, mark cleared, by a later flush.
+            for g in &visit {
+                let node = &g.nodes[cpu];
+                if node.own.load(Relaxed) {
+                    node.on_list.store(false, Relaxed);
+                }
+            }
+            fence(SeqCst);
             for g in visit {
                 g.fold(cpu);
                 g.nodes[cpu].queued.store(false, Relaxed);
-                flushed.push(g);
             }
         }
-        group.reset_updates();
-        for g in flushed {
-            g.reset_updates();
-        }
+        group.forget_updates(seen);
         self.flushes.fetch_add(1, Relaxed);
         self.last_flush_ns
             .store(self.since_epoch().as_nanos() as u64, Relaxed);
