@@ -13,7 +13,7 @@ use splitcount::charge::{Consumed, Stock, UsageCounter};
 #[test]
 fn consume_and_refill_racing_a_drain_keep_usage_exact() {
     loom::model(|| {
-        let stock = Arc::new(Stock::new(1, 2, 8));
+        let stock = Arc::new(Stock::new(1, 2, 8).unwrap());
         let c = UsageCounter::root();
         let (s, counter) = (stock.clone(), c.clone());
         let user = thread::spawn(move || {
@@ -32,9 +32,9 @@ fn consume_and_refill_racing_a_drain_keep_usage_exact() {
             let _ = s.stash(0, &counter, 1).uncharge();
             used - 1
         });
-        stock.drain_all_waiting(&|_| true);
+        stock.drain_all(&|_| true);
         let in_use = user.join().unwrap();
-        stock.drain_all_waiting(&|_| true);
+        stock.drain_all(&|_| true);
         assert_eq!(c.usage(), in_use);
         assert_eq!(c.events().underflow, 0);
     });

@@ -14,5 +14,5 @@ mod stock;
 mod usage;
 
 pub use account::{ByteAccount, Refusal, RefusalHook};
-pub use stock::{Consumed, Leftovers, Stock, MAX_STOCK_BATCH, MAX_STOCK_SLOTS};
+pub use stock::{Consumed, Leftovers, Stock, StockError, MAX_STOCK_BATCH, MAX_STOCK_SLOTS};
 pub use usage::{Busy, Events, UsageCounter, MAX_REQUEST, UNLIMITED};

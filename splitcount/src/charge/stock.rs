@@ -17,9 +17,12 @@
 //! **Locking.** Threads that share a CPU can preempt each other, so each
 //! CPU's block has a try-lock. The hot path never waits: if the lock is
 //! held, the caller bypasses the stock and charges the usage counter
-//! directly. Drainers (which may empty other CPUs' blocks) do wait for a
-//! block's lock, and only one drain of all CPUs runs at a time — others
-//! return at once instead of queueing behind it.
+//! directly. Drainers (which may empty other CPUs' blocks) wait for each
+//! block's lock in turn; several drains may run at once, each holding one
+//! block at a time. A drain never gives up because another one is running:
+//! a charge that is refused after draining was refused with every stocked
+//! unit of the refusing subtree returned (the kernel's `drain_all_stock`
+//! skips when another drain runs, and its refusals are then inexact).
 //!
 //! **Slack.** Stocked units are charged, so usage never exceeds a limit
 //! because of the stock; it may *over*-report real use by at most
@@ -101,15 +104,50 @@ pub struct Stock {
     cpus: Box<[CachePadded<CpuStock>]>,
     batch: u64,
     slots: usize,
-    /// Only one drain of every CPU at a time.
-    draining: AtomicBool,
 }
+
+/// A stock that cannot be built: each variant names the valid range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StockError {
+    /// A stock for no CPU at all.
+    NoCpus,
+    /// Slots per CPU outside `1..=`[`MAX_STOCK_SLOTS`].
+    Slots(usize),
+    /// A batch outside `1..=`[`MAX_STOCK_BATCH`] (units are kept as `u32`).
+    Batch(u64),
+}
+
+impl std::fmt::Display for StockError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StockError::NoCpus => write!(f, "a stock needs at least one CPU"),
+            StockError::Slots(s) => write!(
+                f,
+                "a CPU's stock holds 1 to {MAX_STOCK_SLOTS} groups, not {s}"
+            ),
+            StockError::Batch(b) => write!(
+                f,
+                "the stock batch must be between 1 and {MAX_STOCK_BATCH}, not {b}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StockError {}
 
 // SAFETY: each `Slots` is only accessed by the holder of its CPU's lock
 // (acquire/release), so `Stock` may be shared and sent like a `Mutex`.
 unsafe impl Sync for Stock {}
 // SAFETY: as above; the contents are `Send` (`Arc`s and integers).
 unsafe impl Send for Stock {}
+
+// A panic cannot leave a block half-updated: slots change only under their
+// CPU's lock, in code that does not panic, and the lock is released by a
+// guard. So code that catches an unwind may go on using a stock (and the
+// groups and hierarchies that hold one).
+impl std::panic::RefUnwindSafe for Stock {}
+impl std::panic::UnwindSafe for Stock {}
 
 /// A held CPU lock.
 struct Locked<'a> {
@@ -150,13 +188,19 @@ impl CpuStock {
 }
 
 impl Stock {
-    /// Stocks for `cpus` CPUs of `slots` slots each (1..=7), batch `batch`
-    /// (1..=[`MAX_STOCK_BATCH`]); the caller validates.
-    pub fn new(cpus: usize, slots: usize, batch: u64) -> Stock {
-        debug_assert!(
-            (1..=MAX_STOCK_SLOTS).contains(&slots) && (1..=MAX_STOCK_BATCH).contains(&batch)
-        );
-        Stock {
+    /// Stocks for `cpus` CPUs (≥ 1) of `slots` slots each
+    /// (`1..=`[`MAX_STOCK_SLOTS`]), batch `batch` (`1..=`[`MAX_STOCK_BATCH`]).
+    pub fn new(cpus: usize, slots: usize, batch: u64) -> Result<Stock, StockError> {
+        if cpus == 0 {
+            return Err(StockError::NoCpus);
+        }
+        if !(1..=MAX_STOCK_SLOTS).contains(&slots) {
+            return Err(StockError::Slots(slots));
+        }
+        if !(1..=MAX_STOCK_BATCH).contains(&batch) {
+            return Err(StockError::Batch(batch));
+        }
+        Ok(Stock {
             cpus: (0..cpus)
                 .map(|_| {
                     CachePadded::new(CpuStock {
@@ -171,8 +215,7 @@ impl Stock {
                 .collect(),
             batch,
             slots,
-            draining: AtomicBool::new(false),
-        }
+        })
     }
 
     /// The batch: a miss charges this many units at once.
@@ -273,10 +316,15 @@ impl Stock {
         })
     }
 
-    /// Drain slot by slot, uncharging (and dropping the slot's reference)
-    /// outside the lock, and allocating nothing: the allocator integration
+    /// Drain (uncharge) every CPU's slots whose counter satisfies `which`;
+    /// returns the units drained. Waits for each CPU's lock in turn (never
+    /// for another drain); uncharges, and drops each slot's reference,
+    /// outside the lock; allocates nothing — the allocator integration
     /// drains from inside `GlobalAlloc::alloc`.
-    fn drain_each(&self, which: &dyn Fn(&UsageCounter) -> bool) -> u64 {
+    ///
+    /// Every unit stocked for a matching counter when the call starts is
+    /// returned by the time it ends, unless a thread re-stocked it since.
+    pub fn drain_all(&self, which: &dyn Fn(&UsageCounter) -> bool) -> u64 {
         let mut drained = 0;
         for cpu in 0..self.cpus.len() {
             while let Some((c, units)) = self.take_one(cpu, which) {
@@ -285,34 +333,6 @@ impl Stock {
             }
         }
         drained
-    }
-
-    /// Drain (uncharge) every CPU's slots whose counter satisfies `which`.
-    /// Only one such drain runs at a time: if another is running, returns
-    /// `None` at once rather than waiting. Otherwise the units drained.
-    pub fn drain_all(&self, which: &dyn Fn(&UsageCounter) -> bool) -> Option<u64> {
-        // Acquire/Release: the flag is a lock around the drain.
-        if self
-            .draining
-            .compare_exchange(false, true, Acquire, Relaxed)
-            .is_err()
-        {
-            return None;
-        }
-        let drained = self.drain_each(which);
-        self.draining.store(false, Release);
-        Some(drained)
-    }
-
-    /// Like [`Stock::drain_all`], but waits its turn instead of giving up:
-    /// for removal and configuration, which must not proceed undrained.
-    pub fn drain_all_waiting(&self, which: &dyn Fn(&UsageCounter) -> bool) -> u64 {
-        loop {
-            if let Some(d) = self.drain_all(which) {
-                return d;
-            }
-            crate::sync::thread::yield_now();
-        }
     }
 
     /// Units stocked for `counter` on every CPU (waits for each lock; for
@@ -350,6 +370,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn bad_shapes_are_refused_with_the_valid_range() {
+        assert_eq!(Stock::new(0, 7, 64).err(), Some(StockError::NoCpus));
+        assert_eq!(Stock::new(2, 0, 64).err(), Some(StockError::Slots(0)));
+        assert_eq!(Stock::new(2, 8, 64).err(), Some(StockError::Slots(8)));
+        assert_eq!(Stock::new(2, 7, 0).err(), Some(StockError::Batch(0)));
+        let e = Stock::new(2, 7, 1 << 33).err().unwrap();
+        assert_eq!(e, StockError::Batch(1 << 33));
+        assert!(e.to_string().contains("between 1 and 4294967295"), "{e}");
+    }
+
+    #[test]
     fn the_per_cpu_block_fits_one_padded_line() {
         assert!(std::mem::size_of::<CpuStock>() <= 128);
         assert_eq!(std::mem::align_of::<CachePadded<CpuStock>>() % 64, 0);
@@ -357,7 +388,7 @@ mod tests {
 
     #[test]
     fn a_hit_takes_units_and_a_miss_leaves_them() {
-        let s = Stock::new(2, 7, 64);
+        let s = Stock::new(2, 7, 64).unwrap();
         let c = UsageCounter::root();
         c.charge(64);
         assert!(s.stash(0, &c, 60).uncharge() == 0);
@@ -369,7 +400,7 @@ mod tests {
 
     #[test]
     fn a_slot_above_the_batch_returns_its_excess() {
-        let s = Stock::new(1, 7, 64);
+        let s = Stock::new(1, 7, 64).unwrap();
         let c = UsageCounter::root();
         c.charge(100);
         assert_eq!(s.stash(0, &c, 100).uncharge(), 36);
@@ -379,7 +410,7 @@ mod tests {
 
     #[test]
     fn a_full_stock_evicts_round_robin() {
-        let s = Stock::new(1, 2, 64);
+        let s = Stock::new(1, 2, 64).unwrap();
         let (a, b, x) = (
             UsageCounter::root(),
             UsageCounter::root(),
@@ -397,7 +428,7 @@ mod tests {
 
     #[test]
     fn a_busy_stock_is_bypassed_never_waited_for() {
-        let s = Stock::new(1, 7, 64);
+        let s = Stock::new(1, 7, 64).unwrap();
         let c = UsageCounter::root();
         let held = s.cpu(0).try_lock().unwrap();
         assert_eq!(s.consume(0, &c, 1), Consumed::Busy);
@@ -408,8 +439,8 @@ mod tests {
     }
 
     #[test]
-    fn drain_all_empties_only_the_chosen_counters_and_one_drain_runs_at_a_time() {
-        let s = Stock::new(3, 7, 64);
+    fn drain_all_empties_only_the_chosen_counters() {
+        let s = Stock::new(3, 7, 64).unwrap();
         let (a, b) = (UsageCounter::root(), UsageCounter::root());
         for cpu in 0..3 {
             a.charge(20);
@@ -417,10 +448,7 @@ mod tests {
             let _ = s.stash(cpu, &a, 20).uncharge();
             let _ = s.stash(cpu, &b, 20).uncharge();
         }
-        s.draining.store(true, Relaxed);
-        assert_eq!(s.drain_all(&|_| true), None, "another drain is running");
-        s.draining.store(false, Relaxed);
-        assert_eq!(s.drain_all(&|c| std::ptr::eq(c, &*a)), Some(60));
+        assert_eq!(s.drain_all(&|c| std::ptr::eq(c, &*a)), 60);
         assert_eq!((a.usage(), b.usage()), (0, 60));
         assert_eq!(s.stocked(&b), 60);
     }

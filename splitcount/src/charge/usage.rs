@@ -27,9 +27,18 @@
 //! (both sequentially consistent). Whatever the interleaving, one of them
 //! sees the other: the setter finds the usage too high and restores the old
 //! limit (`Busy`), or the charger finds the new limit and rolls back.
+//! Setters are serialized by a per-counter mutex (a cold path), so a
+//! refused setter restores exactly the limit it replaced and never one that
+//! another setter had installed meanwhile.
+//!
+//! **Rollbacks never wrap.** A charge rolled back (a refusal above it, or
+//! the limit lowered under it) subtracts with the same clamp at zero as
+//! [`UsageCounter::uncharge`]: a caller's over-uncharge that lands between
+//! the add and the rollback leaves the usage at 0 with an `underflow`
+//! event, never near 2⁶⁴.
 
 use crate::sync::{
-    Arc, AtomicU64,
+    lock, Arc, AtomicU64, Mutex,
     Ordering::{Relaxed, SeqCst},
 };
 use crossbeam_utils::CachePadded;
@@ -61,13 +70,16 @@ struct Limits {
     high: AtomicU64,
 }
 
-/// Slow-path counts, on their own line so they never disturb the others.
+/// Slow-path counts, on their own line so they never disturb the others;
+/// the limit setters' mutex shares it (it is as cold).
 #[derive(Default)]
 struct EventCounts {
     max: AtomicU64,
     high: AtomicU64,
     oom: AtomicU64,
     underflow: AtomicU64,
+    /// One `set_max` at a time.
+    setting: Mutex<()>,
 }
 
 /// The limit of a counter without one.
@@ -207,14 +219,20 @@ impl UsageCounter {
     }
 
     /// Set the hard limit, unless the usage is already above it.
+    ///
+    /// Concurrent setters are serialized: a refused call leaves in force the
+    /// limit it found, never a value another setter was trying.
     pub fn set_max(&self, max: u64) -> Result<(), Busy> {
+        let _one_setter = lock(&self.events.setting);
         // SeqCst: the store must be ordered before the usage read, against
         // chargers that update the usage before re-reading the limit.
         let old = self.limits.max.swap(max, SeqCst);
         let usage = self.hot.usage.load(SeqCst);
         if usage > max {
-            // Restore, unless another setter changed it meanwhile.
-            let _ = self.limits.max.compare_exchange(max, old, SeqCst, Relaxed);
+            // No other setter runs: `old` is what this call replaced.
+            // SeqCst: chargers that re-read the limit after their update
+            // see either value; both are consistent with their check.
+            self.limits.max.store(old, SeqCst);
             return Err(Busy { usage, max });
         }
         Ok(())
@@ -274,7 +292,7 @@ impl UsageCounter {
                 Some(new) => over_high |= c.note_usage(new),
                 None => {
                     for below in self.chain().take_while(|b| !std::ptr::eq(*b, c)) {
-                        below.hot.usage.fetch_sub(n, Relaxed);
+                        below.sub_clamped(n);
                     }
                     return Err(c);
                 }
@@ -300,7 +318,9 @@ impl UsageCounter {
             {
                 Ok(_) => {
                     if new > self.limits.max.load(SeqCst) {
-                        self.hot.usage.fetch_sub(n, Relaxed);
+                        // The limit was lowered under us (`set_max`): undo,
+                        // with the clamp a racing over-uncharge needs.
+                        self.sub_clamped(n);
                         return None;
                     }
                     return Some(new);

@@ -1,0 +1,219 @@
+//! Limits under real concurrency: races that a model checker cannot show
+//! (loom 0.7 lets `SeqCst` loads and stores reorder like `Relaxed` ones, so
+//! Dekker-style arguments need real hardware), run many times on real
+//! threads. Each test names the defect it guards against.
+
+mod common;
+
+use common::{Rng, SpinBarrier};
+use splitcount::charge::{UsageCounter, UNLIMITED};
+use splitcount::group::Hierarchy;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Spin a random short while, so that the two sides of a race start in
+/// every order and at every offset over the rounds.
+fn jitter(rng: &mut Rng) {
+    for _ in 0..rng.below(48) {
+        std::hint::spin_loop();
+    }
+}
+
+/// How long each race runs at most (they stop earlier once they have run
+/// their rounds).
+const LIMIT: Duration = Duration::from_secs(3);
+
+/// Two setters refused at once (usage 60; limits 50 and 30) leave the limit
+/// they found. Unserialized, a setter's restore could put back the value the
+/// other one had just installed, leaving a refused limit in force.
+#[test]
+fn concurrent_refused_set_max_calls_leave_the_previous_limit() {
+    let c = UsageCounter::root();
+    c.charge(60);
+    c.set_max(100).unwrap();
+    let barrier = Arc::new(SpinBarrier::new(2));
+    let stop = Arc::new(AtomicBool::new(false));
+    let other = {
+        let (c, barrier, stop) = (c.clone(), barrier.clone(), stop.clone());
+        std::thread::spawn(move || loop {
+            barrier.wait();
+            if stop.load(Relaxed) {
+                return;
+            }
+            assert!(c.set_max(30).is_err(), "usage 60 is above 30");
+            barrier.wait();
+        })
+    };
+    let start = Instant::now();
+    let mut rounds = 0u64;
+    while rounds < 200_000 && start.elapsed() < LIMIT {
+        barrier.wait();
+        assert!(c.set_max(50).is_err(), "usage 60 is above 50");
+        barrier.wait();
+        assert_eq!(c.max(), 100, "round {rounds}: a refused limit is in force");
+        rounds += 1;
+    }
+    stop.store(true, Relaxed);
+    barrier.wait();
+    other.join().unwrap();
+    println!("{rounds} rounds");
+}
+
+/// A limit that `set_max` accepted holds once the chargers racing it are
+/// done: a charger that read the old (higher) limit before the swap and
+/// added after the setter read the usage must see the new limit when it
+/// re-reads it, and roll back. Without that re-check the usage stays above
+/// an accepted limit.
+#[test]
+fn a_limit_set_while_charges_race_it_holds_when_they_are_done() {
+    let c = UsageCounter::root();
+    let barrier = Arc::new(SpinBarrier::new(2));
+    let stop = Arc::new(AtomicBool::new(false));
+    let charged = Arc::new(AtomicU64::new(0));
+    let charger = {
+        let (c, barrier, stop, charged) =
+            (c.clone(), barrier.clone(), stop.clone(), charged.clone());
+        std::thread::spawn(move || {
+            let mut rng = Rng::new(3);
+            loop {
+                barrier.wait();
+                if stop.load(Relaxed) {
+                    return;
+                }
+                jitter(&mut rng);
+                if c.try_charge(10).is_ok() {
+                    charged.store(10, Relaxed);
+                }
+                barrier.wait();
+            }
+        })
+    };
+    let start = Instant::now();
+    let (mut rounds, mut accepted) = (0u64, 0u64);
+    let mut rng = Rng::new(4);
+    while rounds < 300_000 && start.elapsed() < LIMIT {
+        barrier.wait();
+        jitter(&mut rng);
+        let set = c.set_max(5);
+        barrier.wait();
+        if set.is_ok() {
+            accepted += 1;
+            assert!(
+                c.usage() <= 5,
+                "round {rounds}: usage {} above the accepted limit 5",
+                c.usage()
+            );
+        }
+        c.uncharge(charged.swap(0, Relaxed));
+        c.set_max(UNLIMITED).unwrap();
+        rounds += 1;
+    }
+    stop.store(true, Relaxed);
+    barrier.wait();
+    charger.join().unwrap();
+    println!("{rounds} rounds, {accepted} limits accepted");
+    assert!(accepted > 0);
+}
+
+/// A charge rolled back (here: refused by the parent's limit of 0) while an
+/// over-uncharge of the child lands between its add and its rollback: the
+/// rollback must clamp at zero like `uncharge` does, not wrap the usage to
+/// about 2⁶⁴ — after which every limited charge would be refused.
+#[test]
+fn a_rollback_racing_an_over_uncharge_never_wraps_the_usage() {
+    let parent = UsageCounter::root();
+    parent.set_max(0).unwrap();
+    let child = UsageCounter::child_of(&parent);
+    let stop = Arc::new(AtomicBool::new(false));
+    let uncharger = {
+        let (child, stop) = (child.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Relaxed) {
+                child.uncharge(10);
+            }
+        })
+    };
+    let start = Instant::now();
+    let mut tries = 0u64;
+    while tries < 50_000_000 && start.elapsed() < LIMIT {
+        assert!(
+            child.try_charge(10).is_err(),
+            "the parent refuses everything"
+        );
+        let u = child.usage();
+        assert!(u <= 10, "after {tries} tries the usage wrapped to {u}");
+        tries += 1;
+    }
+    stop.store(true, Relaxed);
+    uncharger.join().unwrap();
+    assert_eq!((child.usage(), parent.usage()), (0, 0));
+    println!(
+        "{tries} tries, {} underflow events",
+        child.events().underflow
+    );
+}
+
+/// Charges that fit once the stocks are drained are never refused, even
+/// while another thread keeps draining (tightening the limit of an
+/// unrelated group): a charge path that gave up draining because another
+/// drain was running would refuse them. Several charging threads, each in
+/// its own group, with the host's stocks.
+#[test]
+fn fitting_charges_are_not_refused_while_an_unrelated_drain_runs() {
+    let h = Hierarchy::default();
+    let unrelated = h.root().child("unrelated").unwrap();
+    unrelated.charge(10).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let tightener = {
+        let (unrelated, stop) = (unrelated.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut tries = 0u64;
+            while !stop.load(Relaxed) {
+                // Usage 10 > 5: always drains, then refuses.
+                assert!(unrelated.set_max(5).is_err());
+                tries += 1;
+            }
+            tries
+        })
+    };
+    let limit = 1_000;
+    let refused: u64 = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..3u64)
+            .map(|i| {
+                let g = h.root().child(&format!("t{i}")).unwrap();
+                g.set_max(limit).unwrap();
+                s.spawn(move || {
+                    let mut rng = Rng::new(i + 5);
+                    let (mut refused, start) = (0u64, Instant::now());
+                    for _ in 0..2_000 {
+                        if start.elapsed() > LIMIT {
+                            break;
+                        }
+                        // Small charges fill the stocks with this group's
+                        // units; then one that fits only once they are
+                        // drained.
+                        let mut used = 0;
+                        while used + 64 <= limit - 100 {
+                            let n = 1 + rng.below(63);
+                            g.charge(n).unwrap();
+                            used += n;
+                        }
+                        if g.charge(100).is_err() {
+                            refused += 1;
+                        } else {
+                            used += 100;
+                        }
+                        g.uncharge(used);
+                    }
+                    refused
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).sum()
+    });
+    stop.store(true, Relaxed);
+    let drains = tightener.join().unwrap();
+    println!("{drains} unrelated drains");
+    assert_eq!(refused, 0, "charges that fit were refused");
+}
