@@ -230,3 +230,117 @@ fn every_alignment_is_honoured_and_accounted() {
     });
     assert_eq!(live_bytes(&g), 0);
 }
+
+fn panic_in_hook(_: &splitcount::alloc::Refusal) -> bool {
+    panic!("this refusal hook fails");
+}
+
+/// A refusal hook that panics must not unwind out of `GlobalAlloc::alloc`
+/// (undefined behaviour): it counts as having declined, the allocation is
+/// refused, and the thread is accounted afterwards as before (the "inside
+/// a hook" flag was restored).
+#[test]
+fn a_panicking_refusal_hook_refuses_the_allocation_and_accounting_goes_on() {
+    let g = fresh("panicky-hook");
+    g.set_max(1 << 20).unwrap();
+    g.on_alloc_refusal(panic_in_hook);
+    let refused = std::panic::catch_unwind(|| {
+        g.scope(|| {
+            let mut v: Vec<u8> = Vec::new();
+            v.try_reserve(4 << 20).is_err()
+        })
+    });
+    assert_eq!(refused.ok(), Some(true), "refused, without unwinding");
+    let held = g.scope(|| vec![1u8; 100_000]);
+    assert!(live_bytes(&g) >= 100_000, "still accounted after the panic");
+    drop(held);
+    assert_eq!(live_bytes(&g), 0);
+}
+
+thread_local! {
+    static KEPT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+static GREW_IN_HOOK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn grow_kept(_: &splitcount::alloc::Refusal) -> bool {
+    KEPT.with(|k| {
+        let grew = k.borrow_mut().try_reserve_exact(3 << 20).is_ok();
+        GREW_IN_HOOK.store(grew, std::sync::atomic::Ordering::Relaxed);
+    });
+    false
+}
+
+/// Inside a refusal hook, growing a block that was charged to a group is
+/// still charged to that group (its header names it, and its free will
+/// uncharge the new size): over the limit it is refused. Passing it through
+/// uncharged would let the hook exceed the limit and make the final free
+/// uncharge bytes that were never charged.
+#[test]
+fn a_realloc_inside_a_refusal_hook_is_charged_to_its_block_and_may_be_refused() {
+    let g = fresh("realloc-in-hook");
+    g.set_max(1 << 20).unwrap();
+    g.on_alloc_refusal(grow_kept);
+    g.scope(|| KEPT.with(|k| k.borrow_mut().extend_from_slice(&[7u8; 1000])));
+    g.scope(|| {
+        let mut v: Vec<u8> = Vec::new();
+        assert!(v.try_reserve(4 << 20).is_err());
+    });
+    assert!(
+        !GREW_IN_HOOK.load(std::sync::atomic::Ordering::Relaxed),
+        "3 MiB in a group limited to 1 MiB"
+    );
+    KEPT.with(|k| *k.borrow_mut() = Vec::new());
+    assert_eq!(live_bytes(&g), 0);
+    assert_eq!(
+        g.events().underflow,
+        0,
+        "nothing uncharged that was not charged"
+    );
+}
+
+/// An inner allocator that records requests whose layout is invalid.
+struct LayoutChecking;
+static INVALID_REQUESTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+// SAFETY: forwards to `System`, after checking what it is asked for.
+unsafe impl std::alloc::GlobalAlloc for LayoutChecking {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: forwarded contract.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: forwarded contract.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        if std::alloc::Layout::from_size_align(new_size, layout.align()).is_err() {
+            INVALID_REQUESTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return std::ptr::null_mut();
+        }
+        // SAFETY: forwarded contract, the new layout checked valid.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// A `realloc` to a size the caller may ask for (≤ `isize::MAX` once
+/// rounded to the alignment) but that the header pushes past it returns
+/// null, without passing an invalid layout to the inner allocator.
+#[test]
+fn a_realloc_whose_header_passes_isize_max_is_refused_before_the_inner_allocator() {
+    use std::alloc::{GlobalAlloc, Layout};
+    let a = Accounted::new(LayoutChecking);
+    let l = Layout::from_size_align(16, 8).unwrap();
+    // SAFETY: non-zero size; freed below with the same layout.
+    let p = unsafe { a.alloc(l) };
+    assert!(!p.is_null());
+    let huge = isize::MAX as usize - 7; // a multiple of 8: valid for the caller
+                                        // SAFETY: `p` came from `a` with `l`; `huge` rounded to 8 is ≤ isize::MAX.
+    let q = unsafe { a.realloc(p, l, huge) };
+    assert!(q.is_null());
+    assert_eq!(
+        INVALID_REQUESTS.load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    // SAFETY: the failed realloc left `p` allocated with `l`.
+    unsafe { a.dealloc(p, l) };
+}

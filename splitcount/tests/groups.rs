@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{online_cpu_ids, pin_to, unpin, Rng};
+use common::{finishes_within, online_cpu_ids, pin_to, unpin, Rng};
 use splitcount::charge::UNLIMITED;
 use splitcount::cpu::Machine;
 use splitcount::group::{ChargeErrorKind, Group, GroupError, Hierarchy, HierarchyConfig};
@@ -423,4 +423,66 @@ fn handles_and_counters_are_send_and_sync() {
     shareable::<splitcount::counter::Atomic>();
     shareable::<splitcount::percpu::PerCpu>();
     shareable::<splitcount::stat::Stats>();
+}
+
+/// Hooks run after the group's hook mutex is released: a pressure hook may
+/// charge its own group (re-entering the charge path, which looks up the
+/// hooks again) without deadlocking.
+#[test]
+fn a_pressure_hook_may_charge_its_own_group() {
+    let charged = finishes_within(std::time::Duration::from_secs(20), || {
+        let (_m, h) = sim(2, 8);
+        let g = h.root().child("g").unwrap();
+        g.set_high(10);
+        let once = AtomicBool::new(false);
+        g.on_pressure(move |g, _over| {
+            if !once.swap(true, Relaxed) {
+                g.charge(5).unwrap();
+            }
+        });
+        g.charge(20).unwrap();
+        g.usage()
+    });
+    assert!(charged >= 25);
+}
+
+/// A reclaim hook may install hooks on its own group (the mutex is not held
+/// while it runs).
+#[test]
+fn a_reclaim_hook_may_replace_the_groups_hooks() {
+    let refused = finishes_within(std::time::Duration::from_secs(20), || {
+        let (_m, h) = sim(2, 8);
+        let g = h.root().child("g").unwrap();
+        g.set_max(10).unwrap();
+        g.on_reclaim(|g, _short| {
+            g.on_reclaim(|_, _| 0);
+            g.on_oom(|_, _| false);
+            0
+        });
+        g.charge(20).is_err()
+    });
+    assert!(refused);
+}
+
+/// A hook that panics has declined: the panic does not unwind out of the
+/// charge (which may run inside the global allocator), the charge is refused
+/// with the usual error, and the group keeps working.
+#[test]
+fn a_panicking_hook_declines_instead_of_unwinding_through_the_charge() {
+    let (_m, h) = sim(2, 8);
+    let g = h.root().child("g").unwrap();
+    g.set_max(10).unwrap();
+    g.set_high(4);
+    g.on_reclaim(|_, _| panic!("reclaim hook failed"));
+    g.on_oom(|_, _| panic!("oom hook failed"));
+    g.on_pressure(|_, _| panic!("pressure hook failed"));
+    let e = g.charge(20).unwrap_err();
+    assert_eq!((e.group.as_str(), e.limit, e.request), ("/g", 10, 20));
+    g.charge(6).unwrap();
+    assert_eq!(
+        g.usage(),
+        8,
+        "a batch of 8 is stocked; the pressure hook's panic was caught"
+    );
+    assert_eq!(g.events().oom, 1);
 }

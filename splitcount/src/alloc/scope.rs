@@ -23,22 +23,22 @@ pub(crate) fn current() -> *const ByteAccount {
     CURRENT.with(|c| c.get())
 }
 
-/// Make `account` current and return the previous one.
-pub(crate) fn swap_current(account: *const ByteAccount) -> *const ByteAccount {
-    CURRENT.with(|c| c.replace(account))
-}
-
 #[inline]
 pub(crate) fn in_hook() -> bool {
     IN_HOOK.with(|h| h.get())
 }
 
-/// Run `f` with allocations unaccounted (re-entrancy guard for hooks).
+/// Run `f` with allocations unaccounted (re-entrancy guard for hooks). The
+/// previous state is restored by a guard, so also when `f` unwinds.
 pub(crate) fn without_accounting<R>(f: impl FnOnce() -> R) -> R {
-    let was = IN_HOOK.with(|h| h.replace(true));
-    let r = f();
-    IN_HOOK.with(|h| h.set(was));
-    r
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            IN_HOOK.with(|h| h.set(self.0));
+        }
+    }
+    let _restore = Restore(IN_HOOK.with(|h| h.replace(true)));
+    f()
 }
 
 /// While alive, the thread's allocations are charged to one group; dropping

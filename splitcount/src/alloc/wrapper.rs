@@ -47,11 +47,18 @@ struct Attached {
 pub enum AttachError {
     /// This allocator is attached to a hierarchy already.
     AlreadyAttached,
+    /// The byte stock could not be built for the hierarchy's machine.
+    Stock(crate::charge::StockError),
 }
 
 impl fmt::Display for AttachError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("this allocator is attached to a hierarchy already")
+        match self {
+            AttachError::AlreadyAttached => {
+                f.write_str("this allocator is attached to a hierarchy already")
+            }
+            AttachError::Stock(e) => write!(f, "cannot build the allocator's byte stock: {e}"),
+        }
     }
 }
 
@@ -94,8 +101,10 @@ impl<A> Accounted<A> {
             cpu::current_cpu(),
             machine.current_cpu(),
         );
+        let stock =
+            Stock::new(machine.cpus(), MAX_STOCK_SLOTS, BYTE_BATCH).map_err(AttachError::Stock)?;
         let attached = Box::into_raw(Box::new(Attached {
-            stock: Stock::new(machine.cpus(), MAX_STOCK_SLOTS, BYTE_BATCH),
+            stock,
             root: hierarchy.root().byte_account(),
             machine,
             hook,
@@ -133,11 +142,12 @@ impl<A> Accounted<A> {
             // SAFETY: accounts are leaked: valid forever.
             unsafe { &*acc }.counter.uncharge(bytes);
         }
-        bytes + st.stock.drain_all_waiting(&|_| true)
+        bytes + st.stock.drain_all(&|_| true)
     }
 
-    /// Charge `n` bytes to the current account; `Err` if refused. Never
-    /// allocates.
+    /// Charge `n` bytes to the current account; the account charged (null:
+    /// nothing was, before `attach` or inside a hook), or `Err` if refused.
+    /// Never allocates.
     #[inline]
     fn charge(&self, n: u64) -> Result<*const ByteAccount, ()> {
         let Some(st) = self.attached() else {
@@ -150,8 +160,22 @@ impl<A> Accounted<A> {
             p if p.is_null() => st.root,
             p => p,
         };
+        self.charge_account(st, acc, n, true).map(|_| acc)
+    }
+
+    /// Charge `n` bytes to `acc` (not null): from the thread's reserve, else
+    /// with a refill of it, else exactly. `hooks`: on refusal, record it and
+    /// run the refusal hooks (false inside a hook, which must not recurse).
+    #[inline]
+    fn charge_account(
+        &self,
+        st: &Attached,
+        acc: *const ByteAccount,
+        n: u64,
+        hooks: bool,
+    ) -> Result<(), ()> {
         if RESERVE.try_with(|r| r.take(acc, n)) == Ok(true) {
-            return Ok(acc);
+            return Ok(());
         }
         // SAFETY: accounts are leaked: valid forever.
         let account = unsafe { &*acc };
@@ -165,9 +189,9 @@ impl<A> Accounted<A> {
                 Ok((old, bytes)) => self.uncharge_shared(st, old, bytes),
                 Err(_) => self.uncharge_shared(st, acc, RESERVE_BATCH),
             }
-            return Ok(acc);
+            return Ok(());
         }
-        self.charge_shared(st, account, n, true).map(|_| acc)
+        self.charge_shared(st, account, n, hooks)
     }
 
     /// Charge `n` bytes through the per-CPU stock and the usage counters,
@@ -197,8 +221,7 @@ impl<A> Accounted<A> {
             };
             // Stocked bytes of the refuser's subtree may be exactly what
             // its limit needs.
-            st.stock
-                .drain_all_waiting(&|c: &UsageCounter| c.is_within(refuser));
+            st.stock.drain_all(&|c: &UsageCounter| c.is_within(refuser));
             if counter.try_charge_quiet(n).is_ok() {
                 return Ok(());
             }
@@ -212,12 +235,14 @@ impl<A> Accounted<A> {
                 usage: refuser.usage(),
             };
             LAST_REFUSAL.with(|r| r.set(Some(refusal)));
-            // The charged group's own hook first, then the allocator's.
+            // The charged group's own hook first, then the allocator's. A
+            // hook that panics has declined: the unwind stops here (it must
+            // never leave `GlobalAlloc::alloc`), the panic hook has already
+            // reported it, and the flag is restored by its guard.
             let own = *acc.hook.lock().unwrap_or_else(|e| e.into_inner());
-            let freed = [own, st.hook]
-                .into_iter()
-                .flatten()
-                .any(|hook| without_accounting(|| hook(&refusal)));
+            let freed = [own, st.hook].into_iter().flatten().any(|hook| {
+                without_accounting(|| std::panic::catch_unwind(|| hook(&refusal)).unwrap_or(false))
+            });
             if !freed {
                 break;
             }
@@ -296,7 +321,9 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Accounted<A> {
         // SAFETY: `ptr` came from `alloc` with this layout: the header is
         // there and the block starts `h` bytes earlier.
         let acc = unsafe { *header_slot(ptr) };
-        let ext = extended(layout).expect("valid when allocated");
+        // SAFETY: `layout` is the one the block was allocated with (the
+        // `GlobalAlloc` contract), for which `extended` succeeded then.
+        let ext = unsafe { extended(layout).unwrap_unchecked() };
         // SAFETY: the block was allocated by `inner` with `ext`.
         unsafe { self.inner.dealloc(ptr.sub(h), ext) };
         self.uncharge(acc, layout.size() as u64);
@@ -304,25 +331,32 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Accounted<A> {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let h = header(layout.align());
+        // The new block's layout must be valid (size + header, rounded up to
+        // the alignment, at most `isize::MAX`) before anything is charged.
+        let Some(new_ext) = new_size
+            .checked_add(h)
+            .and_then(|total| Layout::from_size_align(total, layout.align().max(MIN_HEADER)).ok())
+        else {
+            return std::ptr::null_mut();
+        };
         // SAFETY: as in `dealloc`.
         let acc = unsafe { *header_slot(ptr) };
         let (old, new) = (layout.size() as u64, new_size as u64);
         if new > old && !acc.is_null() {
-            // Grow within the allocating group's account.
-            let prev = super::scope::swap_current(acc);
-            let ok = self.charge(new - old).is_ok();
-            super::scope::swap_current(prev);
-            if !ok {
+            // Grow within the block's own account: its header names it, and
+            // its free will uncharge the new size. Inside a refusal hook the
+            // growth is still charged (and may be refused), only without
+            // running hooks again.
+            let Some(st) = self.attached() else {
+                return std::ptr::null_mut();
+            };
+            if self.charge_account(st, acc, new - old, !in_hook()).is_err() {
                 return std::ptr::null_mut();
             }
         }
-        let Some(new_total) = new_size.checked_add(h) else {
-            if new > old {
-                self.uncharge(acc, new - old);
-            }
-            return std::ptr::null_mut();
-        };
-        let ext = extended(layout).expect("valid when allocated");
+        let new_total = new_ext.size();
+        // SAFETY: as in `dealloc`.
+        let ext = unsafe { extended(layout).unwrap_unchecked() };
         // SAFETY: the block was allocated by `inner` with `ext`; the header
         // is copied along with the contents.
         let base = unsafe { self.inner.realloc(ptr.sub(h), ext, new_total) };

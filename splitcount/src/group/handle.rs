@@ -1,7 +1,7 @@
 //! [`Group`]: a cheap handle on one group, and the charge path.
 
 use super::hierarchy::Shared;
-use super::hooks::{OomHook, PressureHook, ReclaimHook};
+use super::hooks::{self, OomHook, PressureHook, ReclaimHook};
 use super::node::Node;
 use super::snapshot::{limit, GroupSnapshot};
 use super::{ChargeError, ChargeErrorKind, GroupError};
@@ -138,7 +138,7 @@ impl Group {
         if usage.set_max(max).is_ok() {
             return Ok(());
         }
-        self.shared.stock.drain_all_waiting(&|c| c.is_within(usage));
+        self.shared.stock.drain_all(&|c| c.is_within(usage));
         usage.set_max(max).map_err(|b| GroupError::Busy {
             path: self.node.path.clone(),
             usage: b.usage,
@@ -250,19 +250,18 @@ impl Group {
                 .usage()
                 .saturating_add(n)
                 .saturating_sub(refused.max());
-            let mut progress = 0;
-            if let Some(hook) = lock(&refuser.hooks).reclaim.clone() {
-                progress += hook(&Group::new(self.shared.clone(), refuser.clone()), short);
+            let mut progress: u64 = 0;
+            // The guard is dropped before the call (a `let`, not the
+            // scrutinee of an `if let`): see `hooks::run`.
+            let reclaim = lock(&refuser.hooks).reclaim.clone();
+            if let Some(hook) = reclaim {
+                let group = Group::new(self.shared.clone(), refuser.clone());
+                progress = progress.saturating_add(hooks::run(0, || hook(&group, short)));
             }
             if !drained.contains(&(refused as *const _)) {
                 drained.push(refused);
-                // `None`: another thread is draining; what we need may be
-                // coming back, so that counts as progress.
-                progress += self
-                    .shared
-                    .stock
-                    .drain_all(&|c| c.is_within(refused))
-                    .unwrap_or(1);
+                progress =
+                    progress.saturating_add(self.shared.stock.drain_all(&|c| c.is_within(refused)));
             }
             if progress == 0 {
                 break;
@@ -275,10 +274,10 @@ impl Group {
             .usage()
             .saturating_add(n)
             .saturating_sub(refuser.usage.max());
-        if let Some(hook) = lock(&refuser.hooks).oom.clone() {
-            if hook(&Group::new(self.shared.clone(), refuser.clone()), short)
-                && node.usage.try_charge_quiet(n).is_ok()
-            {
+        let oom = lock(&refuser.hooks).oom.clone();
+        if let Some(hook) = oom {
+            let group = Group::new(self.shared.clone(), refuser.clone());
+            if hooks::run(false, || hook(&group, short)) && node.usage.try_charge_quiet(n).is_ok() {
                 return Ok(());
             }
         }
@@ -304,8 +303,10 @@ impl Group {
         while let Some(g) = n {
             let over = g.usage.usage().saturating_sub(g.usage.high());
             if over > 0 {
-                if let Some(hook) = lock(&g.hooks).pressure.clone() {
-                    hook(&Group::new(self.shared.clone(), g.clone()), over);
+                let pressure = lock(&g.hooks).pressure.clone();
+                if let Some(hook) = pressure {
+                    let group = Group::new(self.shared.clone(), g.clone());
+                    hooks::run((), || hook(&group, over));
                 }
             }
             n = g.parent.clone();
@@ -337,9 +338,7 @@ impl Group {
     pub fn remove(&self) -> Result<(), GroupError> {
         self.shared.unlink(&self.node)?;
         let usage = &self.node.usage;
-        self.shared
-            .stock
-            .drain_all_waiting(&|c| std::ptr::eq(c, &**usage));
+        self.shared.stock.drain_all(&|c| std::ptr::eq(c, &**usage));
         // Fold its statistics now: they stay in its ancestors' values.
         self.shared.stats.flush(&self.node.stats, true);
         Ok(())

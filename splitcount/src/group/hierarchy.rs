@@ -139,7 +139,8 @@ impl Hierarchy {
             config.machine.cpus(),
             config.stock_slots,
             config.stock_batch,
-        );
+        )
+        .map_err(|e| GroupError::Config(e.to_string()))?;
         let stats = Stats::new(&config.machine, config.stats.clone()).map_err(stat_error)?;
         let root_stats = StatGroup::new(&stats, 0, None).map_err(stat_error)?;
         let root = Arc::new(Node::new(
@@ -196,7 +197,7 @@ impl Hierarchy {
 
     /// Return every stocked unit of every group to the usage counters.
     pub fn drain_stocks(&self) -> u64 {
-        self.shared.stock.drain_all_waiting(&|_| true)
+        self.shared.stock.drain_all(&|_| true)
     }
 
     /// The id of the stat item named `name`, if the schema has it.

@@ -16,6 +16,16 @@ pub type OomHook = Arc<dyn Fn(&Group, u64) -> bool + Send + Sync>;
 /// the units it is above by.
 pub type PressureHook = Arc<dyn Fn(&Group, u64) + Send + Sync>;
 
+/// Run a user hook, returning `declined` if it panics: the unwind stops
+/// here, so a charge path (which may run inside the global allocator) is
+/// never unwound through, and locks it holds stay consistent. The panic
+/// hook has reported the panic by then. Callers clone the hook out of the
+/// group's mutex first and drop the guard, so a hook may charge its own
+/// group or install hooks without deadlocking.
+pub(crate) fn run<R>(declined: R, hook: impl FnOnce() -> R) -> R {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(hook)).unwrap_or(declined)
+}
+
 #[derive(Default, Clone)]
 pub(crate) struct Hooks {
     pub(crate) reclaim: Option<ReclaimHook>,
