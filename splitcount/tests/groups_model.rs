@@ -1,45 +1,53 @@
-//! Property test: random sequences of create, charge (limited and forced),
-//! uncharge, set_max and remove on a simulated machine, against an exact
-//! model. Usage of every live group equals the model after draining the
-//! stocks; a charge is refused exactly when the model says it cannot fit.
+//! State-machine property test: random sequences of the group API — create,
+//! charge (through the per-CPU stock), forced charge, uncharge, limits,
+//! removal, statistics, moving between CPUs — against a simple exact model
+//! (`proptest-state-machine`, which shrinks a failing sequence to a minimal
+//! one).
+//!
+//! After every step: no group's usage is above its limit, and every live
+//! group's usage is the model's plus at most the stock's slack. On `Check`:
+//! after draining the stocks usage equals the model exactly, and after a
+//! forced flush every group's statistics do. A charge is refused exactly
+//! when the model says it cannot fit (refusals drain the stocks first).
 
 use proptest::prelude::*;
+use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
 use splitcount::cpu::Machine;
 use splitcount::group::{Group, GroupError, Hierarchy, HierarchyConfig};
+use splitcount::stat::{StatId, StatItem};
+
+const CPUS: usize = 4;
+const SLOTS: usize = 3;
+const MAX_GROUPS: usize = 8;
 
 #[derive(Debug, Clone)]
-enum Op {
+enum Step {
     Create { parent: usize, name: u8 },
     Charge { group: usize, n: u64 },
     Force { group: usize, n: u64 },
     Uncharge { group: usize, n: u64 },
     SetMax { group: usize, max: u64 },
     Remove { group: usize },
+    ModStat { group: usize, delta: i64 },
     MoveCpu(usize),
     Check,
 }
 
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        2 => (0usize..8, 0u8..3).prop_map(|(parent, name)| Op::Create { parent, name }),
-        8 => (0usize..8, 1u64..40).prop_map(|(group, n)| Op::Charge { group, n }),
-        1 => (0usize..8, 1u64..40).prop_map(|(group, n)| Op::Force { group, n }),
-        5 => (0usize..8, 1u64..60).prop_map(|(group, n)| Op::Uncharge { group, n }),
-        2 => (0usize..8, 0u64..200).prop_map(|(group, max)| Op::SetMax { group, max }),
-        1 => (1usize..8).prop_map(|group| Op::Remove { group }),
-        3 => (0usize..4).prop_map(Op::MoveCpu),
-        1 => Just(Op::Check),
-    ]
-}
-
+#[derive(Debug, Clone)]
 struct ModelGroup {
     parent: Option<usize>,
-    own: i64,
+    name: String,
+    /// Units charged through this group (and not given back).
+    own: u64,
     max: u64,
     removed: bool,
+    /// Sum of the stat updates that landed on this group.
+    stat: i64,
 }
 
+#[derive(Debug, Clone)]
 struct Model {
+    batch: u64,
     groups: Vec<ModelGroup>,
 }
 
@@ -52,18 +60,51 @@ impl Model {
         }
         c
     }
+
+    /// Where a handle's charges land: the nearest live group.
     fn live(&self, mut g: usize) -> usize {
         while self.groups[g].removed {
-            g = self.groups[g].parent.unwrap();
+            g = self.groups[g].parent.expect("the root is never removed");
         }
         g
     }
-    fn usage(&self, g: usize) -> i64 {
+
+    fn within(&self, x: usize, a: usize) -> bool {
+        self.chain(x).contains(&a)
+    }
+
+    fn usage(&self, a: usize) -> u64 {
         (0..self.groups.len())
-            .filter(|&x| self.chain(x).contains(&g))
+            .filter(|&x| self.within(x, a))
             .map(|x| self.groups[x].own)
             .sum()
     }
+
+    fn subtree_stat(&self, a: usize) -> i64 {
+        (0..self.groups.len())
+            .filter(|&x| self.within(x, a))
+            .map(|x| self.groups[x].stat)
+            .sum()
+    }
+
+    fn fits(&self, g: usize, n: u64) -> bool {
+        let t = self.live(g);
+        self.chain(t)
+            .iter()
+            .all(|&a| self.usage(a) + n <= self.groups[a].max)
+    }
+
+    /// What an uncharge through `g`'s handle may give back without being a
+    /// caller's bug (over-uncharges are tested elsewhere): the units charged
+    /// through the groups whose charges now land where `g`'s do.
+    fn returnable(&self, g: usize) -> u64 {
+        let t = self.live(g);
+        (0..self.groups.len())
+            .filter(|&x| self.live(x) == t)
+            .map(|x| self.groups[x].own)
+            .sum()
+    }
+
     fn live_children(&self, g: usize) -> usize {
         self.groups
             .iter()
@@ -72,114 +113,279 @@ impl Model {
     }
 }
 
-fn check(h: &Hierarchy, handles: &[Group], model: &Model) -> Result<(), TestCaseError> {
-    h.drain_stocks();
-    for (i, g) in handles.iter().enumerate() {
-        if !model.groups[i].removed {
-            prop_assert_eq!(g.usage() as i64, model.usage(i), "usage of {}", g.path());
+struct Reference;
+
+impl ReferenceStateMachine for Reference {
+    type State = Model;
+    type Transition = Step;
+
+    fn init_state() -> BoxedStrategy<Model> {
+        (1u64..20)
+            .prop_map(|batch| Model {
+                batch,
+                groups: vec![ModelGroup {
+                    parent: None,
+                    name: "/".into(),
+                    own: 0,
+                    max: u64::MAX,
+                    removed: false,
+                    stat: 0,
+                }],
+            })
+            .boxed()
+    }
+
+    fn transitions(state: &Model) -> BoxedStrategy<Step> {
+        let n = state.groups.len();
+        prop_oneof![
+            2 => (0..n, 0u8..3).prop_map(|(parent, name)| Step::Create { parent, name }),
+            8 => (0..n, 1u64..40).prop_map(|(group, n)| Step::Charge { group, n }),
+            1 => (0..n, 1u64..40).prop_map(|(group, n)| Step::Force { group, n }),
+            5 => (0..n, 1u64..60).prop_map(|(group, n)| Step::Uncharge { group, n }),
+            2 => (0..n, 0u64..200).prop_map(|(group, max)| Step::SetMax { group, max }),
+            1 => (0..n).prop_map(|group| Step::Remove { group }),
+            4 => (0..n, -50i64..50).prop_map(|(group, delta)| Step::ModStat { group, delta }),
+            3 => (0..CPUS).prop_map(Step::MoveCpu),
+            1 => Just(Step::Check),
+        ]
+        .boxed()
+    }
+
+    fn preconditions(state: &Model, step: &Step) -> bool {
+        let exists = |g: usize| g < state.groups.len();
+        match *step {
+            Step::Create { parent, .. } => exists(parent) && state.groups.len() < MAX_GROUPS,
+            // Forced charges that would exceed a limit are tested elsewhere:
+            // stocked units would then still be usable above the limit.
+            Step::Force { group, n } => exists(group) && state.fits(group, n),
+            Step::Charge { group, .. }
+            | Step::Uncharge { group, .. }
+            | Step::SetMax { group, .. }
+            | Step::Remove { group }
+            | Step::ModStat { group, .. } => exists(group),
+            Step::MoveCpu(_) | Step::Check => true,
         }
     }
-    Ok(())
+
+    fn apply(mut state: Model, step: &Step) -> Model {
+        match *step {
+            Step::Create { parent, name } => {
+                let name = format!("g{name}");
+                let taken = state
+                    .groups
+                    .iter()
+                    .any(|x| x.parent == Some(parent) && !x.removed && x.name == name);
+                if !state.groups[parent].removed && !taken {
+                    state.groups.push(ModelGroup {
+                        parent: Some(parent),
+                        name,
+                        own: 0,
+                        max: u64::MAX,
+                        removed: false,
+                        stat: 0,
+                    });
+                }
+            }
+            Step::Charge { group, n } | Step::Force { group, n } => {
+                if state.fits(group, n) {
+                    let t = state.live(group);
+                    state.groups[t].own += n;
+                }
+            }
+            Step::Uncharge { group, n } => {
+                let n = n.min(state.returnable(group));
+                // Take it from the groups whose charges land there, the
+                // live one first.
+                let t = state.live(group);
+                let mut left = n;
+                for x in std::iter::once(t).chain(0..state.groups.len()) {
+                    if state.live(x) == t {
+                        let take = left.min(state.groups[x].own);
+                        state.groups[x].own -= take;
+                        left -= take;
+                    }
+                }
+            }
+            Step::SetMax { group, max } => {
+                if !state.groups[group].removed && state.usage(group) <= max {
+                    state.groups[group].max = max;
+                }
+            }
+            Step::Remove { group } => {
+                if group != 0 && !state.groups[group].removed && state.live_children(group) == 0 {
+                    state.groups[group].removed = true;
+                }
+            }
+            Step::ModStat { group, delta } => {
+                let t = state.live(group);
+                state.groups[t].stat += delta;
+            }
+            Step::MoveCpu(_) | Step::Check => {}
+        }
+        state
+    }
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 150, failure_persistence: None, ..ProptestConfig::default() })]
+struct Sut {
+    machine: Machine,
+    hierarchy: Hierarchy,
+    handles: Vec<Group>,
+    anon: StatId,
+    /// The model as it was before the step being applied (`apply` is given
+    /// the state after it).
+    before: Model,
+}
 
-    #[test]
-    fn groups_agree_with_an_exact_model(ops in prop::collection::vec(op(), 1..120), batch in 1u64..20) {
-        let m = Machine::simulated(4, 1).unwrap();
-        let h = Hierarchy::new(HierarchyConfig::default().machine(&m).stock_batch(batch).stock_slots(3)).unwrap();
-        let mut handles = vec![h.root()];
-        let mut model = Model { groups: vec![ModelGroup { parent: None, own: 0, max: u64::MAX, removed: false }] };
-        for op in ops {
-            match op {
-                Op::Create { parent, name } => {
-                    let p = parent % handles.len();
-                    let name = format!("g{name}");
-                    let r = handles[p].child(&name);
-                    let taken = (0..handles.len()).any(|x| model.groups[x].parent == Some(p) && !model.groups[x].removed && handles[x].name() == name);
-                    if model.groups[p].removed {
-                        prop_assert!(matches!(r, Err(GroupError::Removed { .. })), "removed parent");
-                    } else if taken {
-                        prop_assert!(matches!(r, Err(GroupError::NameTaken { .. })), "name taken");
-                    } else {
-                        handles.push(r.unwrap());
-                        model.groups.push(ModelGroup { parent: Some(p), own: 0, max: u64::MAX, removed: false });
-                    }
-                }
-                Op::Charge { group, n } => {
-                    let g = group % handles.len();
-                    let t = model.live(g);
-                    let fits = model.chain(t).iter().all(|&a| model.usage(a) as i128 + n as i128 <= model.groups[a].max as i128);
-                    let r = handles[g].charge(n);
-                    prop_assert_eq!(r.is_ok(), fits, "charge {} to {}: {:?}", n, handles[g].path(), r);
-                    if fits {
-                        model.groups[t].own += n as i64;
-                    }
-                }
-                Op::Force { group, n } => {
-                    let g = group % handles.len();
-                    let t = model.live(g);
-                    // Stocked units charged before a forced charge pushed a
-                    // level over its limit would still be usable; start
-                    // from empty stocks so the model stays exact.
-                    h.drain_stocks();
-                    handles[g].force_charge(n).unwrap();
-                    model.groups[t].own += n as i64;
-                    // A forced charge may exceed a limit: keep the model's
-                    // limits meaningful by raising them like the kernel's
-                    // usage would sit above them.
-                    for a in model.chain(t) {
-                        let u = model.usage(a) as u64;
-                        if u > model.groups[a].max {
-                            model.groups[a].max = u;
-                            handles[a].usage_counter().set_max(u64::MAX).unwrap();
-                            h.drain_stocks();
-                            handles[a].set_max(u).unwrap();
-                        }
-                    }
-                }
-                Op::Uncharge { group, n } => {
-                    let g = group % handles.len();
-                    let t = model.live(g);
-                    // Only what was charged through this group (or through
-                    // removed groups whose charges now land here) may come
-                    // back: more would be a caller bug, tested elsewhere.
-                    let avail: i64 = (0..model.groups.len()).filter(|&x| model.live(x) == t).map(|x| model.groups[x].own).sum();
-                    let n = n.min(avail.max(0) as u64);
-                    handles[g].uncharge(n);
-                    model.groups[t].own -= n as i64;
-                }
-                Op::SetMax { group, max } => {
-                    let g = group % handles.len();
-                    if model.groups[g].removed {
-                        continue;
-                    }
-                    let r = handles[g].set_max(max);
-                    let busy = model.usage(g) as i128 > max as i128;
-                    prop_assert_eq!(r.is_err(), busy, "set_max({}) on {}: {:?}", max, handles[g].path(), r);
-                    if !busy {
-                        model.groups[g].max = max;
-                    }
-                }
-                Op::Remove { group } => {
-                    let g = group % handles.len();
-                    let r = handles[g].remove();
-                    if g == 0 {
-                        prop_assert_eq!(r, Err(GroupError::RootCannotBeRemoved));
-                    } else if model.groups[g].removed {
-                        prop_assert!(matches!(r, Err(GroupError::Removed { .. })), "already removed");
-                    } else if model.live_children(g) > 0 {
-                        prop_assert!(matches!(r, Err(GroupError::HasChildren { .. })), "has children");
-                    } else {
-                        prop_assert!(r.is_ok());
-                        model.groups[g].removed = true;
-                    }
-                }
-                Op::MoveCpu(c) => m.set_current_cpu(c).unwrap(),
-                Op::Check => check(&h, &handles, &model)?,
+impl Sut {
+    fn check_exact(&self, model: &Model) {
+        self.hierarchy.drain_stocks();
+        for (i, g) in self.handles.iter().enumerate() {
+            if !model.groups[i].removed {
+                assert_eq!(g.usage(), model.usage(i), "usage of {}", g.path());
             }
         }
-        check(&h, &handles, &model)?;
+        assert!(self.hierarchy.root().flush(true));
+        for (i, g) in self.handles.iter().enumerate() {
+            assert_eq!(
+                g.stat_local(self.anon).unwrap(),
+                model.groups[i].stat,
+                "own statistics of {}",
+                g.path()
+            );
+            assert_eq!(
+                g.stat(self.anon).unwrap(),
+                model.subtree_stat(i),
+                "statistics of {}'s subtree",
+                g.path()
+            );
+        }
     }
+}
+
+struct GroupsAgainstTheModel;
+
+impl StateMachineTest for GroupsAgainstTheModel {
+    type SystemUnderTest = Sut;
+    type Reference = Reference;
+
+    fn init_test(model: &Model) -> Sut {
+        let machine = Machine::simulated(CPUS, 1).unwrap();
+        let hierarchy = Hierarchy::new(
+            HierarchyConfig::default()
+                .machine(&machine)
+                .stock_batch(model.batch)
+                .stock_slots(SLOTS)
+                .stats(vec![StatItem::gauge("anon")]),
+        )
+        .unwrap();
+        let anon = hierarchy.stat_id("anon").unwrap();
+        Sut {
+            machine,
+            handles: vec![hierarchy.root()],
+            hierarchy,
+            anon,
+            before: model.clone(),
+        }
+    }
+
+    fn apply(mut sut: Sut, model: &Model, step: Step) -> Sut {
+        let before = std::mem::replace(&mut sut.before, model.clone());
+        match step {
+            Step::Create { parent, name } => {
+                let r = sut.handles[parent].child(&format!("g{name}"));
+                if model.groups.len() > before.groups.len() {
+                    sut.handles.push(r.expect("the model created it"));
+                } else if before.groups[parent].removed {
+                    assert!(matches!(r, Err(GroupError::Removed { .. })), "{r:?}");
+                } else {
+                    assert!(matches!(r, Err(GroupError::NameTaken { .. })), "{r:?}");
+                }
+            }
+            Step::Charge { group, n } => {
+                let r = sut.handles[group].charge(n);
+                assert_eq!(
+                    r.is_ok(),
+                    before.fits(group, n),
+                    "charge of {n} to {}: {r:?}",
+                    sut.handles[group].path()
+                );
+            }
+            Step::Force { group, n } => {
+                // The model lets it in only where it fits; the counters also
+                // hold stocked units, which a forced charge would push above
+                // a limit: start from empty stocks.
+                sut.hierarchy.drain_stocks();
+                sut.handles[group].force_charge(n).unwrap();
+            }
+            Step::Uncharge { group, n } => {
+                sut.handles[group].uncharge(n.min(before.returnable(group)));
+            }
+            Step::SetMax { group, max } => {
+                let r = sut.handles[group].set_max(max);
+                if !before.groups[group].removed {
+                    assert_eq!(
+                        r.is_ok(),
+                        before.usage(group) <= max,
+                        "set_max({max}) on {}: {r:?}",
+                        sut.handles[group].path()
+                    );
+                }
+            }
+            Step::Remove { group } => {
+                let r = sut.handles[group].remove();
+                if group == 0 {
+                    assert_eq!(r, Err(GroupError::RootCannotBeRemoved));
+                } else if before.groups[group].removed {
+                    assert!(matches!(r, Err(GroupError::Removed { .. })), "{r:?}");
+                } else if before.live_children(group) > 0 {
+                    assert!(matches!(r, Err(GroupError::HasChildren { .. })), "{r:?}");
+                } else {
+                    assert_eq!(r, Ok(()));
+                }
+            }
+            Step::ModStat { group, delta } => {
+                sut.handles[group].mod_stat(sut.anon, delta).unwrap();
+            }
+            Step::MoveCpu(c) => sut.machine.set_current_cpu(c).unwrap(),
+            Step::Check => sut.check_exact(model),
+        }
+        sut
+    }
+
+    fn check_invariants(sut: &Sut, model: &Model) {
+        let slack = model.batch * SLOTS as u64 * CPUS as u64;
+        for (i, g) in sut.handles.iter().enumerate() {
+            let u = g.usage();
+            assert!(
+                u <= g.max(),
+                "{} at {u} above its limit {}",
+                g.path(),
+                g.max()
+            );
+            if !model.groups[i].removed {
+                let want = model.usage(i);
+                assert!(
+                    want <= u && u <= want + slack,
+                    "{}: usage {u}, model {want}, stock slack {slack}",
+                    g.path()
+                );
+            }
+        }
+    }
+
+    fn teardown(sut: Sut) {
+        let model = sut.before.clone();
+        sut.check_exact(&model);
+    }
+}
+
+prop_state_machine! {
+    #![proptest_config(ProptestConfig {
+        cases: 200,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn groups_agree_with_an_exact_model(sequential 1..120 => GroupsAgainstTheModel);
 }

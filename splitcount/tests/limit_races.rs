@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Rng, SpinBarrier};
+use common::{Migrator, Rng, SpinBarrier};
 use splitcount::charge::{UsageCounter, UNLIMITED};
 use splitcount::group::Hierarchy;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -216,4 +216,74 @@ fn fitting_charges_are_not_refused_while_an_unrelated_drain_runs() {
     let drains = tightener.join().unwrap();
     println!("{drains} unrelated drains");
     assert_eq!(refused, 0, "charges that fit were refused");
+}
+
+/// Six threads charge and uncharge through the stock in three groups under
+/// one parent, moved between CPUs by another thread, while a seventh keeps
+/// moving the parent's limit up and down (each move drains the stocks). At
+/// the end every charge that succeeded has been given back, and after a
+/// drain every usage is exactly 0 — nothing lost or counted twice — with no
+/// underflow event.
+#[test]
+fn limits_moved_under_load_lose_nothing() {
+    let h = Hierarchy::default();
+    let parent = h.root().child("parent").unwrap();
+    let groups: Vec<_> = (0..3)
+        .map(|i| parent.child(&format!("g{i}")).unwrap())
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mover = {
+        let (parent, stop) = (parent.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let (mut rng, mut moves) = (Rng::new(99), 0u64);
+            while !stop.load(Relaxed) {
+                let max = 2_000 + rng.below(20_000);
+                if parent.set_max(max).is_ok() {
+                    moves += 1;
+                }
+                std::thread::yield_now();
+            }
+            parent.set_max(UNLIMITED).unwrap();
+            moves
+        })
+    };
+    let migrator = Migrator::start();
+    let start = Instant::now();
+    let refusals: u64 = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..6u64)
+            .map(|t| {
+                let (g, migrator) = (groups[t as usize % 3].clone(), &migrator);
+                s.spawn(move || {
+                    let _moved = migrator.register();
+                    let mut rng = Rng::new(t + 40);
+                    let (mut held, mut refusals) = (Vec::new(), 0u64);
+                    while start.elapsed() < Duration::from_millis(1_500) {
+                        if held.len() < 16 && rng.below(2) == 0 {
+                            let n = 1 + rng.below(300);
+                            match g.charge(n) {
+                                Ok(()) => held.push(n),
+                                Err(_) => refusals += 1,
+                            }
+                        } else if let Some(n) = held.pop() {
+                            g.uncharge(n);
+                        }
+                    }
+                    for n in held {
+                        g.uncharge(n);
+                    }
+                    refusals
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).sum()
+    });
+    let migrations = migrator.stop();
+    stop.store(true, Relaxed);
+    let moves = mover.join().unwrap();
+    h.drain_stocks();
+    for g in groups.iter().chain([&parent, &h.root()]) {
+        assert_eq!(g.usage(), 0, "{} after everything was given back", g.path());
+        assert_eq!(g.events().underflow, 0, "{}", g.path());
+    }
+    println!("{moves} limit moves, {migrations} migrations, {refusals} refusals");
 }

@@ -15,6 +15,16 @@
 //! `own-rseq`, `sched-getcpu`, `thread-index`) forces a source, for tests and
 //! benchmarks; a forced source that is not available here falls further down
 //! the list.
+//!
+//! **Signal handlers and [`CpuIdSource::OwnRseq`].** Where splitcount
+//! registers the areas itself, a thread's first use registers its area and
+//! arms a thread-exit destructor that unregisters it (needed: a library's
+//! thread-local memory may be freed before the thread is gone). Arming the
+//! destructor may allocate, which is not async-signal-safe, so the first
+//! splitcount operation of a thread must not be in a signal handler: call
+//! [`current_cpu`] once at thread start in programs whose handlers update
+//! splitcount counters. Under glibc's registration (the common case) nothing
+//! is registered and handlers may use splitcount from the first operation.
 
 #![allow(unsafe_code)]
 
