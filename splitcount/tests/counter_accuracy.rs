@@ -194,3 +194,64 @@ fn values_near_the_ends_of_the_range_compare_without_overflow() {
         assert_eq!(c.compare(i64::MIN), Ordering::Greater);
     }
 }
+
+/// After an add pushes the value past `i64::MAX`, the documented wrapping
+/// holds for comparisons too: `compare(v)` agrees with `precise().cmp(&v)`
+/// and `approximate_compare` never contradicts it.
+#[test]
+fn comparisons_agree_with_the_wrapped_value_after_an_overflow() {
+    for design in Design::ALL {
+        for (first, second) in [(i64::MAX, 10i64), (i64::MIN, -10), (i64::MAX - 3, 7)] {
+            let c = counter(design, 4);
+            c.add_on(0, first).unwrap();
+            c.add_on(1, second).unwrap();
+            let p = c.precise();
+            for v in [
+                0,
+                -1,
+                1,
+                p,
+                p.wrapping_add(1),
+                p.wrapping_sub(1),
+                i64::MIN,
+                i64::MAX,
+            ] {
+                assert_eq!(c.compare(v), p.cmp(&v), "{design}: precise {p} vs {v}");
+                let a = c.approximate_compare(v);
+                let contradicts = match p.cmp(&v) {
+                    Ordering::Less => a == ApproxOrdering::Greater || a == ApproxOrdering::Equal,
+                    Ordering::Greater => a == ApproxOrdering::Less || a == ApproxOrdering::Equal,
+                    Ordering::Equal => a == ApproxOrdering::Less || a == ApproxOrdering::Greater,
+                };
+                assert!(
+                    !contradicts,
+                    "{design}: approximate {a:?} vs precise {p} for {v}"
+                );
+            }
+        }
+    }
+}
+
+/// `PerNode` keeps slots only for nodes with CPUs, so its bound is reached
+/// on every shape (4 CPUs over 3 nodes: 3 slots).
+#[test]
+fn pernode_bound_is_tight_on_uneven_node_shapes() {
+    for (cpus, nodes) in [(4usize, 3usize), (5, 4), (7, 3), (64, 64), (100, 33)] {
+        let m = Machine::simulated(cpus, nodes).unwrap();
+        let c = Config::new(Design::PerNode)
+            .machine(&m)
+            .batch(32)
+            .build()
+            .unwrap();
+        let (under, _) = c.accuracy().bounds();
+        for step in c.worst_case_schedule(Side::Under) {
+            c.add_on(step.cpu, step.delta).unwrap();
+        }
+        assert_eq!(
+            (c.precise() - c.approximate()) as u64,
+            under,
+            "{cpus} CPUs, {nodes} nodes"
+        );
+        assert_eq!(under, nodes.min(32) as u64 * 31);
+    }
+}

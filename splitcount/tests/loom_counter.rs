@@ -53,3 +53,43 @@ fn concurrent_tree_adds_of_opposite_sign_settle_inside_the_bound() {
         assert!(t.accuracy().admits(t.approximate(), -1));
     });
 }
+
+/// A `Batched` spill (the slot taken, then added to the total) racing a
+/// `precise()` reader: an add that returned before the read — signalled
+/// through a flag — is always counted, once; the reads never go down; and
+/// `set` replaces exactly what the precise sum saw. Without the spill's
+/// announcement a reader can sum the total before the spill's add and the
+/// slot after its take, and miss the add.
+#[test]
+fn a_batched_spill_racing_precise_is_seen_once() {
+    use loom::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use splitcount::counter::Batched;
+    loom::model(|| {
+        // batch 2: the second +1 on CPU 0 spills the slot into the total.
+        let m = Machine::simulated(2, 1).unwrap();
+        let c = Arc::new(
+            Batched::with_config(&Config::new(Design::Batched).machine(&m).batch(2)).unwrap(),
+        );
+        c.add_on(0, 1).unwrap();
+        let returned = Arc::new(AtomicBool::new(false));
+        let adder = {
+            let (c, returned) = (c.clone(), returned.clone());
+            thread::spawn(move || {
+                c.add_on(0, 1).unwrap(); // spills 2 into the total
+                returned.store(true, SeqCst);
+                c.add_on(1, 1).unwrap();
+            })
+        };
+        let seen_return = returned.load(SeqCst);
+        let first = c.precise();
+        if seen_return {
+            assert!(first >= 2, "an add that returned was missed: {first}");
+        }
+        assert!((1..=3).contains(&first), "precise {first}");
+        let second = c.precise();
+        assert!(second >= first, "precise went down: {first} then {second}");
+        adder.join().unwrap();
+        assert_eq!(c.precise(), 3);
+        assert_eq!(c.approximate(), 2, "the spill landed in the total");
+    });
+}

@@ -2,7 +2,10 @@
 //! under contention (every add from every CPU writes the same cache line).
 
 use super::{Accuracy, Config, ConfigError, CounterError, Design, Side, SplitCounter, Step};
-use crate::sync::{AtomicI64, Ordering::Relaxed};
+use crate::sync::{
+    AtomicI64,
+    Ordering::{Relaxed, SeqCst},
+};
 use crossbeam_utils::CachePadded;
 
 /// One shared atomic. Accuracy `(0, 0)`.
@@ -78,7 +81,11 @@ impl SplitCounter for Atomic {
     }
 
     fn set(&self, v: i64) {
-        self.value.store(v, Relaxed);
+        // A swap, not a store: it is ordered with every add (one location,
+        // read-modify-writes) and done before `set` returns, so adds that
+        // start afterwards count on top of `v`. SeqCst: a plain store could
+        // still sit in this CPU's store buffer when `set` returns.
+        self.value.swap(v, SeqCst);
     }
 
     fn worst_case_schedule(&self, _side: Side) -> Vec<Step> {

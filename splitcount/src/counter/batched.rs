@@ -15,13 +15,15 @@
 //! default `batch = max(32, 2·ncpu)` that is about `2·ncpu²`: 1.15 GiB of
 //! 4 KiB pages at 384 CPUs.
 //!
-//! **Races.** Between the swap and the total's add the moved amount is in
-//! neither place: it is an add in flight, which `precise()` may miss, as it
-//! may miss any in-flight add. Nothing is lost once the add returns.
+//! **Races.** Between the take and the total's add the moved amount is in
+//! neither place. Spills are announced to readers before the take, and
+//! `precise()` waits until none is in flight, so it counts every add that
+//! returned before it was called exactly once (see `total.rs`); adds in
+//! flight are counted once or not yet. Nothing is lost once an add returns.
 
+use super::total::Total;
 use super::{Accuracy, Config, ConfigError, CounterError, Design, Side, SplitCounter, Step};
 use crate::percpu::PerCpu;
-use crate::sync::{AtomicI64, Ordering::Relaxed};
 use crossbeam_utils::CachePadded;
 use std::cmp::Ordering;
 
@@ -40,7 +42,7 @@ use std::cmp::Ordering;
 /// ```
 pub struct Batched {
     slots: PerCpu,
-    total: CachePadded<AtomicI64>,
+    total: CachePadded<Total>,
     batch: i64,
 }
 
@@ -56,7 +58,7 @@ impl Batched {
         let batch = config.validated_batch()? as i64;
         Ok(Batched {
             slots: config.arena_for()?.alloc(1)?,
-            total: CachePadded::new(AtomicI64::new(0)),
+            total: CachePadded::new(Total::default()),
             batch,
         })
     }
@@ -64,14 +66,6 @@ impl Batched {
     /// The batch.
     pub fn batch(&self) -> u64 {
         self.batch as u64
-    }
-
-    /// Move a spilled amount to the total.
-    #[inline]
-    fn settle(&self, taken: i64) {
-        if taken != 0 {
-            self.total.fetch_add(taken, Relaxed);
-        }
     }
 }
 
@@ -97,16 +91,15 @@ impl SplitCounter for Batched {
     }
 
     /// One rseq critical section (or a `fetch_add`, and a swap on spill) on
-    /// this CPU's slot. A thread that cannot update its CPU's slot adds to
-    /// the total directly: exact, and the bound is unchanged.
+    /// this CPU's slot; a spill is announced to `precise()` readers first. A
+    /// thread that cannot update its CPU's slot adds to the total directly:
+    /// exact, and the bound is unchanged.
     #[inline]
     fn add(&self, delta: i64) {
         // SAFETY: slot 0 of a one-slot allocation.
-        match unsafe { self.slots.add_spill_current(0, delta, self.batch as u64) } {
-            Some((_, taken)) => self.settle(taken),
-            None => {
-                self.total.fetch_add(delta, Relaxed);
-            }
+        unsafe {
+            self.slots
+                .add_spill_current(0, delta, self.batch as u64, &*self.total)
         }
     }
 
@@ -121,25 +114,26 @@ impl SplitCounter for Batched {
         if self.slots.remote_writes_allowed() {
             // SAFETY: `cpu < cpus` checked above; slot 0 of a one-slot
             // allocation.
-            self.settle(unsafe {
+            unsafe {
                 self.slots
-                    .atomic_add_spill(cpu, 0, delta, self.batch as u64)
-            });
+                    .atomic_add_spill(cpu, 0, delta, self.batch as u64, &*self.total)
+            }
         } else {
-            self.total.fetch_add(delta, Relaxed);
+            self.total.add(delta);
         }
         Ok(())
     }
 
     fn approximate(&self) -> i64 {
-        self.total.load(Relaxed)
+        self.total.get()
     }
 
+    /// The total and every slot, read with no spill in flight: every add
+    /// that returned before the call is counted once.
     fn precise(&self) -> i64 {
+        // SAFETY: slot 0 of a one-slot allocation.
         self.total
-            .load(Relaxed)
-            // SAFETY: slot 0 of a one-slot allocation.
-            .wrapping_add(unsafe { self.slots.sum_unchecked(0) })
+            .consistent_sum(|| unsafe { self.slots.sum_acquire(0) })
     }
 
     /// `ncpu·(batch − 1)` on each side.
@@ -149,8 +143,7 @@ impl SplitCounter for Batched {
     }
 
     fn set(&self, v: i64) {
-        self.total
-            .fetch_add(v.wrapping_sub(self.precise()), Relaxed);
+        self.total.add(v.wrapping_sub(self.precise()));
     }
 
     /// Like the kernel's `__percpu_counter_compare`: decide from the total
@@ -159,7 +152,9 @@ impl SplitCounter for Batched {
         let band = self.batch as i128 * self.slots.cpus() as i128;
         let a = self.approximate() as i128;
         let v128 = v as i128;
-        if a - v128 > band {
+        if super::wraps(a - band, a + band) {
+            self.precise().cmp(&v)
+        } else if a - v128 > band {
             Ordering::Greater
         } else if v128 - a > band {
             Ordering::Less

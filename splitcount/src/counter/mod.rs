@@ -22,8 +22,12 @@
 //! **Arithmetic.** Values are `i64` and wrap on overflow, like the kernel's
 //! `s64` counters and Rust's atomics: checking every add for overflow would
 //! double the hot path, and a counter of bytes or events does not get near
-//! 2⁶³. Comparisons are done in `i128`, so bands near the ends of the range
-//! never overflow.
+//! 2⁶³. Comparisons agree with the wrapped value: `compare(v)` is always
+//! `precise().cmp(&v)` for a settled counter. They are done in `i128`, and
+//! when the accuracy band around `approximate()` reaches past either end of
+//! the `i64` range — where the precise value may have wrapped —
+//! [`SplitCounter::compare`] sums precisely and
+//! [`SplitCounter::approximate_compare`] answers `Unknown`.
 //!
 //! ```
 //! use splitcount::counter::{SplitCounter, Tree};
@@ -44,6 +48,7 @@ mod atomic;
 mod batched;
 mod config;
 mod pernode;
+mod total;
 mod tree;
 mod tree_shape;
 
@@ -161,16 +166,25 @@ pub trait SplitCounter: Send + Sync + fmt::Debug {
     /// [`SplitCounter::precise`] when settled.
     fn approximate(&self) -> i64;
 
-    /// The exact value: sums every CPU's part (O(CPUs)). Exact when no add
-    /// is in flight; otherwise in-flight adds are counted once or not yet.
+    /// The exact value: sums every CPU's part (O(CPUs)). Every add that
+    /// returned before the call is counted exactly once; adds in flight are
+    /// counted once or not yet. (For the designs that move whole parts into
+    /// a shared total, this waits out the moves in flight.)
     fn precise(&self) -> i64;
 
     /// The design's accuracy bound for this counter's machine and batch.
     fn accuracy(&self) -> Accuracy;
 
-    /// Reset the value to `v` by adjusting a bias — never by zeroing parts,
-    /// which would lose adds racing with the reset. Adds concurrent with
-    /// `set` are kept (counted on top of `v`).
+    /// Reset the value to `v` by adjusting a bias (`bias += v − precise()`)
+    /// — never by zeroing parts, which would lose adds racing with the reset.
+    ///
+    /// What it guarantees: adds that returned before `set` was called are
+    /// replaced by `v`; adds that start after it returns count on top of
+    /// `v`; an add concurrent with it is either replaced (if `set`'s precise
+    /// sum counted it) or counted on top of `v` — never lost and never
+    /// counted twice. `set` is not atomic: concurrent calls of `set` itself
+    /// are not serialized (each adjusts by what it read), so reset from one
+    /// thread at a time.
     fn set(&self, v: i64);
 
     /// Exact three-way comparison of the precise value with `v`: decided
@@ -211,6 +225,13 @@ pub(crate) fn spill_worst_case(
     cpus.map(|cpu| Step { cpu, delta }).collect()
 }
 
+/// Whether a band `[lo, hi]` for the precise value reaches past the `i64`
+/// range: the precise value may then have wrapped, and only it can decide.
+#[inline]
+pub(crate) fn wraps(lo: i128, hi: i128) -> bool {
+    lo < i64::MIN as i128 || hi > i64::MAX as i128
+}
+
 /// Decide `precise ⋚ v` knowing `precise ∈ [approximate − over,
 /// approximate + under]`; call `precise` only when that cannot decide.
 pub(crate) fn compare_in_band(
@@ -233,6 +254,9 @@ pub(crate) fn approximate_compare_in_band(
     v: i64,
 ) -> ApproxOrdering {
     let (lo, hi) = accuracy.precise_range(approximate);
+    if wraps(lo, hi) {
+        return ApproxOrdering::Unknown;
+    }
     let v = v as i128;
     if hi < v {
         ApproxOrdering::Less

@@ -8,11 +8,17 @@
 //!
 //! **Bound.** As for [`super::Batched`], per node slot: settled,
 //! `|node| ≤ batch − 1`, so `|precise − approximate| ≤ m·(batch − 1)` on each
-//! side, with `m = min(nodes, MAX_NODE_SLOTS)` node slots.
+//! side, with `m = min(nodes with CPUs, MAX_NODE_SLOTS)` node slots — every
+//! slot has a CPU, so the bound is reached.
 
+use super::total::Total;
 use super::{Accuracy, Config, ConfigError, CounterError, Design, Side, SplitCounter, Step};
 use crate::cpu::Machine;
-use crate::sync::{AtomicI64, Ordering::Relaxed};
+use crate::percpu::SpillTarget;
+use crate::sync::{
+    AtomicI64,
+    Ordering::{AcqRel, Acquire, Relaxed},
+};
 use crossbeam_utils::CachePadded;
 
 /// Most node slots a [`PerNode`] counter keeps.
@@ -21,7 +27,7 @@ pub const MAX_NODE_SLOTS: usize = 32;
 /// One atomic per NUMA node and a global. See the module docs.
 pub struct PerNode {
     nodes: Box<[CachePadded<AtomicI64>]>,
-    global: CachePadded<AtomicI64>,
+    global: CachePadded<Total>,
     /// Node slot of each CPU (`node_of(cpu) % nodes.len()`).
     slot_of: Box<[u8]>,
     batch: i64,
@@ -38,14 +44,26 @@ impl PerNode {
     pub fn with_config(config: &Config) -> Result<PerNode, ConfigError> {
         let batch = config.validated_batch()? as i64;
         let topo = config.machine.topology();
-        let slots = topo.nodes().min(MAX_NODE_SLOTS);
+        // Only nodes with CPUs get a slot (numbered densely, then folded
+        // modulo MAX_NODE_SLOTS): a slot no CPU writes would widen the bound
+        // by `batch − 1` for nothing.
+        let mut dense_node = vec![usize::MAX; topo.nodes().max(1)];
+        let mut with_cpus = 0;
+        for c in 0..topo.cpus() {
+            let n = topo.node_of(c);
+            if dense_node[n] == usize::MAX {
+                dense_node[n] = with_cpus;
+                with_cpus += 1;
+            }
+        }
+        let slots = with_cpus.clamp(1, MAX_NODE_SLOTS);
         Ok(PerNode {
             nodes: (0..slots)
                 .map(|_| CachePadded::new(AtomicI64::new(0)))
                 .collect(),
-            global: CachePadded::new(AtomicI64::new(0)),
+            global: CachePadded::new(Total::default()),
             slot_of: (0..topo.cpus())
-                .map(|c| (topo.node_of(c) % slots) as u8)
+                .map(|c| (dense_node[topo.node_of(c)] % slots) as u8)
                 .collect(),
             batch,
             machine: config.machine.clone(),
@@ -67,10 +85,13 @@ impl PerNode {
         let node = &self.nodes[self.slot_of[cpu] as usize];
         let new = node.fetch_add(delta, Relaxed).wrapping_add(delta);
         if new.unsigned_abs() >= self.batch as u64 {
-            // The swap takes whatever is there, racing adds included, so
-            // each unit moves exactly once.
-            let moved = node.swap(0, Relaxed);
-            self.global.fetch_add(moved, Relaxed);
+            // Announced first, so `precise()` waits for it to land. The swap
+            // takes whatever is there, racing adds included, so each unit
+            // moves exactly once; Release pairs with `precise()`'s Acquire
+            // loads (see `total.rs`).
+            self.global.begin();
+            let moved = node.swap(0, AcqRel);
+            self.global.end(moved);
         }
     }
 }
@@ -111,12 +132,15 @@ impl SplitCounter for PerNode {
     }
 
     fn approximate(&self) -> i64 {
-        self.global.load(Relaxed)
+        self.global.get()
     }
 
+    /// The global and every node, read with no spill in flight.
     fn precise(&self) -> i64 {
-        self.nodes.iter().fold(self.global.load(Relaxed), |acc, n| {
-            acc.wrapping_add(n.load(Relaxed))
+        self.global.consistent_sum(|| {
+            self.nodes
+                .iter()
+                .fold(0i64, |acc, n| acc.wrapping_add(n.load(Acquire)))
         })
     }
 
@@ -127,8 +151,7 @@ impl SplitCounter for PerNode {
     }
 
     fn set(&self, v: i64) {
-        self.global
-            .fetch_add(v.wrapping_sub(self.precise()), Relaxed);
+        self.global.add(v.wrapping_sub(self.precise()));
     }
 
     /// `batch − 1` (of the side's sign) on one CPU of every node slot.

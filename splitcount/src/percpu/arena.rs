@@ -6,7 +6,10 @@
 use super::chunk::{Chunk, REGION_SLOTS};
 use super::path::{self, AddPath, ArenaOptions, SlotIndex};
 use crate::cpu::{self, Machine};
-use crate::sync::{lock, Arc, AtomicI64, Mutex, Ordering::Relaxed};
+use crate::sync::{
+    lock, Arc, AtomicI64, Mutex,
+    Ordering::{AcqRel, Acquire, Relaxed},
+};
 use std::fmt;
 use std::ptr::NonNull;
 
@@ -80,6 +83,20 @@ impl fmt::Display for ArenaError {
 }
 
 impl std::error::Error for ArenaError {}
+
+/// Where a spilling per-CPU step ([`PerCpu::add_spill_current`]) moves
+/// what it takes: the shared total of a `percpu_counter`-like counter, or a
+/// threshold count.
+pub(crate) trait SpillTarget {
+    /// A copy is about to be taken: from now until `end`, its units are in
+    /// neither the copy nor the total.
+    fn begin(&self);
+    /// The spill took `taken` (possibly 0): add it to the total.
+    fn end(&self, taken: i64);
+    /// `delta` could not be added to this CPU's own copy: add it to the
+    /// total instead.
+    fn direct(&self, delta: i64);
+}
 
 /// Memory with one copy per CPU, handed out in [`PerCpu`] allocations.
 ///
@@ -530,9 +547,16 @@ impl PerCpu {
 
     /// The kernel's `percpu_counter` step on the current CPU's copy: add
     /// `delta`; if the new value reaches `|v| ≥ batch`, take the whole copy
-    /// (leaving 0) and return it as `(cpu, taken)` for the caller to move to
-    /// a shared total (`taken` is 0 when nothing spilled). `None` as for
-    /// [`PerCpu::add_current`].
+    /// (leaving 0) and hand it to `target` — announcing the spill with
+    /// [`SpillTarget::begin`] *before* the copy is taken, so that readers
+    /// summing the copies and the total can wait for it to land. A thread
+    /// that cannot update its CPU's own copy hands `delta` to
+    /// [`SpillTarget::direct`].
+    ///
+    /// With rseq, the add that would spill is first left uncommitted; the
+    /// spill is announced and the step run again, armed, on whatever CPU
+    /// the thread runs on by then (nothing was written on the first try, so
+    /// a migration in between leaves no copy at or above the batch).
     ///
     /// # Safety
     /// `index < self.len()`.
@@ -542,34 +566,55 @@ impl PerCpu {
         index: usize,
         delta: i64,
         batch: u64,
-    ) -> Option<(usize, i64)> {
+        target: &impl SpillTarget,
+    ) {
         #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
         if self.rseq_field != 0 {
-            let area = cpu::rseq_area()?;
-            // SAFETY: as in `add_current`.
-            let (cpu, spilled) = unsafe {
-                super::rseq_ops::add_spill(
+            use super::rseq_ops::{add_spill, SpillStep};
+            let Some(area) = cpu::rseq_area() else {
+                return target.direct(delta);
+            };
+            // SAFETY: as in `add_current` (both calls).
+            let step = |armed| unsafe {
+                add_spill(
                     area,
                     self.rseq_field,
                     self.row.wrapping_add(index),
                     self.regions,
                     delta,
                     batch,
+                    armed,
                 )
             };
-            return (cpu < self.regions).then_some((cpu, spilled));
+            match step(false) {
+                SpillStep::Added => {}
+                SpillStep::Unavailable => target.direct(delta),
+                SpillStep::Taken(_) => unreachable!("an unarmed step never takes"),
+                SpillStep::MustArm => {
+                    target.begin();
+                    match step(true) {
+                        SpillStep::Taken(taken) => target.end(taken),
+                        SpillStep::Added => target.end(0),
+                        // Moved to a region this thread cannot write: the
+                        // delta goes to the total, inside the announced spill.
+                        _ => target.end(delta),
+                    }
+                }
+            }
+            return;
         }
-        let region = self.current_region()?;
-        // SAFETY: as in `add_current`.
-        Some((region, unsafe {
-            self.atomic_add_spill(region, index, delta, batch)
-        }))
+        match self.current_region() {
+            // SAFETY: `current_region` is below the regions; `index` from the
+            // caller.
+            Some(region) => unsafe { self.atomic_add_spill(region, index, delta, batch, target) },
+            None => target.direct(delta),
+        }
     }
 
     /// The atomic form of the spill step on one region's copy: `fetch_add`,
-    /// and when the result reaches `|v| ≥ batch`, swap the copy with 0. The
-    /// swap takes whatever is there — adds that raced in since included — so
-    /// each unit moves exactly once. Returns what was taken (0 if nothing).
+    /// and when the result reaches `|v| ≥ batch`, announce the spill and
+    /// swap the copy with 0. The swap takes whatever is there — adds that
+    /// raced in since included — so each unit moves exactly once.
     ///
     /// # Safety
     /// As for [`PerCpu::slot`].
@@ -580,14 +625,31 @@ impl PerCpu {
         index: usize,
         delta: i64,
         batch: u64,
-    ) -> i64 {
+        target: &impl SpillTarget,
+    ) {
         // SAFETY: forwarded from the caller (both calls).
         let new = unsafe { self.atomic_add(region, index, delta) };
         if new.unsigned_abs() >= batch {
-            unsafe { self.slot(region, index) }.swap(0, Relaxed)
-        } else {
-            0
+            target.begin();
+            // Release: a reader that sees the copy taken (Acquire) also sees
+            // the spill announced, and so waits for it (see `Spills`).
+            let taken = unsafe { self.slot(region, index) }.swap(0, AcqRel);
+            target.end(taken);
         }
+    }
+
+    /// [`PerCpu::sum_unchecked`] with Acquire loads: a copy taken by a spill
+    /// is only seen together with the spill's announcement.
+    ///
+    /// # Safety
+    /// `index < self.len()`.
+    #[inline]
+    pub(crate) unsafe fn sum_acquire(&self, index: usize) -> i64 {
+        (0..=self.regions).fold(0i64, |acc, region| {
+            // SAFETY: every region up to the overflow one; `index` from the
+            // caller.
+            acc.wrapping_add(unsafe { self.slot(region, index) }.load(Acquire))
+        })
     }
 
     /// Slot `index` of CPU `cpu`'s own copy, or `None` if either is out of
@@ -629,10 +691,16 @@ impl Drop for PerCpu {
     fn drop(&mut self) {
         // Nobody else can hold `&self` now, so no add races with the zeroing;
         // the lock orders these stores before the next owner's first access.
+        // Only non-zero slots are written: reading a page no CPU ever touched
+        // maps the shared zero page, while writing it would back it with
+        // memory (a tree on 65,536 simulated CPUs cost 254 MiB to drop).
         for cpu in 0..=self.regions {
             for i in 0..self.len {
                 // SAFETY: every region and every slot of this allocation.
-                unsafe { self.slot(cpu, i) }.store(0, Relaxed);
+                let slot = unsafe { self.slot(cpu, i) };
+                if slot.load(Relaxed) != 0 {
+                    slot.store(0, Relaxed);
+                }
             }
         }
         lock(&self.arena.inner.alloc).release(Free {

@@ -132,10 +132,26 @@ pub(crate) unsafe fn add_return(
     (cpu, new)
 }
 
+/// What [`add_spill`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SpillStep {
+    /// Added; the copy of CPU `cpu` stays below the batch.
+    Added,
+    /// Added and the whole copy taken (left at 0): move it to the total.
+    Taken(i64),
+    /// Not armed, and the add would reach the batch: nothing was written.
+    MustArm,
+    /// The thread cannot update its CPU's copy (no registered area, or an
+    /// id beyond the regions): nothing was written.
+    Unavailable,
+}
+
 /// The kernel's `percpu_counter` step in one critical section: add `delta`
-/// to the calling CPU's copy; if the new value reaches `|v| ≥ batch`, store
-/// 0 instead and return `v` as the amount to move to the shared total.
-/// Returns `(cpu, spilled)`; `cpu ≥ regions` means nothing was written.
+/// to the calling CPU's copy; if the new value reaches `|v| ≥ batch` and the
+/// caller is `armed`, store 0 instead and return `v` to be moved to the
+/// shared total; unarmed, leave without writing anything
+/// ([`SpillStep::MustArm`]), so the caller can announce the spill to
+/// readers first and call again armed (on whatever CPU it runs on then).
 ///
 /// # Safety
 /// As for [`add_return`].
@@ -147,11 +163,13 @@ pub(crate) unsafe fn add_spill(
     regions: usize,
     delta: i64,
     batch: u64,
-) -> (usize, i64) {
+    armed: bool,
+) -> SpillStep {
     let cpu: usize;
     let spilled: i64;
     // SAFETY: as in `add_return`; the commit is the single store of either
-    // the new value or 0, chosen with conditional moves before it.
+    // the new value or (armed) 0. An unarmed spill leaves the sequence
+    // before the commit, like an id out of range.
     unsafe {
         std::arch::asm!(
             ".pushsection __rseq_cs, \"aw\"",
@@ -175,23 +193,28 @@ pub(crate) unsafe fn add_spill(
             "add {addr}, {slot0}",
             "mov {new}, qword ptr [{addr}]",
             "add {new}, {delta}",
-            // abs = |new| (i64::MIN stays 2^63 as unsigned: it spills)
-            "mov {abs}, {new}",
-            "neg {abs}",
-            "cmovl {abs}, {new}",
-            "mov {store}, {new}",
-            "xor {spilled:e}, {spilled:e}",
-            "cmp {abs}, {batch}",
-            "mov {abs}, 0",
-            "cmovae {spilled}, {new}",
-            "cmovae {store}, {abs}",
-            "mov qword ptr [{addr}], {store}",
+            // spilled = |new| for the test (i64::MIN stays 2^63 as
+            // unsigned: it spills), then 0 unless this add spills.
+            "mov {spilled}, {new}",
+            "neg {spilled}",
+            "cmovl {spilled}, {new}",
+            "cmp {spilled}, {batch}",
+            "mov {spilled:e}, 0",
+            "jb 26f",
+            "test {armed}, {armed}",
+            "jz 27f",
+            "mov {spilled}, {new}",
+            "xor {new:e}, {new:e}",
+            "26:",
+            "mov qword ptr [{addr}], {new}",
             "23:",
             "jmp 25f",
             ".byte 0x0f, 0xb9, 0x3d",
             ".long 0x53053053",
             "24:",
             "jmp 21b",
+            "27:",
+            "mov {cpu}, -1",
             "25:",
             "mov qword ptr [{area} + 8], 0",
             area = in(reg) area,
@@ -200,14 +223,18 @@ pub(crate) unsafe fn add_spill(
             regions = in(reg) regions,
             delta = in(reg) delta,
             batch = in(reg) batch,
+            armed = in(reg) armed as usize,
             cpu = out(reg) cpu,
             spilled = out(reg) spilled,
             addr = out(reg) _,
             new = out(reg) _,
-            abs = out(reg) _,
-            store = out(reg) _,
             options(nostack),
         );
     }
-    (cpu, spilled)
+    match cpu {
+        usize::MAX => SpillStep::MustArm,
+        c if c >= regions => SpillStep::Unavailable,
+        _ if spilled != 0 => SpillStep::Taken(spilled),
+        _ => SpillStep::Added,
+    }
 }
