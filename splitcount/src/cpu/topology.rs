@@ -145,8 +145,10 @@ impl Topology {
     }
 
     /// A simulated machine of `cpus` CPUs (ids `0..cpus`, all online) spread
-    /// over `nodes` NUMA nodes in contiguous blocks, with one shared cache per
-    /// node at level 3. Usable wherever the host topology is.
+    /// over `nodes` NUMA nodes in contiguous blocks whose sizes differ by at
+    /// most one (so every node has CPUs), with one shared cache per node at
+    /// level 3. Usable wherever the host topology is; built in
+    /// `O(cpus + nodes)`, so a machine of 2²⁰ CPUs on 2¹⁶ nodes is instant.
     pub fn simulated(cpus: usize, nodes: usize) -> Result<Topology, TopologyError> {
         if cpus == 0 || cpus > MAX_CPUS {
             return Err(TopologyError::BadCpuCount(cpus));
@@ -155,9 +157,10 @@ impl Topology {
             return Err(TopologyError::BadNodeCount { nodes, cpus });
         }
         let mut t = Topology::uniform(cpus, nodes);
-        let domains = (0..nodes)
-            .map(|node| (0..cpus).filter(|&c| t.node_of[c] == node).collect())
-            .collect();
+        let mut domains: Vec<Vec<usize>> = vec![Vec::new(); nodes];
+        for (cpu, &node) in t.node_of.iter().enumerate() {
+            domains[node].push(cpu);
+        }
         t.caches = vec![CacheLevel {
             level: 3,
             kind: "Unified".to_owned(),
@@ -167,13 +170,16 @@ impl Topology {
         Ok(t)
     }
 
-    /// `cpus` CPUs numbered densely, `nodes` contiguous blocks of them.
+    /// `cpus` CPUs numbered densely, `nodes ≤ cpus` contiguous blocks of them
+    /// (CPU `c` on node `⌊c · nodes / cpus⌋`: every node gets `⌊cpus/nodes⌋`
+    /// or one more).
     fn uniform(cpus: usize, nodes: usize) -> Topology {
-        let per_node = cpus.div_ceil(nodes);
         Topology {
             possible: (0..cpus as u32).collect(),
             online: (0..cpus).collect(),
-            node_of: (0..cpus).map(|c| (c / per_node).min(nodes - 1)).collect(),
+            node_of: (0..cpus)
+                .map(|c| (c as u128 * nodes as u128 / cpus as u128) as usize)
+                .collect(),
             nodes,
             node_ids: (0..nodes as u32).collect(),
             caches: Vec::new(),
@@ -495,6 +501,25 @@ mod tests {
         assert_eq!(t.cpus_of_node(7).len(), 512);
         let t = Topology::simulated(3, 2).unwrap();
         assert_eq!((0..3).map(|c| t.node_of(c)).collect::<Vec<_>>(), [0, 0, 1]);
+        let t = Topology::simulated(4, 3).unwrap();
+        assert_eq!(
+            (0..4).map(|c| t.node_of(c)).collect::<Vec<_>>(),
+            [0, 0, 1, 2],
+            "every node has CPUs"
+        );
+    }
+
+    #[test]
+    fn huge_simulated_machines_are_built_in_linear_time() {
+        // A quadratic build (2³⁶ steps) would not finish; this takes well
+        // under a second.
+        let t = Topology::simulated(MAX_CPUS, MAX_NODES).unwrap();
+        assert_eq!((t.cpus(), t.nodes()), (MAX_CPUS, MAX_NODES));
+        assert_eq!(t.caches()[0].domains.len(), MAX_NODES);
+        assert!(t.caches()[0]
+            .domains
+            .iter()
+            .all(|d| d.len() == MAX_CPUS / MAX_NODES));
     }
 
     #[test]
