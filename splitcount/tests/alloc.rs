@@ -344,3 +344,86 @@ fn a_realloc_whose_header_passes_isize_max_is_refused_before_the_inner_allocator
     // SAFETY: the failed realloc left `p` allocated with `l`.
     unsafe { a.dealloc(p, l) };
 }
+
+/// `fork` while threads allocate at a limit (so stock locks are taken and
+/// drains run all the time): every child can allocate, be refused (which
+/// drains the stocks) and drain, and exits — none hangs on a lock a parent
+/// thread held at the fork.
+#[test]
+fn forked_children_start_with_usable_stocks() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use std::sync::Arc;
+    let g = fresh("forking");
+    g.set_max(256 << 10).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..3u64)
+        .map(|t| {
+            let (g, stop) = (g.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng::new(t + 1);
+                let mut held: Vec<Vec<u8>> = Vec::new();
+                while !stop.load(Relaxed) {
+                    g.scope(|| {
+                        let mut v = Vec::new();
+                        if v.try_reserve(1 + rng.below(96 << 10) as usize).is_ok() {
+                            held.push(v);
+                        }
+                        if held.len() > 4 {
+                            held.remove(0);
+                        }
+                    });
+                    if rng.below(16) == 0 {
+                        ALLOC.drain();
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut hung = 0;
+    for _ in 0..40 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        // SAFETY: the child only allocates, uses splitcount and `_exit`s.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // (`try_reserve` only: at the limit a plain allocation would be
+            // refused, and Rust aborts on that.)
+            let refused = g.scope(|| {
+                let mut small: Vec<u8> = Vec::new();
+                let _ = small.try_reserve(1000);
+                let mut big: Vec<u8> = Vec::new();
+                big.try_reserve(1 << 20).is_err()
+            });
+            ALLOC.drain();
+            // SAFETY: leaving the child without running the parent's
+            // destructors or test harness.
+            unsafe { libc::_exit(if refused { 0 } else { 3 }) };
+        }
+        assert!(pid > 0, "fork failed");
+        let start = std::time::Instant::now();
+        let mut status = 0;
+        loop {
+            // SAFETY: waiting for our own child without blocking.
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if r == pid {
+                assert!(libc::WIFEXITED(status), "child died: {status:#x}");
+                assert_eq!(libc::WEXITSTATUS(status), 0, "the child was not refused");
+                break;
+            }
+            if start.elapsed() > std::time::Duration::from_secs(10) {
+                // SAFETY: killing and reaping our own hung child.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, &mut status, 0);
+                }
+                hung += 1;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    stop.store(true, Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(hung, 0, "children hung after fork");
+}

@@ -486,3 +486,84 @@ fn a_panicking_hook_declines_instead_of_unwinding_through_the_charge() {
     );
     assert_eq!(g.events().oom, 1);
 }
+
+/// Nothing recurses with the depth of the tree: a 5,000-deep chain is
+/// created, charged and updated at the bottom, flushed, snapshotted,
+/// serialized and dropped on a thread with a 256 KiB stack (recursion
+/// through 5,000 levels needs several times that).
+#[test]
+fn a_very_deep_chain_needs_no_deep_stack() {
+    use splitcount::stat::StatItem;
+    const DEPTH: usize = 5_000;
+    std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(|| {
+            let h = Hierarchy::new(HierarchyConfig::default().stats(vec![StatItem::gauge("anon")]))
+                .unwrap();
+            let anon = h.stat_id("anon").unwrap();
+            let mut bottom = h.root();
+            for _ in 0..DEPTH {
+                bottom = bottom.child("g").unwrap();
+            }
+            bottom.set_max(100).unwrap();
+            bottom.charge(5).unwrap();
+            bottom.mod_stat(anon, 7).unwrap();
+            let snap = h.root().snapshot();
+            assert_eq!(snap.groups.len(), DEPTH + 1);
+            assert_eq!(snap.groups[DEPTH].parent, Some(DEPTH - 1));
+            assert_eq!(snap.root().stats["anon"], 7);
+            assert!(snap.root().usage >= 5);
+            let json = serde_json::to_string(&snap).unwrap();
+            assert!(json.len() > DEPTH);
+            drop(snap);
+            drop(h);
+            // The last handle: the whole chain goes with it.
+            drop(bottom);
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+/// The reviewer's sequence: batch 64, a parent limited to 100. An
+/// uncharge of more than the group holds must not be stocked — later
+/// charges would take units no one paid for — but clamped and counted.
+#[test]
+fn an_over_uncharge_is_never_stocked_for_later_charges() {
+    let (_m, h) = sim(2, 64);
+    let parent = h.root().child("p").unwrap();
+    parent.set_max(100).unwrap();
+    let a = parent.child("a").unwrap();
+    let b = parent.child("b").unwrap();
+    a.charge(100).unwrap();
+    a.uncharge(164);
+    assert_eq!(a.events().underflow, 1, "the over-uncharge is counted");
+    assert_eq!((a.usage(), parent.usage()), (0, 0));
+    a.charge(64).unwrap();
+    let e = b.charge(100).unwrap_err();
+    assert_eq!((e.group.as_str(), e.usage), ("/p", 64));
+    h.drain_stocks();
+    assert_eq!(parent.usage(), 64, "exactly what is held");
+}
+
+/// A small over-uncharge, within the stock's batch, is clamped where it is
+/// seen: nothing is stocked that the usage cannot account for, and nothing
+/// is taken from the units that back this CPU's stock — so the limit holds
+/// at once, without waiting for a drain.
+#[test]
+fn a_small_over_uncharge_is_clamped_not_stocked() {
+    let (_m, h) = sim(1, 64);
+    let g = h.root().child("g").unwrap();
+    g.set_max(64).unwrap();
+    g.charge(1).unwrap(); // 64 charged: 1 in use, 63 stocked
+    g.uncharge(10); // 9 more than in use
+    assert_eq!(g.events().underflow, 1, "counted when it happens");
+    let mut granted = 0;
+    while g.charge(1).is_ok() {
+        granted += 1;
+        assert!(granted <= 64, "the limit of 64 no longer holds");
+    }
+    assert_eq!(granted, 64, "exactly the limit, nothing more, nothing less");
+    h.drain_stocks();
+    assert_eq!(g.usage(), 64);
+}

@@ -276,13 +276,15 @@ fn the_text_dump_and_the_snapshot() {
         "anon 12288\nfile 0\nfaults 2\nlocal_anon 4096\nlocal_file 0\nlocal_faults 0\n"
     );
     let snap = a.snapshot();
-    assert_eq!(snap.stats["anon"], 12288);
-    assert_eq!(snap.max, Some(1 << 20));
-    assert_eq!(snap.children.len(), 1);
-    assert_eq!(snap.children[0].local["faults"], 2);
+    assert_eq!(snap.root().stats["anon"], 12288);
+    assert_eq!(snap.root().max, Some(1 << 20));
+    let children: Vec<_> = snap.children(0).collect();
+    assert_eq!(children.len(), 1);
+    assert_eq!(children[0].local["faults"], 2);
     let json = serde_json::to_value(&snap).unwrap();
-    assert_eq!(json["children"][0]["path"], "/a/b");
-    assert_eq!(json["high"], serde_json::Value::Null);
+    assert_eq!(json["groups"][1]["path"], "/a/b");
+    assert_eq!(json["groups"][1]["parent"], 0);
+    assert_eq!(json["groups"][0]["high"], serde_json::Value::Null);
 }
 
 #[test]

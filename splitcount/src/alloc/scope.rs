@@ -88,11 +88,7 @@ impl Group {
     /// allocation charged to this group is refused by a limit; if it returns
     /// `true` (it freed memory), the allocation is tried once more.
     pub fn on_alloc_refusal(&self, hook: crate::charge::RefusalHook) {
-        *self
-            .byte_account()
-            .hook
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(hook);
+        self.byte_account().set_hook(Some(hook));
     }
 
     /// Run `f` with this thread's allocations charged to this group.

@@ -239,7 +239,7 @@ impl<A> Accounted<A> {
             // hook that panics has declined: the unwind stops here (it must
             // never leave `GlobalAlloc::alloc`), the panic hook has already
             // reported it, and the flag is restored by its guard.
-            let own = *acc.hook.lock().unwrap_or_else(|e| e.into_inner());
+            let own = acc.hook();
             let freed = [own, st.hook].into_iter().flatten().any(|hook| {
                 without_accounting(|| std::panic::catch_unwind(|| hook(&refusal)).unwrap_or(false))
             });

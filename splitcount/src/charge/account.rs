@@ -15,8 +15,11 @@ use crate::sync::Arc;
 pub struct ByteAccount {
     pub(crate) counter: Arc<UsageCounter>,
     /// Called when an allocation charged here is refused (see
-    /// `Group::on_alloc_refusal`). A mutex, taken only on refusals.
-    pub(crate) hook: std::sync::Mutex<Option<RefusalHook>>,
+    /// `Group::on_alloc_refusal`): a `RefusalHook` as an address, 0 for
+    /// none. An atomic word rather than a mutex, so the refusal path takes
+    /// no lock (a lock another thread held at a `fork` would never be
+    /// released in the child).
+    hook: std::sync::atomic::AtomicUsize,
 }
 
 /// A refused allocation: the numbers of the usage counter that refused.
@@ -49,12 +52,32 @@ impl ByteAccount {
     pub(crate) fn leak(counter: Arc<UsageCounter>) -> &'static ByteAccount {
         Box::leak(Box::new(ByteAccount {
             counter,
-            hook: std::sync::Mutex::new(None),
+            hook: std::sync::atomic::AtomicUsize::new(0),
         }))
     }
 
     /// The usage counter bytes are charged to.
     pub fn counter(&self) -> &UsageCounter {
         &self.counter
+    }
+
+    /// Install (or, with `None`, remove) the refusal hook.
+    pub(crate) fn set_hook(&self, hook: Option<RefusalHook>) {
+        // Release: publishes the hook's address (a function: nothing else
+        // to publish, but the pairing is free).
+        self.hook.store(
+            hook.map_or(0, |h| h as usize),
+            std::sync::atomic::Ordering::Release,
+        );
+    }
+
+    /// The refusal hook, if any.
+    pub(crate) fn hook(&self) -> Option<RefusalHook> {
+        match self.hook.load(std::sync::atomic::Ordering::Acquire) {
+            0 => None,
+            // SAFETY: only `set_hook` stores non-zero values, each the
+            // address of a `RefusalHook`.
+            addr => Some(unsafe { std::mem::transmute::<usize, RefusalHook>(addr) }),
+        }
     }
 }

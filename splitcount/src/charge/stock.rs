@@ -27,6 +27,13 @@
 //! **Slack.** Stocked units are charged, so usage never exceeds a limit
 //! because of the stock; it may *over*-report real use by at most
 //! `batch · slots · ncpu` units across the machine.
+//!
+//! **`fork`.** A child process has only the thread that forked; a block
+//! lock held by any other thread at that moment would never be released
+//! there, and the child's next drain (a refused allocation, say) would wait
+//! for ever. `pthread_atfork` handlers take every stock's block locks before
+//! the fork — so no block is mid-update — and release them in the parent
+//! and in the child (see `fork.rs`).
 
 use super::usage::UsageCounter;
 use crate::sync::{
@@ -101,6 +108,8 @@ struct CpuStock {
 
 /// The per-CPU stocks of one hierarchy. See the module docs.
 pub struct Stock {
+    /// Boxed, so the blocks stay where the fork registry saw them while
+    /// the `Stock` itself moves.
     cpus: Box<[CachePadded<CpuStock>]>,
     batch: u64,
     slots: usize,
@@ -200,7 +209,7 @@ impl Stock {
         if !(1..=MAX_STOCK_BATCH).contains(&batch) {
             return Err(StockError::Batch(batch));
         }
-        Ok(Stock {
+        let stock = Stock {
             cpus: (0..cpus)
                 .map(|_| {
                     CachePadded::new(CpuStock {
@@ -215,7 +224,10 @@ impl Stock {
                 .collect(),
             batch,
             slots,
-        })
+        };
+        #[cfg(all(unix, not(loom)))]
+        fork::register(&stock.cpus);
+        Ok(stock)
     }
 
     /// The batch: a miss charges this many units at once.
@@ -302,6 +314,49 @@ impl Stock {
         left
     }
 
+    /// Return `n` units the caller had charged to `counter` (an uncharge)
+    /// through CPU `cpu`'s stock, like [`Stock::stash`] — unless the
+    /// counter's usage cannot account for them: units in a stock are
+    /// charged, so a slot may never hold more than the counter's usage. An
+    /// uncharge larger than the usage minus what this slot already holds is
+    /// a caller's over-uncharge: stocking it would let later charges take
+    /// units no one paid for (a limit of 100 let 164 units through), and
+    /// taking it all from the counter would take units that back this slot.
+    /// It is clamped instead — only what the usage can account for comes back
+    /// (to be uncharged from the counter directly) — and the counter records
+    /// an `underflow` event.
+    pub fn give_back(&self, cpu: usize, counter: &Arc<UsageCounter>, n: u64) -> Leftovers {
+        let mut left = Leftovers::default();
+        if n == 0 {
+            return left;
+        }
+        let Some(locked) = self.cpu(cpu).try_lock() else {
+            left.push(counter.clone(), n);
+            return left;
+        };
+        let held = locked.with(|s| {
+            (0..self.slots)
+                .find(|&i| {
+                    s.counters[i]
+                        .as_ref()
+                        .is_some_and(|c| Arc::ptr_eq(c, counter))
+                })
+                .map_or(0, |i| s.units[i] as u64)
+        });
+        // Relaxed: a bound check. Correct callers always pass it (usage ≥
+        // their own units + every stocked unit); concurrent charges only
+        // raise the usage, and concurrent uncharges and drains on other CPUs
+        // lower it by units that were not this caller's.
+        let free = counter.usage().saturating_sub(held);
+        if free < n {
+            counter.record_underflow();
+            left.push(counter.clone(), free);
+            return left;
+        }
+        drop(locked);
+        self.stash(cpu, counter, n)
+    }
+
     /// Take one of CPU `cpu`'s slots whose counter satisfies `which`,
     /// waiting for the CPU's lock.
     fn take_one(
@@ -352,6 +407,121 @@ impl Stock {
                 })
             })
             .sum()
+    }
+}
+
+impl CpuStock {
+    /// Take the lock, waiting; for the fork handler.
+    #[cfg(all(unix, not(loom)))]
+    fn lock_for_fork(&self) {
+        std::mem::forget(self.lock());
+    }
+
+    /// Release a lock taken by [`CpuStock::lock_for_fork`].
+    #[cfg(all(unix, not(loom)))]
+    fn unlock_after_fork(&self) {
+        drop(Locked { cpu: self });
+    }
+}
+
+#[cfg(all(unix, not(loom)))]
+impl Drop for Stock {
+    fn drop(&mut self) {
+        fork::unregister(&self.cpus);
+    }
+}
+
+/// Every live stock's blocks, so that `fork` can quiesce them.
+#[cfg(all(unix, not(loom)))]
+mod fork {
+    use super::CpuStock;
+    use crossbeam_utils::CachePadded;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Once;
+
+    /// The registry: block slices, by address. Guarded by a spin lock of
+    /// our own, because the prepare handler keeps it locked across the
+    /// fork and the handlers in parent and child release it (a `Mutex`
+    /// guard cannot be carried from one handler to the other).
+    struct Registry {
+        locked: AtomicBool,
+        blocks: std::cell::UnsafeCell<Vec<(usize, usize)>>,
+    }
+
+    // SAFETY: `blocks` is only accessed while `locked` is held.
+    unsafe impl Sync for Registry {}
+
+    static REGISTRY: Registry = Registry {
+        locked: AtomicBool::new(false),
+        blocks: std::cell::UnsafeCell::new(Vec::new()),
+    };
+
+    fn lock() {
+        // Acquire/Release: the flag guards `blocks`.
+        while REGISTRY
+            .locked
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+    }
+
+    fn unlock() {
+        REGISTRY.locked.store(false, Ordering::Release);
+    }
+
+    /// Run `f` on the registered slices, with the registry locked.
+    fn with_blocks<R>(f: impl FnOnce(&mut Vec<(usize, usize)>) -> R) -> R {
+        lock();
+        // SAFETY: the registry lock is held.
+        let r = f(unsafe { &mut *REGISTRY.blocks.get() });
+        unlock();
+        r
+    }
+
+    pub(super) fn register(blocks: &[CachePadded<CpuStock>]) {
+        static HANDLERS: Once = Once::new();
+        HANDLERS.call_once(|| {
+            // SAFETY: the handlers are `extern "C"` functions without
+            // arguments that never unwind.
+            unsafe { libc::pthread_atfork(Some(prepare), Some(release), Some(release)) };
+        });
+        with_blocks(|b| b.push((blocks.as_ptr() as usize, blocks.len())));
+    }
+
+    pub(super) fn unregister(blocks: &[CachePadded<CpuStock>]) {
+        let key = (blocks.as_ptr() as usize, blocks.len());
+        with_blocks(|b| b.retain(|&e| e != key));
+    }
+
+    fn each_block(f: impl Fn(&CpuStock)) {
+        // SAFETY: called with the registry lock held (between `prepare`
+        // and `release`); every registered slice belongs to a live stock
+        // (unregistered in `Drop` before it is freed, which needs this
+        // lock).
+        for &(ptr, len) in unsafe { &*REGISTRY.blocks.get() }.iter() {
+            let blocks =
+                unsafe { std::slice::from_raw_parts(ptr as *const CachePadded<CpuStock>, len) };
+            for b in blocks {
+                f(b);
+            }
+        }
+    }
+
+    /// Before `fork`: hold the registry (no stock comes or goes) and every
+    /// block lock (no block is mid-update). Each critical section is a few
+    /// instructions, so this waits very little.
+    extern "C" fn prepare() {
+        lock();
+        each_block(CpuStock::lock_for_fork);
+    }
+
+    /// After `fork`, in the parent and in the child (whose only thread is
+    /// this one): release what `prepare` took.
+    extern "C" fn release() {
+        each_block(CpuStock::unlock_after_fork);
+        unlock();
     }
 }
 

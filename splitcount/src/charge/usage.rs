@@ -278,6 +278,11 @@ impl UsageCounter {
             .inspect_err(|refuser| refuser.record_max())
     }
 
+    /// Count an uncharge of more than this counter held (clamped elsewhere).
+    pub(crate) fn record_underflow(&self) {
+        self.events.underflow.fetch_add(1, Relaxed);
+    }
+
     /// Count a refusal at this counter (a `max` event).
     pub(crate) fn record_max(&self) {
         self.events.max.fetch_add(1, Relaxed);
@@ -359,6 +364,21 @@ impl UsageCounter {
                     return take;
                 }
                 Err(seen) => cur = seen,
+            }
+        }
+    }
+}
+
+impl Drop for UsageCounter {
+    /// Drop the chain of parents this counter held the last reference to
+    /// one by one, not recursively (deep chains must not overflow the
+    /// stack).
+    fn drop(&mut self) {
+        let mut next = self.parent.take();
+        while let Some(parent) = next {
+            match Arc::try_unwrap(parent) {
+                Ok(mut counter) => next = counter.parent.take(),
+                Err(_) => break,
             }
         }
     }

@@ -3,7 +3,7 @@
 use super::hierarchy::Shared;
 use super::hooks::{self, OomHook, PressureHook, ReclaimHook};
 use super::node::Node;
-use super::snapshot::{limit, GroupSnapshot};
+use super::snapshot::{limit, GroupSnapshot, Snapshot};
 use super::{ChargeError, ChargeErrorKind, GroupError};
 use crate::charge::{Consumed, Events, UsageCounter, MAX_REQUEST};
 use crate::stat::{StatError, StatId};
@@ -315,12 +315,15 @@ impl Group {
 
     /// Return `n` units: into this CPU's stock (whose excess above the batch
     /// goes back to the usage counters), or straight to the counters when
-    /// the stock is busy. Uncharging more than was charged clamps the usage
-    /// at zero and records an `underflow` event when the excess reaches the
-    /// counter — with the stock, when it overflows the batch or is drained,
-    /// which can count one bad call more than once: the event says *that*
-    /// the caller's accounting is wrong, not how often. Only what the group
-    /// held is subtracted from its ancestors, so siblings are never harmed.
+    /// the stock is busy.
+    ///
+    /// Uncharging more than was charged is a caller's bug with a defined
+    /// outcome: the usage is clamped at zero and an `underflow` event is
+    /// recorded. An uncharge the group's usage cannot account for is never
+    /// stocked (stocked units are charged ones: keeping it would let later
+    /// charges exceed the limit); it goes to the counter, which clamps and
+    /// counts. Only what the group held is subtracted from its ancestors, so
+    /// siblings are never harmed.
     #[inline]
     pub fn uncharge(&self, n: u64) {
         if n == 0 {
@@ -328,7 +331,7 @@ impl Group {
         }
         let node = self.live();
         let cpu = self.shared.config.machine.current_cpu();
-        let _ = self.shared.stock.stash(cpu, &node.usage, n).uncharge();
+        let _ = self.shared.stock.give_back(cpu, &node.usage, n).uncharge();
     }
 
     /// Remove the group: refused for the root and for a group with live
@@ -412,13 +415,26 @@ impl Group {
         out
     }
 
-    /// A structured snapshot of this group's subtree, after forcing a flush.
-    pub fn snapshot(&self) -> GroupSnapshot {
+    /// A structured snapshot of this group's subtree (live groups), after
+    /// forcing a flush: flat, in pre-order (see [`Snapshot`]). Taken
+    /// without recursion, whatever the tree's depth.
+    pub fn snapshot(&self) -> Snapshot {
         self.flush(true);
-        self.snapshot_flushed()
+        let mut groups = Vec::new();
+        // Depth first with an explicit stack: (group, its parent's index);
+        // children pushed in reverse so that they come out by name.
+        let mut stack = vec![(self.clone(), None)];
+        while let Some((g, parent)) = stack.pop() {
+            let at = groups.len();
+            groups.push(g.group_snapshot(parent));
+            let mut children = g.children();
+            children.reverse();
+            stack.extend(children.into_iter().map(|c| (c, Some(at))));
+        }
+        Snapshot { groups }
     }
 
-    fn snapshot_flushed(&self) -> GroupSnapshot {
+    fn group_snapshot(&self, parent: Option<usize>) -> GroupSnapshot {
         let items = self.shared.stats.items();
         let named = |f: &dyn Fn(usize) -> i64| {
             items
@@ -429,6 +445,7 @@ impl Group {
         };
         GroupSnapshot {
             path: self.path().to_owned(),
+            parent,
             usage: self.usage(),
             max: limit(self.max()),
             high: limit(self.high()),
@@ -436,11 +453,6 @@ impl Group {
             events: self.events(),
             stats: named(&|i| self.node.stats.hier(i)),
             local: named(&|i| self.node.stats.local(i)),
-            children: self
-                .children()
-                .iter()
-                .map(Group::snapshot_flushed)
-                .collect(),
         }
     }
 }

@@ -34,4 +34,4 @@ pub use handle::{Group, MAX_RECLAIM_RETRIES};
 pub use hierarchy::{Hierarchy, HierarchyConfig, DEFAULT_FLUSH_PERIOD};
 pub use hooks::{OomHook, PressureHook, ReclaimHook};
 pub use name::{validate_name, MAX_NAME_LEN};
-pub use snapshot::GroupSnapshot;
+pub use snapshot::{GroupSnapshot, Snapshot};

@@ -96,3 +96,18 @@ impl Node {
         }
     }
 }
+
+impl Drop for Node {
+    /// Drop the chain of parents this node held the last reference to one
+    /// by one, instead of recursively: a chain of tens of thousands of
+    /// groups must not overflow the stack when its last handle goes.
+    fn drop(&mut self) {
+        let mut next = self.read.parent.take();
+        while let Some(parent) = next {
+            match Arc::try_unwrap(parent) {
+                Ok(mut node) => next = node.read.parent.take(),
+                Err(_) => break, // someone else keeps it (and its parents)
+            }
+        }
+    }
+}

@@ -33,6 +33,29 @@ pub(crate) struct UpdateNode {
     pub(crate) own: AtomicBool,
 }
 
+/// Where a full per-CPU batch of update counts goes: the group's shared
+/// `stats_updates` (a count, so nothing needs announcing).
+struct UpdateCount<'a>(&'a AtomicU64);
+
+impl crate::percpu::SpillTarget for UpdateCount<'_> {
+    fn begin(&self) {}
+
+    #[inline]
+    fn end(&self, moved: i64) {
+        self.direct(moved);
+    }
+
+    #[inline]
+    fn direct(&self, units: i64) {
+        if units != 0 {
+            // Release: a flusher whose Acquire snapshot of the count includes
+            // these units also sees the value update made before them (and
+            // so folds it): see `Stats::flush`.
+            self.0.fetch_add(units.unsigned_abs(), Release);
+        }
+    }
+}
+
 /// One group's statistics. See the module docs of [`crate::stat`].
 ///
 /// A group belongs to the [`Stats`] that made it: its per-CPU slots come
@@ -228,16 +251,10 @@ impl StatGroup {
         let mut g = Some(self);
         while let Some(x) = g {
             // SAFETY: slot 0 of a one-slot allocation.
-            let moved = match unsafe { x.unflushed.add_spill_current(0, abs, STAT_BATCH) } {
-                Some((_, moved)) => moved.unsigned_abs(),
-                None => abs as u64,
+            unsafe {
+                x.unflushed
+                    .add_spill_current(0, abs, STAT_BATCH, &UpdateCount(&x.stats_updates))
             };
-            if moved != 0 {
-                // Release: a flusher whose Acquire snapshot of the count
-                // includes these units also sees the value update made
-                // before them (and so folds it): see `Stats::flush`.
-                x.stats_updates.fetch_add(moved, Release);
-            }
             g = x.parent.as_deref();
         }
     }
@@ -330,6 +347,20 @@ impl StatGroup {
     /// The folded local value of `item` (no flush).
     pub(crate) fn local(&self, item: usize) -> i64 {
         self.folded[item].load(Relaxed)
+    }
+}
+
+impl Drop for StatGroup {
+    /// Drop the chain of parents this group held the last reference to one
+    /// by one, not recursively (deep chains must not overflow the stack).
+    fn drop(&mut self) {
+        let mut next = self.parent.take();
+        while let Some(parent) = next {
+            match Arc::try_unwrap(parent) {
+                Ok(mut group) => next = group.parent.take(),
+                Err(_) => break,
+            }
+        }
     }
 }
 
