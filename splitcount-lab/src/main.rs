@@ -110,6 +110,15 @@ struct Shape {
 }
 
 fn main() -> ExitCode {
+    // Like other Unix tools, end quietly when the reader goes away
+    // (`splitcount-lab machine | head -c1`): restore the default SIGPIPE
+    // action, which Rust's runtime sets to "ignore" (making every later
+    // write fail, and `println!` panic).
+    #[cfg(unix)]
+    // SAFETY: resetting a signal's disposition before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

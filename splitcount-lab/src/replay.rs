@@ -31,8 +31,16 @@ pub fn run(spec: &Spec, input: impl BufRead, mut out: impl Write) -> Result<(), 
         if line.trim().is_empty() {
             continue;
         }
-        let Input { cpu, delta } = serde_json::from_str(&line)
-            .map_err(|e| format!("line {line_no}: expected {{\"cpu\":N,\"delta\":N}}: {e}"))?;
+        // Only the documented object form: serde would also take `[cpu, delta]`.
+        let expected =
+            |why: String| format!("line {line_no}: expected {{\"cpu\":N,\"delta\":N}}: {why}");
+        let value: serde_json::Value =
+            serde_json::from_str(&line).map_err(|e| expected(e.to_string()))?;
+        if !value.is_object() {
+            return Err(expected(format!("got {value}")));
+        }
+        let Input { cpu, delta } =
+            serde_json::from_value(value).map_err(|e| expected(e.to_string()))?;
         c.add_on(cpu, delta)
             .map_err(|e| format!("line {line_no}: {e}"))?;
         let o = Output {

@@ -264,3 +264,49 @@ fn bench_layout_reports_each_role_against_the_padded_layout() {
         assert_eq!(l["baseline"], format!("padded-{role}"));
     }
 }
+
+/// Output cut short by the reader (`| head -c1`) ends the lab quietly, as
+/// it does other Unix tools: no panic message, killed by SIGPIPE.
+#[test]
+fn a_closed_pipe_ends_the_lab_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    for args in [
+        &["machine"][..],
+        &["accuracy", "--json", "--cpus", "2,4,8,16,32,64"][..],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_splitcount-lab"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = [0u8; 1];
+        child
+            .stdout
+            .as_mut()
+            .unwrap()
+            .read_exact(&mut first)
+            .unwrap();
+        drop(child.stdout.take()); // the reader goes away
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(
+            out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+            "{args:?}: {:?}",
+            out.status
+        );
+    }
+}
+
+/// `replay` takes only the documented object form: `[3,5]` is refused.
+#[test]
+fn replay_refuses_lines_that_are_not_objects() {
+    let (ok, _, err) = lab(&["replay", "--design", "tree", "--cpus", "4"], "[3,5]\n");
+    assert!(!ok);
+    assert!(
+        err.contains("line 1") && err.contains("expected {\"cpu\":N,\"delta\":N}"),
+        "{err}"
+    );
+}
