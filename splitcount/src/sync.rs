@@ -14,7 +14,8 @@
 #[allow(unused_imports)]
 pub(crate) use std::sync::{
     atomic::{
-        fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+        fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
+        Ordering,
     },
     Arc, Mutex, MutexGuard,
 };
@@ -23,7 +24,8 @@ pub(crate) use std::sync::{
 #[allow(unused_imports)]
 pub(crate) use loom::sync::{
     atomic::{
-        fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+        fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
+        Ordering,
     },
     Arc, Mutex, MutexGuard,
 };

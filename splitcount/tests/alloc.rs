@@ -9,6 +9,7 @@ mod common;
 
 use common::Rng;
 use splitcount::alloc::{take_last_refusal, Accounted};
+use splitcount::charge::Enforcement;
 use splitcount::group::{Group, Hierarchy};
 use std::alloc::System;
 use std::sync::OnceLock;
@@ -20,13 +21,22 @@ fn memory() -> &'static Hierarchy {
     static H: OnceLock<Hierarchy> = OnceLock::new();
     H.get_or_init(|| {
         let h = Hierarchy::default();
-        ALLOC.attach(&h, None).unwrap();
+        ALLOC.attach(&h).unwrap();
         h
     })
 }
 
 fn fresh(name: &str) -> Group {
     memory().root().child(name).unwrap()
+}
+
+/// A fresh group with a hard limit that refuses (the allocator returns
+/// null over it) instead of the default cooperative over-charge.
+fn refusing(name: &str, max: u64) -> Group {
+    let g = fresh(name);
+    g.set_max(max).unwrap();
+    g.set_enforcement(Enforcement::Refuse);
+    g
 }
 
 /// Usage once the allocator's stocked bytes are returned.
@@ -64,8 +74,7 @@ fn a_free_on_another_thread_uncharges_the_allocating_group() {
 
 #[test]
 fn a_limit_refuses_try_reserve_past_it_while_smaller_allocations_work() {
-    let g = fresh("limited");
-    g.set_max(1 << 20).unwrap();
+    let g = refusing("limited", 1 << 20);
     g.scope(|| {
         let mut big: Vec<u8> = Vec::new();
         assert!(
@@ -74,6 +83,7 @@ fn a_limit_refuses_try_reserve_past_it_while_smaller_allocations_work() {
         );
         let r = take_last_refusal().expect("the refusal is recorded");
         assert_eq!((r.request, r.limit), (2 << 20, 1 << 20));
+        assert_eq!(r.group, "/limited", "the refusal names the refusing group");
         let small: Vec<u8> = vec![7; 100_000];
         assert_eq!(small.len(), 100_000);
     });
@@ -132,10 +142,17 @@ fn frees_during_thread_teardown_are_accounted() {
 fn many_threads_allocating_across_limited_groups_return_to_baseline() {
     let parent = fresh("stress");
     parent.set_max(64 << 20).unwrap();
+    // Half refuse over their limit; half over-charge cooperatively, up to
+    // a ceiling.
     let groups: Vec<Group> = (0..4)
         .map(|i| {
             let g = parent.child(&format!("g{i}")).unwrap();
             g.set_max(8 << 20).unwrap();
+            if i % 2 == 0 {
+                g.set_enforcement(Enforcement::Refuse);
+            } else {
+                g.set_ceiling(12 << 20);
+            }
             g
         })
         .collect();
@@ -172,7 +189,10 @@ fn many_threads_allocating_across_limited_groups_return_to_baseline() {
     }
     for g in &groups {
         assert_eq!(live_bytes(g), 0, "{}", g.path());
-        assert!(g.peak() <= 8 << 20);
+        match g.enforcement() {
+            Enforcement::Refuse => assert!(g.peak() <= 8 << 20, "{}", g.path()),
+            _ => assert!(g.peak() <= 12 << 20, "{}: the ceiling holds", g.path()),
+        }
     }
     assert_eq!(live_bytes(&parent), 0);
 }
@@ -189,8 +209,7 @@ fn count_and_decline(r: &splitcount::alloc::Refusal) -> bool {
 
 #[test]
 fn a_groups_refusal_hook_runs_before_the_allocation_fails() {
-    let g = fresh("hooked");
-    g.set_max(1 << 20).unwrap();
+    let g = refusing("hooked", 1 << 20);
     g.on_alloc_refusal(count_and_decline);
     g.scope(|| {
         let mut v: Vec<u8> = Vec::new();
@@ -241,8 +260,7 @@ fn panic_in_hook(_: &splitcount::alloc::Refusal) -> bool {
 /// a hook" flag was restored).
 #[test]
 fn a_panicking_refusal_hook_refuses_the_allocation_and_accounting_goes_on() {
-    let g = fresh("panicky-hook");
-    g.set_max(1 << 20).unwrap();
+    let g = refusing("panicky-hook", 1 << 20);
     g.on_alloc_refusal(panic_in_hook);
     let refused = std::panic::catch_unwind(|| {
         g.scope(|| {
@@ -277,8 +295,7 @@ fn grow_kept(_: &splitcount::alloc::Refusal) -> bool {
 /// uncharge bytes that were never charged.
 #[test]
 fn a_realloc_inside_a_refusal_hook_is_charged_to_its_block_and_may_be_refused() {
-    let g = fresh("realloc-in-hook");
-    g.set_max(1 << 20).unwrap();
+    let g = refusing("realloc-in-hook", 1 << 20);
     g.on_alloc_refusal(grow_kept);
     g.scope(|| KEPT.with(|k| k.borrow_mut().extend_from_slice(&[7u8; 1000])));
     g.scope(|| {
@@ -353,8 +370,7 @@ fn a_realloc_whose_header_passes_isize_max_is_refused_before_the_inner_allocator
 fn forked_children_start_with_usable_stocks() {
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
     use std::sync::Arc;
-    let g = fresh("forking");
-    g.set_max(256 << 10).unwrap();
+    let g = refusing("forking", 256 << 10);
     let stop = Arc::new(AtomicBool::new(false));
     let threads: Vec<_> = (0..3u64)
         .map(|t| {

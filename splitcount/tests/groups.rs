@@ -567,3 +567,43 @@ fn a_small_over_uncharge_is_clamped_not_stocked() {
     h.drain_stocks();
     assert_eq!(g.usage(), 64);
 }
+
+/// A refused charge was never held: it raises no group's peak (a child under
+/// a refusing parent used to show the refused amount as its peak).
+#[test]
+fn a_refused_charge_never_raises_a_peak() {
+    let (_m, h) = sim(2, 8);
+    let parent = h.root().child("p").unwrap();
+    parent.set_max(64).unwrap();
+    let child = parent.child("c").unwrap();
+    child.force_charge(10).unwrap();
+    assert!(child.charge(76).is_err());
+    assert_eq!((child.peak(), parent.peak()), (10, 10));
+    child.charge(50).unwrap();
+    assert!(child.peak() >= 60);
+}
+
+/// The pressure hook runs once per crossing of `high` — not on every charge
+/// above it — and again after usage came back under it.
+#[test]
+fn pressure_fires_once_per_crossing_of_high() {
+    let (_m, h) = sim(1, 1);
+    let g = h.root().child("g").unwrap();
+    g.set_high(10);
+    let calls = Arc::new(AtomicU64::new(0));
+    let c = calls.clone();
+    g.on_pressure(move |_, _| {
+        c.fetch_add(1, Relaxed);
+    });
+    for _ in 0..20 {
+        g.charge(1).unwrap(); // above high from the 11th on
+    }
+    assert_eq!(calls.load(Relaxed), 1);
+    assert_eq!(g.events().high, 1, "one crossing");
+    g.uncharge(15);
+    h.drain_stocks();
+    for _ in 0..10 {
+        g.charge(1).unwrap();
+    }
+    assert_eq!(calls.load(Relaxed), 2, "back under, then over again");
+}

@@ -20,6 +20,13 @@ fn jitter(rng: &mut Rng) {
     }
 }
 
+/// The races spin a thread per CPU: they take turns, so that one does not
+/// starve another of its rounds.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// How long each race runs at most (they stop earlier once they have run
 /// their rounds).
 const LIMIT: Duration = Duration::from_secs(3);
@@ -29,6 +36,7 @@ const LIMIT: Duration = Duration::from_secs(3);
 /// other one had just installed, leaving a refused limit in force.
 #[test]
 fn concurrent_refused_set_max_calls_leave_the_previous_limit() {
+    let _turn = one_at_a_time();
     let c = UsageCounter::root();
     c.charge(60);
     c.set_max(100).unwrap();
@@ -67,6 +75,7 @@ fn concurrent_refused_set_max_calls_leave_the_previous_limit() {
 /// an accepted limit.
 #[test]
 fn a_limit_set_while_charges_race_it_holds_when_they_are_done() {
+    let _turn = one_at_a_time();
     let c = UsageCounter::root();
     let barrier = Arc::new(SpinBarrier::new(2));
     let stop = Arc::new(AtomicBool::new(false));
@@ -122,6 +131,7 @@ fn a_limit_set_while_charges_race_it_holds_when_they_are_done() {
 /// about 2⁶⁴ — after which every limited charge would be refused.
 #[test]
 fn a_rollback_racing_an_over_uncharge_never_wraps_the_usage() {
+    let _turn = one_at_a_time();
     let parent = UsageCounter::root();
     parent.set_max(0).unwrap();
     let child = UsageCounter::child_of(&parent);
@@ -161,6 +171,7 @@ fn a_rollback_racing_an_over_uncharge_never_wraps_the_usage() {
 /// its own group, with the host's stocks.
 #[test]
 fn fitting_charges_are_not_refused_while_an_unrelated_drain_runs() {
+    let _turn = one_at_a_time();
     let h = Hierarchy::default();
     let unrelated = h.root().child("unrelated").unwrap();
     unrelated.charge(10).unwrap();
@@ -226,6 +237,7 @@ fn fitting_charges_are_not_refused_while_an_unrelated_drain_runs() {
 /// underflow event.
 #[test]
 fn limits_moved_under_load_lose_nothing() {
+    let _turn = one_at_a_time();
     let h = Hierarchy::default();
     let parent = h.root().child("parent").unwrap();
     let groups: Vec<_> = (0..3)

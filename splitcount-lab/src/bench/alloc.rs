@@ -72,7 +72,7 @@ impl<A: GlobalAlloc> Drop for Ring<'_, A> {
 pub fn run(threads: &[usize], duration: Duration) -> Vec<Record> {
     let accounted: &'static Accounted<System> = Box::leak(Box::new(Accounted::new(System)));
     let memory = Hierarchy::default();
-    accounted.attach(&memory, None).expect("a fresh allocator");
+    accounted.attach(&memory).expect("a fresh allocator");
     let bench = memory.root().child("bench").expect("fresh hierarchy");
     let groups: Vec<_> = (0..threads.iter().copied().max().unwrap_or(1))
         .map(|t| bench.child(&format!("t{t}")).expect("unique names"))

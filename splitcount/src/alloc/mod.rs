@@ -7,6 +7,7 @@
 //!
 //! ```no_run
 //! use splitcount::alloc::Accounted;
+//! use splitcount::charge::Enforcement;
 //! use splitcount::group::Hierarchy;
 //! use std::alloc::System;
 //!
@@ -15,53 +16,69 @@
 //!
 //! fn main() {
 //!     let memory = Hierarchy::default();
-//!     ALLOC.attach(&memory, None).unwrap();
+//!     ALLOC.attach(&memory).unwrap();
 //!     let request = memory.root().child("request-1").unwrap();
 //!     request.set_max(64 << 20).unwrap();
+//!     // Cooperative (the default): over the limit, allocations succeed and
+//!     // the group reports the breach at its next check.
+//!     let len = request.scope(|| "x".repeat(100 << 20).len());
+//!     assert!(request.check().is_err());
+//!     // Refuse: the allocator returns null; `try_reserve` reports it.
+//!     request.clear_breach();
+//!     request.set_enforcement(Enforcement::Refuse);
 //!     let big: Result<Vec<u8>, _> = request.scope(|| {
 //!         let mut v = Vec::new();
-//!         v.try_reserve(128 << 20).map(|_| v)   // refused: Err, not an abort
+//!         v.try_reserve(128 << 20).map(|_| v)
 //!     });
 //!     assert!(big.is_err());
+//!     request.remove().unwrap();
 //! }
 //! ```
 //!
 //! **How.** Every allocation carries an 8-byte header (more for larger
-//! alignments) holding the account of the group that allocated it, so a
-//! free — on any thread, in any scope — uncharges that group. Charges go
-//! through a byte stock (per-CPU slots of pre-charged bytes per group,
-//! charged to the usage counter [`BYTE_BATCH`] bytes at a time), and in
-//! front of it a per-thread reserve of up to `2 · `[`RESERVE_BATCH`] bytes
-//! for the thread's current group, used with plain thread-local loads and
-//! stores — so the common allocation and free touch no shared cache line
-//! and execute no atomic instruction. Slack: usage may run ahead of live
-//! bytes by the stocks (`BYTE_BATCH · 7 · ncpu`) plus the reserves
-//! (`2 · RESERVE_BATCH` per thread); a limit may refuse while other
-//! threads' reserves hold some of the group's bytes. A refused charge (after
-//! draining the refusing group's stocked bytes, then the charged group's
-//! hook ([`crate::group::Group::on_alloc_refusal`]) and the allocator's)
-//! makes the allocation return null: `try_reserve` reports an error, plain
-//! allocation reaches the standard out-of-memory path.
+//! alignments) holding the *account* of the group that allocated it (the
+//! kernel's `obj_cgroup`), so a free — on any thread, in any scope, after
+//! the group's removal — uncharges that group's counters (and so every
+//! ancestor). An account counts the bytes charged through it; it is freed,
+//! with the removed group's counter, when its last byte is. Charges go
+//! through a per-CPU byte stock (slots of pre-charged bytes per account,
+//! charged to the usage counter [`BYTE_BATCH`] bytes at a time) and, in
+//! front of it, a per-thread reserve of at most [`MAX_THREAD_RESERVE`]
+//! bytes for the thread's current group, used with plain thread-local loads
+//! and stores — so the common allocation and free touch no shared cache
+//! line and execute no atomic instruction.
 //!
-//! **Never allocates, works anywhere.** The charge path uses only
-//! preallocated state, `const` thread-locals without destructors (readable
-//! before `main` and during thread teardown) and atomics. Before `attach`,
-//! allocations pass through unaccounted; while a refusal hook runs,
-//! allocations are unaccounted too (no recursion).
+//! **Over a limit**, after reclaim hooks, draining the refusing group's
+//! stocked bytes, and OOM hooks, the refusing group's
+//! [`crate::charge::Enforcement`] decides: a cooperative over-charge that the
+//! next [`crate::group::Group::check`] reports (the default; bounded by an
+//! optional ceiling), or a refusal — null, after the allocation-refusal
+//! hooks ([`crate::group::Group::on_alloc_refusal`]). Every hook runs with
+//! accounting off. After a refusal the thread's small allocations that would
+//! be refused again pass unaccounted for a while ([`REPORTING_GRACE`]), and
+//! so do a panicking thread's: error messages always print.
 //!
-//! **Costs and limits.** The header costs 8 bytes per allocation. Each
-//! group that ever entered a scope keeps a small account (and its usage
-//! counter, a few hundred bytes) alive until the process exits, because
-//! allocations may point at it for as long as they live: reuse groups (a
-//! pool per worker, say) rather than creating one per request without
-//! bound. A scope entered for a group that is later removed keeps charging
-//! that group's counter (and so its ancestors).
+//! **Slack.** Usage may run ahead of live bytes by the reserves (at most
+//! `MAX_THREAD_RESERVE` per thread) plus the stocks (at most `7 ·
+//! BYTE_BATCH` per CPU): [`Accounted::max_slack`]. A refusal drains the
+//! stocks first, so it comes at most `threads · MAX_THREAD_RESERVE` early.
+//! [`crate::group::Hierarchy::drain_stocks`] returns the stocks and the
+//! calling thread's reserve; [`drain_thread`] an idle thread's.
+//!
+//! **Never allocates in the full group, works anywhere.** The charge path
+//! uses preallocated state, `const` thread-locals (readable before `main`
+//! and during thread teardown) and atomics; its slow path and the hooks run
+//! with accounting off. Before `attach`, allocations pass through
+//! unaccounted.
 
 mod reserve;
 mod scope;
 mod wrapper;
 
-pub use crate::charge::{Refusal, RefusalHook};
-pub use reserve::RESERVE_BATCH;
+pub use crate::group::{AllocRefusalHook, OverLimit, Refusal};
+pub use reserve::{drain_thread, MAX_THREAD_RESERVE, RESERVE_BATCH};
 pub use scope::AllocScope;
-pub use wrapper::{take_last_refusal, Accounted, AttachError, BYTE_BATCH};
+pub use wrapper::{
+    take_last_refusal, Accounted, AttachError, BYTE_BATCH, REPORTING_GRACE,
+    REPORTING_GRACE_ALLOCATION,
+};

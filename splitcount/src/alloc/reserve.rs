@@ -3,30 +3,40 @@
 //!
 //! The per-CPU stock needs a lock (threads sharing a CPU preempt each
 //! other); a malloc-heavy program pays for it twice per allocation-free
-//! pair. In front of it, each thread keeps up to `2 · RESERVE_BATCH` bytes
-//! charged to one group: an allocation in that group takes from them, a free
-//! of that group's memory returns to them, with plain thread-local loads and
-//! stores. The reserve is refilled from (and overflows into) the per-CPU
-//! stock, and is returned when the thread exits or calls
-//! [`super::Accounted::drain`].
+//! pair. In front of it, each thread keeps up to [`MAX_THREAD_RESERVE`]
+//! bytes charged to one group's account: an allocation in that group takes
+//! from them, a free of that group's memory returns to them, with plain
+//! thread-local loads and stores. The reserve is refilled
+//! [`RESERVE_BATCH`] bytes at a time (only for allocations smaller than
+//! that: larger ones are charged exactly), never holds more than
+//! `MAX_THREAD_RESERVE`, and is returned when the thread exits, calls
+//! [`drain_thread`], or allocates in another group.
+//!
+//! The bytes it holds keep their account alive (they are counted in its
+//! references); its account pointer is only dereferenced while it holds
+//! bytes.
 
-use crate::charge::ByteAccount;
+use crate::group::AccountKey;
 use std::cell::Cell;
 
-/// Bytes a thread's reserve is refilled with; it holds at most twice that.
+/// Bytes a thread's reserve is refilled with.
 pub const RESERVE_BATCH: u64 = 16 << 10;
 
+/// The most a thread's reserve ever holds: the per-thread part of the
+/// allocator's slack.
+pub const MAX_THREAD_RESERVE: u64 = 2 * RESERVE_BATCH;
+
 pub(crate) struct Reserve {
-    account: Cell<*const ByteAccount>,
+    account: Cell<*const u8>,
     bytes: Cell<u64>,
 }
 
 impl Reserve {
     /// Take `n` bytes for `acc` if the reserve holds them.
     #[inline]
-    pub(crate) fn take(&self, acc: *const ByteAccount, n: u64) -> bool {
+    pub(crate) fn take(&self, acc: AccountKey, n: u64) -> bool {
         let b = self.bytes.get();
-        if self.account.get() == acc && b >= n {
+        if self.account.get() == acc.as_ptr() && b >= n {
             self.bytes.set(b - n);
             true
         } else {
@@ -34,30 +44,45 @@ impl Reserve {
         }
     }
 
-    /// Add `refill` bytes for `acc`, returning the bytes the reserve held
-    /// for another account (to be uncharged by the caller).
-    pub(crate) fn refill(&self, acc: *const ByteAccount, refill: u64) -> (*const ByteAccount, u64) {
-        let old = (self.account.get(), self.bytes.get());
-        if old.0 == acc {
-            self.bytes.set(old.1 + refill);
-            (std::ptr::null(), 0)
+    /// Add `refill` bytes (just charged) for `acc`. Returns bytes to be
+    /// uncharged by the caller: what the reserve held for another account,
+    /// or what would take it above [`MAX_THREAD_RESERVE`].
+    pub(crate) fn refill(&self, acc: AccountKey, refill: u64) -> Option<(AccountKey, u64)> {
+        let (old, held) = (self.account.get(), self.bytes.get());
+        if old == acc.as_ptr() {
+            let total = held + refill;
+            let keep = total.min(MAX_THREAD_RESERVE);
+            self.bytes.set(keep);
+            return (total > keep).then_some((acc, total - keep));
+        }
+        self.account.set(acc.as_ptr());
+        self.bytes.set(refill.min(MAX_THREAD_RESERVE));
+        let excess = refill.saturating_sub(MAX_THREAD_RESERVE);
+        // SAFETY: `old` is only read while the reserve held bytes for it,
+        // which keep that account alive.
+        let old = if held > 0 {
+            unsafe { AccountKey::from_ptr(old) }
         } else {
-            self.account.set(acc);
-            self.bytes.set(refill);
-            old
+            None
+        };
+        match (old, excess) {
+            (Some(old), _) => Some((old, held)),
+            (None, 0) => None,
+            (None, excess) => Some((acc, excess)),
         }
     }
 
     /// Return `n` bytes of `acc`; `Some(excess)` (possibly 0) if they were
-    /// kept, the excess above `2 · RESERVE_BATCH` to be uncharged by the
-    /// caller; `None` if the reserve is for another account.
+    /// kept — the excess above [`MAX_THREAD_RESERVE`], down to
+    /// [`RESERVE_BATCH`], to be uncharged by the caller; `None` if the
+    /// reserve is for another account.
     #[inline]
-    pub(crate) fn give(&self, acc: *const ByteAccount, n: u64) -> Option<u64> {
-        if self.account.get() != acc {
+    pub(crate) fn give(&self, acc: AccountKey, n: u64) -> Option<u64> {
+        if self.account.get() != acc.as_ptr() {
             return None;
         }
         let b = self.bytes.get() + n;
-        if b > 2 * RESERVE_BATCH {
+        if b > MAX_THREAD_RESERVE {
             self.bytes.set(RESERVE_BATCH);
             Some(b - RESERVE_BATCH)
         } else {
@@ -67,20 +92,21 @@ impl Reserve {
     }
 
     /// Empty the reserve: `(account, bytes)` to be uncharged.
-    pub(crate) fn take_all(&self) -> (*const ByteAccount, u64) {
-        (
-            self.account.replace(std::ptr::null()),
-            self.bytes.replace(0),
-        )
+    pub(crate) fn take_all(&self) -> Option<(AccountKey, u64)> {
+        let acc = self.account.replace(std::ptr::null());
+        let bytes = self.bytes.replace(0);
+        if bytes == 0 {
+            return None;
+        }
+        // SAFETY: the bytes held keep the account alive.
+        unsafe { AccountKey::from_ptr(acc) }.map(|a| (a, bytes))
     }
 }
 
 impl Drop for Reserve {
     fn drop(&mut self) {
-        let (acc, bytes) = self.take_all();
-        if !acc.is_null() && bytes > 0 {
-            // SAFETY: accounts are leaked: valid forever.
-            unsafe { &*acc }.counter.uncharge(bytes);
+        if let Some((acc, bytes)) = self.take_all() {
+            acc.uncharge_bytes(bytes);
         }
     }
 }
@@ -95,4 +121,24 @@ thread_local! {
             bytes: Cell::new(0),
         }
     };
+}
+
+/// Return the calling thread's reserve to its group's usage counter: call
+/// it where a thread goes idle (a runtime's worker parking, a pool thread
+/// waiting for work), so that idle threads hold nothing charged. Returns the
+/// bytes returned. Cheap when the reserve is empty.
+///
+/// ```
+/// // With an `Accounted` global allocator attached, after the work of a
+/// // request: nothing stays charged to its group on this thread.
+/// splitcount::alloc::drain_thread();
+/// ```
+pub fn drain_thread() -> u64 {
+    match RESERVE.try_with(|r| r.take_all()) {
+        Ok(Some((acc, bytes))) => {
+            acc.uncharge_bytes(bytes);
+            bytes
+        }
+        _ => 0,
+    }
 }

@@ -1,8 +1,7 @@
 //! The calling thread's current group for allocations: [`Group::enter`] and
 //! [`Group::scope`].
 
-use crate::charge::ByteAccount;
-use crate::group::Group;
+use crate::group::{AccountKey, Group};
 use std::cell::Cell;
 use std::marker::PhantomData;
 
@@ -11,16 +10,21 @@ thread_local! {
     /// attached hierarchy's root). `const`-initialized and without a
     /// destructor, so it is readable at any time — before `main`, and during
     /// thread-local destruction — without allocating.
-    static CURRENT: Cell<*const ByteAccount> = const { Cell::new(std::ptr::null()) };
-    /// Set while the allocator runs user code (a refusal hook): allocations
-    /// then pass through unaccounted instead of recursing.
+    static CURRENT: Cell<*const u8> = const { Cell::new(std::ptr::null()) };
+    /// Set while the allocator runs user code (a hook): allocations then
+    /// pass through unaccounted instead of recursing.
     static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+    /// After a refusal, what this thread may still allocate unaccounted where
+    /// it would be refused again (see `Accounted`'s docs: the reporting
+    /// grace).
+    static GRACE: Cell<u64> = const { Cell::new(0) };
 }
 
-/// The calling thread's current account, or null.
+/// The calling thread's current account, if it entered a scope.
 #[inline]
-pub(crate) fn current() -> *const ByteAccount {
-    CURRENT.with(|c| c.get())
+pub(crate) fn current() -> Option<AccountKey> {
+    // SAFETY: the current account is held by the scope that set it.
+    CURRENT.with(|c| unsafe { AccountKey::from_ptr(c.get()) })
 }
 
 #[inline]
@@ -41,30 +45,53 @@ pub(crate) fn without_accounting<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// A [`crate::group::HookRunner`] that runs hooks with accounting off.
+pub(crate) fn run_unaccounted(f: &mut dyn FnMut()) {
+    without_accounting(f)
+}
+
+/// Take `n` bytes of the reporting grace, if that much is left.
+pub(crate) fn take_grace(n: u64) -> bool {
+    GRACE.with(|g| {
+        let left = g.get();
+        (left >= n).then(|| g.set(left - n)).is_some()
+    })
+}
+
+/// Grant (or with 0, end) the reporting grace.
+pub(crate) fn set_grace(bytes: u64) {
+    GRACE.with(|g| g.set(bytes));
+}
+
 /// While alive, the thread's allocations are charged to one group; dropping
 /// it (also during unwinding) restores the previous group. Not `Send`: it
 /// belongs to the thread that entered.
 #[must_use = "the scope ends when the guard is dropped"]
 pub struct AllocScope {
-    previous: *const ByteAccount,
+    previous: *const u8,
+    account: AccountKey,
     _not_send: PhantomData<*const ()>,
+}
+
+impl std::fmt::Debug for AllocScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AllocScope").finish_non_exhaustive()
+    }
 }
 
 impl Drop for AllocScope {
     fn drop(&mut self) {
         CURRENT.with(|c| c.set(self.previous));
+        set_grace(0);
+        self.account.release(1);
     }
 }
 
 impl Group {
-    /// The allocator's account of this group (created on first use).
-    pub(crate) fn byte_account(&self) -> &'static ByteAccount {
-        self.alloc_account_cell()
-            .get_or_init(|| ByteAccount::leak(self.usage_counter().clone()))
-    }
-
     /// Charge this thread's allocations to this group until the returned
-    /// guard is dropped (see [`crate::alloc::Accounted`]). Scopes nest.
+    /// guard is dropped (see [`crate::alloc::Accounted`]). Scopes nest. A
+    /// scope on a group that is removed meanwhile charges the nearest live
+    /// ancestor.
     ///
     /// ```
     /// use splitcount::group::Hierarchy;
@@ -76,19 +103,14 @@ impl Group {
     /// }
     /// ```
     pub fn enter(&self) -> AllocScope {
-        let account = self.byte_account();
-        let previous = CURRENT.with(|c| c.replace(account));
+        let account = self.node().account();
+        account.retain(1);
+        let previous = CURRENT.with(|c| c.replace(account.as_ptr()));
         AllocScope {
             previous,
+            account,
             _not_send: PhantomData,
         }
-    }
-
-    /// Call `hook` (with allocations unaccounted while it runs) when an
-    /// allocation charged to this group is refused by a limit; if it returns
-    /// `true` (it freed memory), the allocation is tried once more.
-    pub fn on_alloc_refusal(&self, hook: crate::charge::RefusalHook) {
-        self.byte_account().set_hook(Some(hook));
     }
 
     /// Run `f` with this thread's allocations charged to this group.

@@ -2,67 +2,100 @@
 
 #![allow(unsafe_code)]
 
-use super::reserve::{RESERVE, RESERVE_BATCH};
-use super::scope::{current, in_hook, without_accounting};
+use super::reserve::{drain_thread, RESERVE, RESERVE_BATCH};
+use super::scope::{current, in_hook, run_unaccounted, set_grace, take_grace, without_accounting};
 use crate::charge::{
-    ByteAccount, Consumed, Refusal, RefusalHook, Stock, UsageCounter, MAX_STOCK_SLOTS,
+    Consumed, Enforcement, StockError, UsageCounter, MAX_REQUEST, MAX_STOCK_SLOTS, UNLIMITED,
 };
 use crate::cpu::{self, Machine};
-use crate::group::Hierarchy;
+use crate::group::{AccountKey, Bytes, Group, Hierarchy, Node, OverLimit, Refusal};
 use std::alloc::{GlobalAlloc, Layout};
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::fmt;
 use std::sync::atomic::{
     AtomicPtr,
     Ordering::{AcqRel, Acquire},
 };
+use std::sync::Arc;
 
 /// Bytes a stock miss charges at once to a group's usage counter.
 pub const BYTE_BATCH: u64 = 64 << 10;
 
+/// What a thread may still allocate unaccounted after a refusal, where it
+/// would be refused again — in allocations of at most
+/// [`REPORTING_GRACE_ALLOCATION`] bytes — until a charge succeeds or its
+/// scope ends: enough for the error to be formatted and printed (the
+/// caller's report, a panic message), never enough for a retried large
+/// allocation to get through a hard limit.
+pub const REPORTING_GRACE: u64 = 1 << 20;
+
+/// The largest allocation the reporting grace lets through.
+pub const REPORTING_GRACE_ALLOCATION: u64 = 64 << 10;
+
 /// Bytes in front of every allocation: the charged group's account (a
 /// pointer). Alignments above 8 take a header of their own size, so that
 /// the user pointer stays aligned.
-const MIN_HEADER: usize = std::mem::size_of::<*const ByteAccount>();
+const MIN_HEADER: usize = std::mem::size_of::<*const u8>();
 
 thread_local! {
-    static LAST_REFUSAL: Cell<Option<Refusal>> = const { Cell::new(None) };
+    static LAST_REFUSAL: RefCell<Option<Refusal>> = const { RefCell::new(None) };
 }
 
 /// The last allocation refused on this thread, if any (cleared by reading).
 pub fn take_last_refusal() -> Option<Refusal> {
-    LAST_REFUSAL.with(|r| r.take())
+    LAST_REFUSAL
+        .try_with(|r| r.borrow_mut().take())
+        .ok()
+        .flatten()
 }
 
-/// What `attach` sets up: the byte stock and the root account.
+/// What `attach` sets up.
 struct Attached {
-    stock: Stock,
-    root: &'static ByteAccount,
+    hierarchy: Hierarchy,
+    root: AccountKey,
     machine: Machine,
-    hook: Option<RefusalHook>,
+}
+
+impl Attached {
+    fn bytes(&self) -> &Bytes {
+        self.hierarchy
+            .shared()
+            .bytes
+            .get()
+            .expect("set by attach before publishing")
+    }
 }
 
 /// Why `attach` failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AttachError {
-    /// This allocator is attached to a hierarchy already.
+    /// This allocator is attached to a hierarchy already, or the hierarchy
+    /// to an allocator.
     AlreadyAttached,
     /// The byte stock could not be built for the hierarchy's machine.
-    Stock(crate::charge::StockError),
+    Stock(StockError),
 }
 
 impl fmt::Display for AttachError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            AttachError::AlreadyAttached => {
-                f.write_str("this allocator is attached to a hierarchy already")
-            }
+            AttachError::AlreadyAttached => f.write_str(
+                "this allocator (or this hierarchy) is attached already: attach once per process",
+            ),
             AttachError::Stock(e) => write!(f, "cannot build the allocator's byte stock: {e}"),
         }
     }
 }
 
-impl std::error::Error for AttachError {}
+impl std::error::Error for AttachError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            AttachError::Stock(e) => Some(e),
+            AttachError::AlreadyAttached => None,
+        }
+    }
+}
 
 /// A `GlobalAlloc` that charges every allocation's size to the current
 /// thread's group. See the module docs of [`crate::alloc`].
@@ -82,14 +115,9 @@ impl<A> Accounted<A> {
     }
 
     /// Start accounting into `hierarchy` (threads outside any scope charge
-    /// its root). `hook` runs when an allocation is refused (after the
-    /// charged group's own hook, see `Group::on_alloc_refusal`). Once per
-    /// allocator.
-    pub fn attach(
-        &self,
-        hierarchy: &Hierarchy,
-        hook: Option<RefusalHook>,
-    ) -> Result<(), AttachError> {
+    /// its root; usage counters then count bytes). Once per allocator, and
+    /// once per hierarchy.
+    pub fn attach(&self, hierarchy: &Hierarchy) -> Result<(), AttachError> {
         if !self.state.load(Acquire).is_null() {
             return Err(AttachError::AlreadyAttached);
         }
@@ -100,14 +128,22 @@ impl<A> Accounted<A> {
             cpu::cpu_id_source(),
             cpu::current_cpu(),
             machine.current_cpu(),
+            take_last_refusal(),
         );
-        let stock =
-            Stock::new(machine.cpus(), MAX_STOCK_SLOTS, BYTE_BATCH).map_err(AttachError::Stock)?;
+        let stock = crate::charge::Stock::new(machine.cpus(), MAX_STOCK_SLOTS, BYTE_BATCH)
+            .map_err(AttachError::Stock)?;
+        hierarchy
+            .shared()
+            .bytes
+            .set(Bytes {
+                stock,
+                drain_thread,
+            })
+            .map_err(|_| AttachError::AlreadyAttached)?;
         let attached = Box::into_raw(Box::new(Attached {
-            stock,
-            root: hierarchy.root().byte_account(),
+            root: hierarchy.root().node().account(),
+            hierarchy: hierarchy.clone(),
             machine,
-            hook,
         }));
         // AcqRel: publishes the initialized state to every allocating thread.
         match self
@@ -123,141 +159,235 @@ impl<A> Accounted<A> {
         }
     }
 
+    #[inline]
     fn attached(&self) -> Option<&Attached> {
         // SAFETY: once published, the state is never freed or changed.
         unsafe { self.state.load(Acquire).as_ref() }
     }
 
-    /// Return the calling thread's reserve and every byte held in the
-    /// allocator's per-CPU stocks to the groups' usage counters. Other
-    /// threads' reserves (at most `2 · RESERVE_BATCH` bytes each) are
-    /// returned when those threads exit or call `drain`; once they have,
-    /// usage equals live bytes.
+    /// Return every stocked byte (the per-CPU byte stock, the hierarchy's
+    /// charge stock) and the calling thread's reserve to the groups' usage
+    /// counters — the same as the attached hierarchy's
+    /// [`Hierarchy::drain_stocks`]. Other threads' reserves (at most
+    /// [`super::MAX_THREAD_RESERVE`] bytes each) come back when those threads
+    /// call [`drain_thread`], allocate in another group, or exit; once they
+    /// have, usage equals live bytes.
     pub fn drain(&self) -> u64 {
-        let Some(st) = self.attached() else { return 0 };
-        let (acc, bytes) = RESERVE
-            .try_with(|r| r.take_all())
-            .unwrap_or((std::ptr::null(), 0));
-        if !acc.is_null() && bytes > 0 {
-            // SAFETY: accounts are leaked: valid forever.
-            unsafe { &*acc }.counter.uncharge(bytes);
-        }
-        bytes + st.stock.drain_all(&|_| true)
+        self.attached().map_or(0, |st| st.hierarchy.drain_stocks())
     }
 
-    /// Charge `n` bytes to the current account; the account charged (null:
-    /// nothing was, before `attach` or inside a hook), or `Err` if refused.
-    /// Never allocates.
+    /// The most that usage can run ahead of live bytes (the allocator's
+    /// slack), with `threads` threads allocating: every thread's reserve
+    /// full ([`super::MAX_THREAD_RESERVE`]) and every CPU's byte stock full
+    /// (`7 ·` [`BYTE_BATCH`]). A refusal drains the stocks first, so a limit
+    /// refuses at most `threads · MAX_THREAD_RESERVE` bytes early — the
+    /// other threads' reserves of the refusing group's bytes.
+    pub fn max_slack(&self, threads: usize) -> u64 {
+        let cpus = self
+            .attached()
+            .map_or_else(|| cpu::Topology::host().cpus(), |st| st.machine.cpus());
+        (threads as u64) * super::MAX_THREAD_RESERVE
+            + cpus as u64 * MAX_STOCK_SLOTS as u64 * BYTE_BATCH
+    }
+
+    /// Charge `n` bytes to the current account; the account charged (`None`:
+    /// nothing was — before `attach`, inside a hook, or in the reporting
+    /// grace), or `Err` if refused. Never allocates.
     #[inline]
-    fn charge(&self, n: u64) -> Result<*const ByteAccount, ()> {
+    fn charge(&self, n: u64) -> Result<Option<AccountKey>, ()> {
         let Some(st) = self.attached() else {
-            return Ok(std::ptr::null());
+            return Ok(None);
         };
         if in_hook() {
-            return Ok(std::ptr::null());
+            return Ok(None);
         }
-        let acc: *const ByteAccount = match current() {
-            p if p.is_null() => st.root,
-            p => p,
-        };
-        self.charge_account(st, acc, n, true).map(|_| acc)
-    }
-
-    /// Charge `n` bytes to `acc` (not null): from the thread's reserve, else
-    /// with a refill of it, else exactly. `hooks`: on refusal, record it and
-    /// run the refusal hooks (false inside a hook, which must not recurse).
-    #[inline]
-    fn charge_account(
-        &self,
-        st: &Attached,
-        acc: *const ByteAccount,
-        n: u64,
-        hooks: bool,
-    ) -> Result<(), ()> {
+        let acc = current().unwrap_or(st.root);
         if RESERVE.try_with(|r| r.take(acc, n)) == Ok(true) {
-            return Ok(());
+            return Ok(Some(acc));
         }
-        // SAFETY: accounts are leaked: valid forever.
-        let account = unsafe { &*acc };
-        // Charge this allocation and a refill of the thread's reserve at
-        // once; if that does not fit, just this allocation.
-        if self
-            .charge_shared(st, account, n + RESERVE_BATCH, false)
-            .is_ok()
-        {
-            match RESERVE.try_with(|r| r.refill(acc, RESERVE_BATCH)) {
-                Ok((old, bytes)) => self.uncharge_shared(st, old, bytes),
-                Err(_) => self.uncharge_shared(st, acc, RESERVE_BATCH),
-            }
-            return Ok(());
-        }
-        self.charge_shared(st, account, n, hooks)
+        self.charge_slow(st, acc, n, true)
     }
 
-    /// Charge `n` bytes through the per-CPU stock and the usage counters,
-    /// draining the refusing group's stocked bytes and calling the hook
-    /// before giving up (`report`: record the refusal and run the hook).
-    fn charge_shared(
+    /// Everything but a reserve hit: redirect a removed group's scope to the
+    /// nearest live ancestor, refill the reserve, or charge exactly (with
+    /// reclaim, draining and hooks); over a limit, what the refusing group's
+    /// [`Enforcement`] says.
+    #[cold]
+    fn charge_slow(
         &self,
         st: &Attached,
-        acc: &ByteAccount,
+        acc: AccountKey,
         n: u64,
-        report: bool,
-    ) -> Result<(), ()> {
-        let counter = &acc.counter;
+        redirect: bool,
+    ) -> Result<Option<AccountKey>, ()> {
+        // A scope on a removed group charges the nearest live ancestor.
+        let mut held: Option<Arc<Node>> = None;
+        let acc = if redirect && acc.is_removed() {
+            match acc.live_node() {
+                Some(node) => {
+                    let a = node.existing_account().unwrap_or(st.root);
+                    held = Some(node);
+                    a
+                }
+                None => st.root,
+            }
+        } else {
+            acc
+        };
+        if n < RESERVE_BATCH && self.charge_bytes(st, acc, n + RESERVE_BATCH).is_ok() {
+            set_grace(0);
+            if let Ok(Some((old, bytes))) = RESERVE.try_with(|r| r.refill(acc, RESERVE_BATCH)) {
+                self.uncharge_shared(st, old, bytes);
+            }
+            return Ok(Some(acc));
+        }
+        if n > MAX_REQUEST {
+            return self.refuse(st, acc, n, acc.usage());
+        }
+        let node = match held.take().or_else(|| acc.node()) {
+            Some(node) => node,
+            None => acc.live_node().ok_or(())?,
+        };
+        let shared = st.hierarchy.shared();
+        let mut try_charge = || self.charge_bytes(st, acc, n);
+        // With accounting off: nothing on this path may charge the full
+        // group (its own bookkeeping, the hooks).
+        let charged = without_accounting(|| {
+            shared.charge_with_reclaim(&node, n, &mut try_charge, run_unaccounted)
+        });
+        match charged {
+            Ok(crossed) => {
+                set_grace(0);
+                if crossed {
+                    shared.pressure(&node, run_unaccounted);
+                }
+                Ok(Some(acc))
+            }
+            Err(refuser) => self.over_limit(st, acc, &node, &refuser, n),
+        }
+    }
+
+    /// Charge `n` bytes through `acc`: from this CPU's byte stock, or a batch
+    /// from the usage counter (surplus stocked), or exactly `n`.
+    fn charge_bytes(
+        &self,
+        st: &Attached,
+        acc: AccountKey,
+        n: u64,
+    ) -> Result<bool, *const UsageCounter> {
+        let stock = &st.bytes().stock;
         let cpu = st.machine.current_cpu();
-        if st.stock.consume(cpu, counter, n) == Consumed::Hit {
-            return Ok(());
+        if stock.consume(cpu, &acc, n) == Consumed::Hit {
+            return Ok(false);
         }
-        let batch = st.stock.batch();
-        if n < batch && counter.try_charge_quiet(batch).is_ok() {
-            let _ = st.stock.stash(cpu, counter, batch - n).uncharge();
-            return Ok(());
+        let batch = stock.batch();
+        if n < batch {
+            if let Ok(crossed) = acc.try_charge(batch) {
+                let _ = stock.stash(cpu, &acc, batch - n).uncharge();
+                return Ok(crossed);
+            }
         }
-        for attempt in 0..2 {
-            let refuser = match counter.try_charge_quiet(n) {
-                Ok(_) => return Ok(()),
-                Err(r) => r,
+        acc.try_charge(n).map_err(|r| r as *const UsageCounter)
+    }
+
+    /// Reclaim and draining did not make room under `refuser`'s limit.
+    #[cold]
+    fn over_limit(
+        &self,
+        st: &Attached,
+        acc: AccountKey,
+        node: &Arc<Node>,
+        refuser: &Arc<Node>,
+        n: u64,
+    ) -> Result<Option<AccountKey>, ()> {
+        let limit = &refuser.usage;
+        if limit.enforcement() == Enforcement::Cooperative {
+            // The nearest ceiling in the way, if any.
+            let ceiling = acc
+                .usage()
+                .chain()
+                .find(|c| c.ceiling() != UNLIMITED && c.usage().saturating_add(n) > c.ceiling());
+            match ceiling {
+                None => {
+                    if acc.force_charge(n) {
+                        st.hierarchy.shared().pressure(node, run_unaccounted);
+                    }
+                    without_accounting(|| record_breach(node, refuser, n));
+                    set_grace(0);
+                    return Ok(Some(acc));
+                }
+                Some(c) => return self.refuse(st, acc, n, c),
+            }
+        }
+        self.refuse(st, acc, n, limit)
+    }
+
+    /// Refuse an allocation of `n` bytes charged through `acc` because of
+    /// `by`'s limit: remember it, run the refusal hooks (one more try if one
+    /// freed memory), then — unless the thread is in its reporting grace —
+    /// return the refusal.
+    #[cold]
+    fn refuse(
+        &self,
+        st: &Attached,
+        acc: AccountKey,
+        n: u64,
+        by: &UsageCounter,
+    ) -> Result<Option<AccountKey>, ()> {
+        // While the thread panics (a panic message, a backtrace, unwinding)
+        // and within the reporting grace, allocations that would be refused
+        // pass through unaccounted: error reports always print.
+        if std::thread::panicking() || (n <= REPORTING_GRACE_ALLOCATION && take_grace(n)) {
+            return Ok(None);
+        }
+        let retry = without_accounting(|| {
+            let node = acc.node().or_else(|| acc.live_node());
+            let group = node
+                .as_ref()
+                .map(|n| n.find(by).path.clone())
+                .unwrap_or_default();
+            let limit = if by.usage().saturating_add(n) > by.ceiling() {
+                by.ceiling()
+            } else {
+                by.max()
             };
-            // Stocked bytes of the refuser's subtree may be exactly what
-            // its limit needs.
-            st.stock.drain_all(&|c: &UsageCounter| c.is_within(refuser));
-            if counter.try_charge_quiet(n).is_ok() {
-                return Ok(());
-            }
-            if !report || attempt == 1 {
-                break;
-            }
-            refuser.record_max();
             let refusal = Refusal {
                 request: n,
-                limit: refuser.max(),
-                usage: refuser.usage(),
+                group,
+                limit,
+                usage: by.usage(),
             };
-            LAST_REFUSAL.with(|r| r.set(Some(refusal)));
-            // The charged group's own hook first, then the allocator's. A
-            // hook that panics has declined: the unwind stops here (it must
-            // never leave `GlobalAlloc::alloc`), the panic hook has already
-            // reported it, and the flag is restored by its guard.
-            let own = acc.hook();
-            let freed = [own, st.hook].into_iter().flatten().any(|hook| {
-                without_accounting(|| std::panic::catch_unwind(|| hook(&refusal)).unwrap_or(false))
-            });
-            if !freed {
-                break;
+            let _ = LAST_REFUSAL.try_with(|r| *r.borrow_mut() = Some(refusal.clone()));
+            // The charged group's subscribers first, then its ancestors'.
+            let mut n_ = node;
+            while let Some(g) = n_ {
+                if let Some(h) = g.hooks() {
+                    for hook in &h.alloc_refusal {
+                        if crate::group::run_hook(false, || hook(&refusal)) {
+                            return true;
+                        }
+                    }
+                }
+                n_ = g.parent.clone();
             }
+            false
+        });
+        if retry && self.charge_bytes(st, acc, n).is_ok() {
+            return Ok(Some(acc));
         }
+        set_grace(REPORTING_GRACE);
         Err(())
     }
 
     #[inline]
-    fn uncharge(&self, acc: *const ByteAccount, n: u64) {
-        if acc.is_null() {
+    fn uncharge(&self, acc: *const u8, n: u64) {
+        // SAFETY: a header holds null or the address of the account its
+        // block was charged to, which that block's bytes keep alive.
+        let Some(acc) = (unsafe { AccountKey::from_ptr(acc) }) else {
             return;
-        }
+        };
         let Some(st) = self.attached() else {
-            // SAFETY: a non-null header account is leaked: valid forever.
-            unsafe { &*acc }.counter.uncharge(n);
+            acc.uncharge_bytes(n);
             return;
         };
         match RESERVE.try_with(|r| r.give(acc, n)) {
@@ -267,15 +397,39 @@ impl<A> Accounted<A> {
         }
     }
 
-    /// Return bytes through the per-CPU stock.
-    fn uncharge_shared(&self, st: &Attached, acc: *const ByteAccount, n: u64) {
-        if acc.is_null() || n == 0 {
+    /// Return bytes through the per-CPU byte stock — or, for a removed
+    /// group, straight to its counters, so that its account goes with its
+    /// last bytes.
+    fn uncharge_shared(&self, st: &Attached, acc: AccountKey, n: u64) {
+        if n == 0 {
             return;
         }
-        // SAFETY: accounts are leaked: valid forever.
-        let acc = unsafe { &*acc };
+        if acc.is_removed() {
+            acc.uncharge_bytes(n);
+            return;
+        }
         let cpu = st.machine.current_cpu();
-        let _ = st.stock.stash(cpu, &acc.counter, n).uncharge();
+        let _ = st.bytes().stock.stash(cpu, &acc, n).uncharge();
+    }
+}
+
+/// Mark the groups from `node` up to `refuser` breached (with accounting
+/// off: this formats paths).
+fn record_breach(node: &Arc<Node>, refuser: &Arc<Node>, n: u64) {
+    let over = OverLimit {
+        charged: node.path.clone(),
+        group: refuser.path.clone(),
+        usage: refuser.usage.usage(),
+        max: refuser.usage.max(),
+        request: n,
+    };
+    let mut g = Some(node.clone());
+    while let Some(x) = g {
+        x.record_breach(|| over.clone());
+        if Arc::ptr_eq(&x, refuser) {
+            break;
+        }
+        g = x.parent.clone();
     }
 }
 
@@ -297,9 +451,9 @@ fn extended(layout: Layout) -> Option<Layout> {
 /// `user` must be a pointer returned by `Accounted::alloc` (a header lies
 /// before it).
 #[inline]
-unsafe fn header_slot(user: *mut u8) -> *mut *const ByteAccount {
+unsafe fn header_slot(user: *mut u8) -> *mut *const u8 {
     // SAFETY: the header's last 8 bytes are just before the user pointer.
-    unsafe { (user as *mut *const ByteAccount).sub(1) }
+    unsafe { (user as *mut *const u8).sub(1) }
 }
 
 // SAFETY: every method forwards to `inner` with a layout that keeps the
@@ -342,15 +496,21 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Accounted<A> {
         // SAFETY: as in `dealloc`.
         let acc = unsafe { *header_slot(ptr) };
         let (old, new) = (layout.size() as u64, new_size as u64);
-        if new > old && !acc.is_null() {
+        // SAFETY: as in `uncharge`.
+        if let (true, Some(key)) = (new > old, unsafe { AccountKey::from_ptr(acc) }) {
             // Grow within the block's own account: its header names it, and
-            // its free will uncharge the new size. Inside a refusal hook the
-            // growth is still charged (and may be refused), only without
-            // running hooks again.
+            // its free will uncharge the new size. Inside a hook the growth
+            // is still charged (and may be refused), only without running
+            // hooks again.
             let Some(st) = self.attached() else {
                 return std::ptr::null_mut();
             };
-            if self.charge_account(st, acc, new - old, !in_hook()).is_err() {
+            let charged = if in_hook() {
+                self.charge_bytes(st, key, new - old).is_ok()
+            } else {
+                self.charge_slow(st, key, new - old, false) == Ok(Some(key))
+            };
+            if !charged {
                 return std::ptr::null_mut();
             }
         }
@@ -385,16 +545,17 @@ impl<A> Accounted<A> {
         let Ok(acc) = self.charge(size) else {
             return std::ptr::null_mut();
         };
+        let header_value = acc.map_or(std::ptr::null(), AccountKey::as_ptr);
         let base = inner(ext);
         if base.is_null() {
-            self.uncharge(acc, size);
+            self.uncharge(header_value, size);
             return base;
         }
         // SAFETY: the block has `header + size` bytes; the user part starts
         // at `base + header`, aligned to `layout.align()`.
         unsafe {
             let user = base.add(header(layout.align()));
-            header_slot(user).write(acc);
+            header_slot(user).write(header_value);
             user
         }
     }
@@ -407,3 +568,7 @@ impl<A> fmt::Debug for Accounted<A> {
             .finish()
     }
 }
+
+/// Whether a group is the allocator's concern: for `Group` docs.
+#[allow(dead_code)]
+fn _doc_links(_: &Group) {}

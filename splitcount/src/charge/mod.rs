@@ -9,10 +9,10 @@
 //! The charge path that combines them with reclaim and out-of-memory hooks
 //! is [`crate::group::Group::charge`].
 
-mod account;
 mod stock;
 mod usage;
 
-pub use account::{ByteAccount, Refusal, RefusalHook};
-pub use stock::{Consumed, Leftovers, Stock, StockError, MAX_STOCK_BATCH, MAX_STOCK_SLOTS};
-pub use usage::{Busy, Events, UsageCounter, MAX_REQUEST, UNLIMITED};
+pub use stock::{
+    Consumed, Leftovers, Stock, StockError, StockKey, MAX_STOCK_BATCH, MAX_STOCK_SLOTS,
+};
+pub use usage::{Busy, Enforcement, Events, UsageCounter, MAX_REQUEST, UNLIMITED};

@@ -38,7 +38,7 @@
 //! event, never near 2⁶⁴.
 
 use crate::sync::{
-    lock, Arc, AtomicU64, Mutex,
+    lock, Arc, AtomicBool, AtomicU64, AtomicU8, Mutex,
     Ordering::{Relaxed, SeqCst},
 };
 use crossbeam_utils::CachePadded;
@@ -49,7 +49,8 @@ use std::fmt;
 pub struct Events {
     /// Charges refused at this counter (its `max` was in the way).
     pub max: u64,
-    /// Charges that left this counter above its `high` soft limit.
+    /// Times a charge took this counter's usage above its `high` soft limit
+    /// (from at or below it): one per crossing, not one per charge above.
     pub high: u64,
     /// Times the charge path gave up at this counter after reclaim and
     /// draining (the out-of-memory hook ran).
@@ -70,9 +71,8 @@ struct Limits {
     high: AtomicU64,
 }
 
-/// Slow-path counts, on their own line so they never disturb the others;
-/// the limit setters' mutex shares it (it is as cold).
-#[derive(Default)]
+/// Slow-path counts and settings, on their own line so they never disturb
+/// the others: read on refusals and crossings of `high`, not per charge.
 struct EventCounts {
     max: AtomicU64,
     high: AtomicU64,
@@ -80,6 +80,64 @@ struct EventCounts {
     underflow: AtomicU64,
     /// One `set_max` at a time.
     setting: Mutex<()>,
+    /// Usage is above `high` (since the last crossing upwards, until it
+    /// comes back to or below it).
+    above_high: AtomicBool,
+    /// A crossing of `high` whose pressure hooks have not run yet.
+    pressure_pending: AtomicBool,
+    /// What an allocation over this counter's `max` does ([`Enforcement`]).
+    enforcement: AtomicU8,
+    /// Past this usage even a cooperative over-charge is refused.
+    ceiling: AtomicU64,
+}
+
+impl Default for EventCounts {
+    fn default() -> Self {
+        EventCounts {
+            max: AtomicU64::new(0),
+            high: AtomicU64::new(0),
+            oom: AtomicU64::new(0),
+            underflow: AtomicU64::new(0),
+            setting: Mutex::new(()),
+            above_high: AtomicBool::new(false),
+            pressure_pending: AtomicBool::new(false),
+            enforcement: AtomicU8::new(Enforcement::Cooperative as u8),
+            ceiling: AtomicU64::new(UNLIMITED),
+        }
+    }
+}
+
+/// What an allocation charged through the allocator integration does when
+/// a group's hard limit (`max`) refuses it, after reclaim and draining. (A
+/// [`crate::group::Group::charge`] is refused either way: its caller gets
+/// the error.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Enforcement {
+    /// The allocator returns null. Rust aborts the process on a null from
+    /// an ordinary allocation; only `try_reserve`-style calls observe it.
+    /// For hard limits where the code is written for it.
+    Refuse,
+    /// The allocation succeeds as a forced over-charge: counted (a `max`
+    /// event), and the group is marked *breached* until
+    /// [`crate::group::Group::clear_breach`]; the next checkpoint
+    /// ([`crate::group::Group::check`], an instrumented future's poll)
+    /// reports it. The default: an over-limit request fails alone instead
+    /// of aborting every other request's process. A ceiling
+    /// ([`crate::group::Group::set_ceiling`]) past which even this refuses
+    /// keeps a runaway from taking the machine.
+    #[default]
+    Cooperative,
+}
+
+impl Enforcement {
+    fn from_u8(v: u8) -> Enforcement {
+        if v == Enforcement::Refuse as u8 {
+            Enforcement::Refuse
+        } else {
+            Enforcement::Cooperative
+        }
+    }
 }
 
 /// The limit of a counter without one.
@@ -207,6 +265,34 @@ impl UsageCounter {
         }
     }
 
+    /// What an allocation over this counter's limit does.
+    pub fn enforcement(&self) -> Enforcement {
+        Enforcement::from_u8(self.events.enforcement.load(Relaxed))
+    }
+
+    /// Choose what an allocation over this counter's limit does.
+    pub fn set_enforcement(&self, e: Enforcement) {
+        self.events.enforcement.store(e as u8, Relaxed);
+    }
+
+    /// The usage past which even a cooperative over-charge is refused
+    /// ([`UNLIMITED`] when none).
+    pub fn ceiling(&self) -> u64 {
+        self.events.ceiling.load(Relaxed)
+    }
+
+    /// Set the ceiling for cooperative over-charges.
+    pub fn set_ceiling(&self, ceiling: u64) {
+        self.events.ceiling.store(ceiling, Relaxed);
+    }
+
+    /// Whether a crossing of `high` is waiting for its pressure hooks;
+    /// clears it (each crossing is delivered once).
+    pub(crate) fn take_pressure(&self) -> bool {
+        self.events.pressure_pending.load(Relaxed)
+            && self.events.pressure_pending.swap(false, Relaxed)
+    }
+
     /// Count an out-of-memory event (the charge path gave up here).
     pub fn record_oom(&self) {
         self.events.oom.fetch_add(1, Relaxed);
@@ -238,20 +324,44 @@ impl UsageCounter {
         Ok(())
     }
 
+    /// A charge left this counter at `new`: raise the peak, and if `new`
+    /// crossed `high` (from at or below it), count a `high` event and mark
+    /// the crossing for the pressure hooks. Returns whether it crossed.
     #[inline]
     fn note_usage(&self, new: u64) -> bool {
         if new > self.hot.watermark.load(Relaxed) {
             self.hot.watermark.fetch_max(new, Relaxed);
         }
-        let over_high = new > self.limits.high.load(Relaxed);
-        if over_high {
-            self.events.high.fetch_add(1, Relaxed);
+        if new > self.limits.high.load(Relaxed) && !self.events.above_high.load(Relaxed) {
+            return self.cross_high();
         }
-        over_high
+        false
+    }
+
+    #[cold]
+    fn cross_high(&self) -> bool {
+        // Relaxed: a flag that orders nothing; two charges crossing at once
+        // agree through the swap on who counts the crossing.
+        if self.events.above_high.swap(true, Relaxed) {
+            return false;
+        }
+        self.events.high.fetch_add(1, Relaxed);
+        self.events.pressure_pending.store(true, Relaxed);
+        true
+    }
+
+    /// An uncharge left this counter at `new`: back at or below `high`, the
+    /// next crossing counts again. (A charge and an uncharge racing around
+    /// `high` may count one crossing twice; none is ever missed.)
+    #[inline]
+    fn note_lower(&self, new: u64) {
+        if self.events.above_high.load(Relaxed) && new <= self.limits.high.load(Relaxed) {
+            self.events.above_high.store(false, Relaxed);
+        }
     }
 
     /// Charge `n` here and at every ancestor, ignoring limits. Returns
-    /// whether some level is now above its `high` soft limit.
+    /// whether some level crossed its `high` soft limit.
     ///
     /// The usage saturates at `u64::MAX` instead of wrapping around (a
     /// forced charge that large is a caller's bug; wrapping would make the
@@ -271,8 +381,9 @@ impl UsageCounter {
 
     /// Charge `n` level by level, refusing at the first level whose new
     /// usage would exceed its `max`. On refusal, the levels below are rolled
-    /// back, the refusing level's `max` event is counted, and it is returned.
-    /// On success, returns whether some level is now above its `high`.
+    /// back, the refusing level's `max` event is counted, and it is returned
+    /// (no level's peak moves: a refused charge was never held). On
+    /// success, returns whether some level crossed its `high`.
     pub fn try_charge(&self, n: u64) -> Result<bool, &UsageCounter> {
         self.try_charge_quiet(n)
             .inspect_err(|refuser| refuser.record_max())
@@ -291,10 +402,16 @@ impl UsageCounter {
     /// [`UsageCounter::try_charge`] without counting the refusal: for the
     /// charge path, which retries and counts a refusal once, when it gives up.
     pub(crate) fn try_charge_quiet(&self, n: u64) -> Result<bool, &UsageCounter> {
-        let mut over_high = false;
-        for c in self.chain() {
+        // The new usage of the first levels, noted (peak, high) only once
+        // every level took the charge; deeper levels read their usage then.
+        let mut news = [0u64; 16];
+        for (depth, c) in self.chain().enumerate() {
             match c.add_within_max(n) {
-                Some(new) => over_high |= c.note_usage(new),
+                Some(new) => {
+                    if let Some(slot) = news.get_mut(depth) {
+                        *slot = new;
+                    }
+                }
                 None => {
                     for below in self.chain().take_while(|b| !std::ptr::eq(*b, c)) {
                         below.sub_clamped(n);
@@ -303,7 +420,12 @@ impl UsageCounter {
                 }
             }
         }
-        Ok(over_high)
+        let mut crossed = false;
+        for (depth, c) in self.chain().enumerate() {
+            let new = news.get(depth).copied().unwrap_or_else(|| c.usage());
+            crossed |= c.note_usage(new);
+        }
+        Ok(crossed)
     }
 
     /// Add `n` if the result stays within `max`; the new usage, or `None`.
@@ -361,6 +483,7 @@ impl UsageCounter {
                     if take < n {
                         self.events.underflow.fetch_add(1, Relaxed);
                     }
+                    self.note_lower(cur - take);
                     return take;
                 }
                 Err(seen) => cur = seen,

@@ -126,3 +126,69 @@ impl fmt::Display for ChargeError {
 }
 
 impl std::error::Error for ChargeError {}
+
+/// An allocation went over a hard limit and was let through as a
+/// cooperative over-charge ([`crate::charge::Enforcement::Cooperative`]):
+/// what [`crate::group::Group::check`] reports until the breach is cleared.
+///
+/// ```
+/// use splitcount::group::OverLimit;
+/// fn report(e: &OverLimit) -> String {
+///     format!("{} must stop: {} is at {} of {}", e.charged, e.group, e.usage, e.max)
+/// }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OverLimit {
+    /// The group the allocation was charged to (the checked group or one
+    /// below it).
+    pub charged: String,
+    /// The group whose limit it went over (the charged group or an
+    /// ancestor).
+    pub group: String,
+    /// That group's usage right after the over-charge.
+    pub usage: u64,
+    /// That group's hard limit.
+    pub max: u64,
+    /// The bytes requested.
+    pub request: u64,
+}
+
+impl fmt::Display for OverLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} went over the limit of {}: usage {} of {} after an allocation of {} bytes",
+            self.charged, self.group, self.usage, self.max, self.request
+        )
+    }
+}
+
+impl std::error::Error for OverLimit {}
+
+/// An allocation the allocator refused (returned null for), with the
+/// numbers of the group whose limit refused it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Refusal {
+    /// Bytes requested.
+    pub request: u64,
+    /// The group whose limit refused (the charged group or an ancestor).
+    pub group: String,
+    /// Its limit: `max`, or for a cooperative group the ceiling it hit.
+    pub limit: u64,
+    /// Its usage when it refused.
+    pub usage: u64,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "allocation of {} bytes refused by {}: limit {}, usage {}",
+            self.request, self.group, self.limit, self.usage
+        )
+    }
+}
+
+impl std::error::Error for Refusal {}

@@ -1,19 +1,15 @@
 //! [`Group`]: a cheap handle on one group, and the charge path.
 
 use super::hierarchy::Shared;
-use super::hooks::{self, OomHook, PressureHook, ReclaimHook};
+use super::hooks::{AllocRefusalHook, Hooks, OomHook, PressureHook, ReclaimHook};
 use super::node::Node;
+use super::reclaim;
 use super::snapshot::{limit, GroupSnapshot, Snapshot};
-use super::{ChargeError, ChargeErrorKind, GroupError};
-use crate::charge::{Consumed, Events, UsageCounter, MAX_REQUEST};
+use super::{ChargeError, ChargeErrorKind, GroupError, OverLimit, Refusal};
+use crate::charge::{Consumed, Enforcement, Events, UsageCounter, MAX_REQUEST};
 use crate::stat::{StatError, StatId};
-use crate::sync::lock;
 use std::fmt;
 use std::sync::Arc;
-
-/// How many times the charge path retries after reclaim while it makes
-/// progress (the kernel's `MAX_RECLAIM_RETRIES`).
-pub const MAX_RECLAIM_RETRIES: usize = 16;
 
 /// A handle on a group. Cheap to clone, `Send + Sync`. A handle that
 /// outlives its group's removal keeps working: charges and uncharges act on
@@ -33,11 +29,11 @@ impl Group {
     /// after removal.
     #[inline]
     fn live(&self) -> &Arc<Node> {
-        let mut n = &self.node;
-        while n.is_removed() {
-            n = n.parent.as_ref().expect("the root is never removed");
-        }
-        n
+        self.node.live()
+    }
+
+    pub(crate) fn node(&self) -> &Arc<Node> {
+        &self.node
     }
 
     /// The group's path, `"/"` for the root.
@@ -84,12 +80,6 @@ impl Group {
             .collect()
     }
 
-    pub(crate) fn alloc_account_cell(
-        &self,
-    ) -> &std::sync::OnceLock<&'static crate::charge::ByteAccount> {
-        &self.node.alloc_account
-    }
-
     /// The group's usage counter (limits, usage, events), for direct use
     /// without the stock.
     pub fn usage_counter(&self) -> &crate::sync::Arc<UsageCounter> {
@@ -132,18 +122,68 @@ impl Group {
     }
 
     /// Set the hard limit. If the usage is above it, this group's subtree's
-    /// stocks are drained and the limit tried again; `Busy` if still above.
+    /// stocked units (the charge stock's, and the allocator's byte stock
+    /// and the calling thread's reserve) are drained and the limit tried
+    /// again; `Busy` if still above.
     pub fn set_max(&self, max: u64) -> Result<(), GroupError> {
         let usage = &self.node.usage;
         if usage.set_max(max).is_ok() {
             return Ok(());
         }
-        self.shared.stock.drain_all(&|c| c.is_within(usage));
+        self.shared.drain(&|c| c.is_within(usage));
         usage.set_max(max).map_err(|b| GroupError::Busy {
             path: self.node.path.clone(),
             usage: b.usage,
             max,
         })
+    }
+
+    /// What an allocation over this group's hard limit does (see
+    /// [`Enforcement`]; [`Enforcement::Cooperative`] by default).
+    pub fn enforcement(&self) -> Enforcement {
+        self.node.usage.enforcement()
+    }
+
+    /// Choose what an allocation over this group's hard limit does.
+    pub fn set_enforcement(&self, e: Enforcement) {
+        self.node.usage.set_enforcement(e)
+    }
+
+    /// The usage past which even a cooperative over-charge is refused
+    /// ([`crate::charge::UNLIMITED`] — none — by default).
+    pub fn ceiling(&self) -> u64 {
+        self.node.usage.ceiling()
+    }
+
+    /// Refuse allocations (null) that would take this group's usage past
+    /// `ceiling`, even in [`Enforcement::Cooperative`] mode: a runaway
+    /// request cannot take the machine. Off by default.
+    pub fn set_ceiling(&self, ceiling: u64) {
+        self.node.usage.set_ceiling(ceiling)
+    }
+
+    /// The checkpoint of cooperative enforcement: `Err` with the numbers if
+    /// an allocation charged to this group (or below it) went over a limit
+    /// and was let through ([`Enforcement::Cooperative`]), until
+    /// [`Group::clear_breach`]. Costs one load when nothing happened.
+    ///
+    /// ```
+    /// use splitcount::group::Hierarchy;
+    /// let h = Hierarchy::default();
+    /// let request = h.root().child("request").unwrap();
+    /// assert!(request.check().is_ok());
+    /// ```
+    #[inline]
+    pub fn check(&self) -> Result<(), OverLimit> {
+        match self.node.breach() {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Forget a recorded breach (see [`Group::check`]).
+    pub fn clear_breach(&self) {
+        self.node.clear_breach()
     }
 
     /// Set the soft limit: crossing it records `high` events and calls the
@@ -152,19 +192,44 @@ impl Group {
         self.node.usage.set_high(high)
     }
 
-    /// Called when this group's limit refuses a charge (see [`ReclaimHook`]).
+    /// Add a subscriber called when this group's limit refuses a charge
+    /// (see [`ReclaimHook`]); subscribers run in order, their units summed.
     pub fn on_reclaim(&self, f: impl Fn(&Group, u64) -> u64 + Send + Sync + 'static) {
-        lock(&self.node.hooks).reclaim = Some(Arc::new(f) as ReclaimHook);
+        self.subscribe(|h| h.reclaim.push(Arc::new(f) as ReclaimHook));
     }
 
-    /// Called when nothing else made room (see [`OomHook`]).
+    /// Add a subscriber called when nothing else made room (see
+    /// [`OomHook`]); subscribers run in order until one asks for a retry.
     pub fn on_oom(&self, f: impl Fn(&Group, u64) -> bool + Send + Sync + 'static) {
-        lock(&self.node.hooks).oom = Some(Arc::new(f) as OomHook);
+        self.subscribe(|h| h.oom.push(Arc::new(f) as OomHook));
     }
 
-    /// Called when a charge leaves this group above `high` (see [`PressureHook`]).
+    /// Add a subscriber called once each time a charge takes this group
+    /// above `high` (see [`PressureHook`]).
     pub fn on_pressure(&self, f: impl Fn(&Group, u64) + Send + Sync + 'static) {
-        lock(&self.node.hooks).pressure = Some(Arc::new(f) as PressureHook);
+        self.subscribe(|h| h.pressure.push(Arc::new(f) as PressureHook));
+    }
+
+    /// Add a subscriber called (with accounting off) when the allocator is
+    /// about to refuse an allocation charged to this group or below it
+    /// (see [`AllocRefusalHook`]). The charged group's subscribers run
+    /// first, then its ancestors'; one that returns `true` (it freed
+    /// memory) earns the allocation one more try. Subscribe on the root for
+    /// a process-wide hook.
+    pub fn on_alloc_refusal(&self, f: impl Fn(&Refusal) -> bool + Send + Sync + 'static) {
+        self.subscribe(|h| h.alloc_refusal.push(Arc::new(f) as AllocRefusalHook));
+    }
+
+    /// Remove every hook of this group.
+    pub fn clear_hooks(&self) {
+        self.subscribe(|h| *h = Hooks::default());
+    }
+
+    fn subscribe(&self, change: impl FnOnce(&mut Hooks)) {
+        let mut hooks = self.node.hooks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut new = (**hooks).clone();
+        change(&mut new);
+        *hooks = Arc::new(new);
     }
 
     /// Charge `n` units regardless of limits (the kernel's forced charge),
@@ -178,7 +243,7 @@ impl Group {
             return Err(self.error(ChargeErrorKind::TooLarge, &node, n));
         }
         if node.usage.charge(n) {
-            self.pressure(&node);
+            self.shared.pressure(&node, reclaim::direct);
         }
         Ok(())
     }
@@ -190,7 +255,7 @@ impl Group {
     ///    the stock.
     /// 3. Refused: charge exactly `n`; call the refusing group's reclaim
     ///    hook; drain all CPUs' stocks of its subtree (once per refusing
-    ///    group); retry up to [`MAX_RECLAIM_RETRIES`] times while progress
+    ///    group); retry up to [`super::MAX_RECLAIM_RETRIES`] times while progress
     ///    is made; then the out-of-memory hook; then fail with the limit,
     ///    usage and request of the refusing group.
     ///
@@ -217,10 +282,10 @@ impl Group {
         }
         let batch = stock.batch();
         if n < batch {
-            if let Ok(over_high) = node.usage.try_charge_quiet(batch) {
+            if let Ok(crossed) = node.usage.try_charge_quiet(batch) {
                 let _ = stock.stash(cpu, &node.usage, batch - n).uncharge();
-                if over_high {
-                    self.pressure(node);
+                if crossed {
+                    self.shared.pressure(node, reclaim::direct);
                 }
                 return Ok(());
             }
@@ -233,55 +298,24 @@ impl Group {
         if n > MAX_REQUEST {
             return Err(self.error(ChargeErrorKind::TooLarge, &node, n));
         }
-        let mut drained: Vec<*const UsageCounter> = Vec::new();
-        let mut refuser = node.clone();
-        for _ in 0..MAX_RECLAIM_RETRIES {
-            let refused = match node.usage.try_charge_quiet(n) {
-                Ok(over_high) => {
-                    if over_high {
-                        self.pressure(&node);
-                    }
-                    return Ok(());
+        let counter = node.usage.clone();
+        let mut try_charge = || {
+            counter
+                .try_charge_quiet(n)
+                .map_err(|r| r as *const UsageCounter)
+        };
+        match self
+            .shared
+            .charge_with_reclaim(&node, n, &mut try_charge, reclaim::direct)
+        {
+            Ok(crossed) => {
+                if crossed {
+                    self.shared.pressure(&node, reclaim::direct);
                 }
-                Err(r) => r,
-            };
-            refuser = node.find(refused);
-            let short = refused
-                .usage()
-                .saturating_add(n)
-                .saturating_sub(refused.max());
-            let mut progress: u64 = 0;
-            // The guard is dropped before the call (a `let`, not the
-            // scrutinee of an `if let`): see `hooks::run`.
-            let reclaim = lock(&refuser.hooks).reclaim.clone();
-            if let Some(hook) = reclaim {
-                let group = Group::new(self.shared.clone(), refuser.clone());
-                progress = progress.saturating_add(hooks::run(0, || hook(&group, short)));
+                Ok(())
             }
-            if !drained.contains(&(refused as *const _)) {
-                drained.push(refused);
-                progress =
-                    progress.saturating_add(self.shared.stock.drain_all(&|c| c.is_within(refused)));
-            }
-            if progress == 0 {
-                break;
-            }
+            Err(refuser) => Err(self.error(ChargeErrorKind::Limit, &refuser, n)),
         }
-        refuser.usage.record_oom();
-        refuser.usage.record_max();
-        let short = refuser
-            .usage
-            .usage()
-            .saturating_add(n)
-            .saturating_sub(refuser.usage.max());
-        let oom = lock(&refuser.hooks).oom.clone();
-        if let Some(hook) = oom {
-            let group = Group::new(self.shared.clone(), refuser.clone());
-            if hooks::run(false, || hook(&group, short)) && node.usage.try_charge_quiet(n).is_ok() {
-                return Ok(());
-            }
-        }
-        Err(self.error(ChargeErrorKind::Limit, &refuser, n))
     }
 
     fn error(&self, kind: ChargeErrorKind, refuser: &Node, n: u64) -> ChargeError {
@@ -292,24 +326,6 @@ impl Group {
             limit: refuser.usage.max(),
             usage: refuser.usage.usage(),
             request: n,
-        }
-    }
-
-    /// Run the pressure hooks of every group from `node` up that is above
-    /// its `high`.
-    #[cold]
-    fn pressure(&self, node: &Arc<Node>) {
-        let mut n = Some(node.clone());
-        while let Some(g) = n {
-            let over = g.usage.usage().saturating_sub(g.usage.high());
-            if over > 0 {
-                let pressure = lock(&g.hooks).pressure.clone();
-                if let Some(hook) = pressure {
-                    let group = Group::new(self.shared.clone(), g.clone());
-                    hooks::run((), || hook(&group, over));
-                }
-            }
-            n = g.parent.clone();
         }
     }
 
@@ -341,9 +357,12 @@ impl Group {
     pub fn remove(&self) -> Result<(), GroupError> {
         self.shared.unlink(&self.node)?;
         let usage = &self.node.usage;
-        self.shared.stock.drain_all(&|c| std::ptr::eq(c, &**usage));
-        // Fold its statistics now: they stay in its ancestors' values.
-        self.shared.stats.flush(&self.node.stats, true);
+        self.shared.drain(&|c| std::ptr::eq(c, &**usage));
+        // Fold its statistics now (they stay in its ancestors' values), if
+        // it has any that were not folded yet.
+        if self.node.stats.has_unfolded() {
+            self.shared.stats.flush(&self.node.stats, true);
+        }
         Ok(())
     }
 

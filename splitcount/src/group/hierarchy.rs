@@ -1,5 +1,6 @@
 //! [`Hierarchy`]: the tree of groups, its configuration and its stocks.
 
+use super::account::AccountKey;
 use super::flusher::Flusher;
 use super::name::{child_path, components, validate_name};
 use super::node::Node;
@@ -84,10 +85,21 @@ impl HierarchyConfig {
     }
 }
 
+/// What the allocator integration keeps in the hierarchy it is attached
+/// to, so that the hierarchy's drains reach it too.
+pub(crate) struct Bytes {
+    /// The per-CPU byte stock, keyed by account.
+    pub(crate) stock: Stock<AccountKey>,
+    /// Returns the calling thread's reserve (the allocator's).
+    pub(crate) drain_thread: fn() -> u64,
+}
+
 /// What every handle of one hierarchy shares.
 pub(crate) struct Shared {
     pub(crate) config: HierarchyConfig,
     pub(crate) stock: Stock,
+    /// Set when an allocator is attached.
+    pub(crate) bytes: std::sync::OnceLock<Bytes>,
     pub(crate) stats: Stats,
     pub(crate) root: Arc<Node>,
     /// Live children of each live group, by parent id then name.
@@ -147,6 +159,7 @@ impl Hierarchy {
             0,
             None,
             "/".to_owned(),
+            "/".to_owned(),
             UsageCounter::root(),
             root_stats,
         ));
@@ -154,6 +167,7 @@ impl Hierarchy {
             shared: Arc::new(Shared {
                 config,
                 stock,
+                bytes: std::sync::OnceLock::new(),
                 stats,
                 root,
                 tree: Mutex::new(Tree {
@@ -195,9 +209,19 @@ impl Hierarchy {
         Ok(Group::new(self.shared.clone(), node))
     }
 
-    /// Return every stocked unit of every group to the usage counters.
+    /// Return every stocked unit of every group to the usage counters: the
+    /// per-CPU stock of charges and, with an allocator attached, its
+    /// per-CPU byte stock and the calling thread's reserve. (Other threads'
+    /// reserves come back when they call [`crate::alloc::drain_thread`] —
+    /// e.g. when a runtime's worker parks — allocate in another group, or
+    /// exit.) Returns the units returned.
     pub fn drain_stocks(&self) -> u64 {
-        self.shared.stock.drain_all(&|_| true)
+        self.shared.drain(&|_| true)
+    }
+
+    /// The state every handle of this hierarchy shares.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// The id of the stat item named `name`, if the schema has it.
@@ -260,6 +284,17 @@ impl Shared {
         )
     }
 
+    /// Drain both stocks' slots whose counter satisfies `which`, and the
+    /// calling thread's allocator reserve; the units returned.
+    pub(crate) fn drain(&self, which: &dyn Fn(&UsageCounter) -> bool) -> u64 {
+        let mut drained = self.stock.drain_all(which);
+        if let Some(bytes) = self.bytes.get() {
+            drained += (bytes.drain_thread)();
+            drained += bytes.stock.drain_all(which);
+        }
+        drained
+    }
+
     fn set_flush_period(&self, period: std::time::Duration) {
         let ns = period.as_nanos().min(u64::MAX as u128) as u64;
         self.flush_period_ns
@@ -290,6 +325,7 @@ impl Shared {
         let node = Arc::new(Node::new(
             id,
             Some(parent.clone()),
+            name.to_owned(),
             path,
             UsageCounter::child_of(&parent.usage),
             stats,
@@ -330,8 +366,12 @@ impl Shared {
         }
         node.mark_removed();
         tree.children.remove(&node.id);
+        // By name: O(log siblings), not a scan of every sibling.
         if let Some(siblings) = tree.children.get_mut(&parent.id) {
-            siblings.retain(|_, n| !Arc::ptr_eq(n, node));
+            siblings.remove(&node.name);
+            if siblings.is_empty() {
+                tree.children.remove(&parent.id);
+            }
         }
         Ok(())
     }

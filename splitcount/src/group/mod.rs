@@ -20,6 +20,7 @@
 //! assert_eq!(tenant.usage(), 0);
 //! ```
 
+mod account;
 mod error;
 mod flusher;
 mod handle;
@@ -27,11 +28,17 @@ mod hierarchy;
 mod hooks;
 mod name;
 mod node;
+mod reclaim;
 mod snapshot;
 
-pub use error::{ChargeError, ChargeErrorKind, GroupError};
-pub use handle::{Group, MAX_RECLAIM_RETRIES};
+pub(crate) use account::AccountKey;
+pub use error::{ChargeError, ChargeErrorKind, GroupError, OverLimit, Refusal};
+pub use handle::Group;
+pub(crate) use hierarchy::Bytes;
 pub use hierarchy::{Hierarchy, HierarchyConfig, DEFAULT_FLUSH_PERIOD};
-pub use hooks::{OomHook, PressureHook, ReclaimHook};
+pub(crate) use hooks::run as run_hook;
+pub use hooks::{AllocRefusalHook, OomHook, PressureHook, ReclaimHook};
 pub use name::{validate_name, MAX_NAME_LEN};
+pub(crate) use node::Node;
+pub use reclaim::MAX_RECLAIM_RETRIES;
 pub use snapshot::{GroupSnapshot, Snapshot};

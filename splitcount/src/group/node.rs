@@ -4,7 +4,7 @@
 //!  UsageCounter (own allocation)        Node
 //!  ┌ line: usage, watermark ┐ hot        ┌ line: usage ptr, parent, removed ┐ read-mostly
 //!  ├ line: max, high       ┤ read-most. ├ id, path                          ┤ cold
-//!  └ line: event counts    ┘ slow path  └ hooks (mutex)                     ┘ cold
+//!  └ line: events          ┘ slow path  └ hooks, account, breach            ┘ cold
 //! ```
 //!
 //! Write-hot fields (usage, watermark), read-mostly fields (limits, parent,
@@ -14,15 +14,17 @@
 //! invalidates the line another CPU reads a limit from. The lab's `layout`
 //! suite shows what the packed alternative costs.
 
+use super::account::{Account, AccountKey};
+use super::error::OverLimit;
 use super::hooks::Hooks;
-use crate::charge::{ByteAccount, UsageCounter};
+use crate::charge::UsageCounter;
 use crate::stat::StatGroup;
 use crate::sync::{
-    AtomicBool, Mutex,
-    Ordering::{Acquire, Release},
+    AtomicBool,
+    Ordering::{Acquire, Relaxed, Release},
 };
 use crossbeam_utils::CachePadded;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Read-mostly: read by every charge.
 pub(crate) struct Hot {
@@ -35,11 +37,14 @@ pub(crate) struct Hot {
 pub(crate) struct Node {
     read: CachePadded<Hot>,
     pub(crate) id: u64,
+    pub(crate) name: String,
     pub(crate) path: String,
-    pub(crate) hooks: Mutex<Hooks>,
-    /// The allocator integration's account of this group, made on first
-    /// `enter()`.
-    pub(crate) alloc_account: std::sync::OnceLock<&'static ByteAccount>,
+    pub(crate) hooks: Mutex<Arc<Hooks>>,
+    /// The allocator's account of this group, made on first `enter()`.
+    account: OnceLock<AccountKey>,
+    /// A cooperative over-charge happened here (see [`OverLimit`]).
+    breached: std::sync::atomic::AtomicBool,
+    breach: Mutex<Option<OverLimit>>,
 }
 
 impl std::ops::Deref for Node {
@@ -53,6 +58,7 @@ impl Node {
     pub(crate) fn new(
         id: u64,
         parent: Option<Arc<Node>>,
+        name: String,
         path: String,
         usage: crate::sync::Arc<UsageCounter>,
         stats: Arc<StatGroup>,
@@ -65,9 +71,12 @@ impl Node {
                 removed: AtomicBool::new(false),
             }),
             id,
+            name,
             path,
-            hooks: Mutex::new(Hooks::default()),
-            alloc_account: std::sync::OnceLock::new(),
+            hooks: Mutex::new(Arc::default()),
+            account: OnceLock::new(),
+            breached: std::sync::atomic::AtomicBool::new(false),
+            breach: Mutex::new(None),
         }
     }
 
@@ -80,6 +89,20 @@ impl Node {
 
     pub(crate) fn mark_removed(&self) {
         self.removed.store(true, Release);
+        if let Some(account) = self.account.get() {
+            account.mark_removed();
+        }
+    }
+
+    /// The nearest live node: this one, or the ancestor its charges go to
+    /// after removal.
+    #[inline]
+    pub(crate) fn live(self: &Arc<Self>) -> &Arc<Node> {
+        let mut n = self;
+        while n.is_removed() {
+            n = n.parent.as_ref().expect("the root is never removed");
+        }
+        n
     }
 
     /// The node whose usage counter is `counter`: this one or an ancestor.
@@ -95,13 +118,94 @@ impl Node {
             };
         }
     }
+
+    /// The allocator's account of this group and of every ancestor (made
+    /// here, outside the allocator, so that the allocator only ever finds
+    /// existing ones).
+    pub(crate) fn account(self: &Arc<Self>) -> AccountKey {
+        if let Some(parent) = &self.parent {
+            parent.account();
+        }
+        *self.account.get_or_init(|| {
+            let a = Account::create(self);
+            if self.is_removed() {
+                a.mark_removed();
+            }
+            a
+        })
+    }
+
+    /// The account, if one was made.
+    pub(crate) fn existing_account(&self) -> Option<AccountKey> {
+        self.account.get().copied()
+    }
+
+    /// The hooks, cloned out of the mutex (never held while a hook runs).
+    /// Waits only a little for a subscriber being added; gives up (no
+    /// hooks) if the mutex stays held — after a `fork` that caught a thread
+    /// holding it, it stays held for ever in the child.
+    pub(crate) fn hooks(&self) -> Option<Arc<Hooks>> {
+        try_lock_a_while(&self.hooks).map(|h| h.clone())
+    }
+
+    /// Record a cooperative over-charge (the first one's numbers are kept
+    /// until the breach is cleared).
+    pub(crate) fn record_breach(&self, make: impl FnOnce() -> OverLimit) {
+        if self.breached.load(Relaxed) {
+            return;
+        }
+        if let Some(mut b) = try_lock_a_while(&self.breach) {
+            if b.is_none() {
+                *b = Some(make());
+            }
+            // Release: a checker that sees the flag sees the record.
+            self.breached.store(true, Release);
+        }
+    }
+
+    /// The breach recorded here, if any.
+    pub(crate) fn breach(&self) -> Option<OverLimit> {
+        // Acquire: pairs with `record_breach`.
+        if !self.breached.load(Acquire) {
+            return None;
+        }
+        self.breach
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Forget the breach.
+    pub(crate) fn clear_breach(&self) {
+        *self.breach.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.breached.store(false, Release);
+    }
+}
+
+/// Lock `m`, waiting only a little: the charge paths (which may run inside
+/// the global allocator) never block on a lock a user or a `fork` could keep
+/// held. `None` if it stayed held.
+fn try_lock_a_while<T>(m: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
+    for _ in 0..1_000 {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
+        }
+    }
+    None
 }
 
 impl Drop for Node {
-    /// Drop the chain of parents this node held the last reference to one
-    /// by one, instead of recursively: a chain of tens of thousands of
-    /// groups must not overflow the stack when its last handle goes.
+    /// Give up the account's `LIVE` references (its blocks keep it until
+    /// they are freed), then drop the chain of parents this node held the
+    /// last reference to one by one, instead of recursively: a chain of
+    /// tens of thousands of groups must not overflow the stack when its last
+    /// handle goes.
     fn drop(&mut self) {
+        if let Some(account) = self.account.take() {
+            account.release_live();
+        }
         let mut next = self.read.parent.take();
         while let Some(parent) = next {
             match Arc::try_unwrap(parent) {

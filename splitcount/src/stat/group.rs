@@ -259,6 +259,17 @@ impl StatGroup {
         }
     }
 
+    /// Whether some CPU may hold updates of this group not folded yet (it
+    /// is on a CPU's update list, or drained and waiting for its fold).
+    /// False for a group never updated: removing it needs no flush.
+    pub(crate) fn has_unfolded(&self) -> bool {
+        self.items > 0
+            && self
+                .nodes
+                .iter()
+                .any(|n| n.on_list.load(SeqCst) || n.queued.load(Relaxed))
+    }
+
     /// Updates counted towards the flush threshold so far.
     pub fn stats_updates(&self) -> u64 {
         self.stats_updates.load(Relaxed)

@@ -1,0 +1,205 @@
+//! The allocator's account of a group (the kernel's `obj_cgroup`): what an
+//! allocation's header points at, so that a free — on any thread, after any
+//! scope, after the group's removal — uncharges the counters its bytes were
+//! charged to.
+//!
+//! **Lifetime: bytes are the reference count.** An account counts
+//!
+//! ```text
+//!  refs = bytes charged through it and not yet uncharged   (in blocks, thread reserves, byte-stock slots)
+//!       + 1 per allocation scope entered on it               (a thread's current account)
+//!       + LIVE                                               (while its group's node exists)
+//! ```
+//!
+//! and frees itself when `refs` reaches 0. Every holder of a pointer to an
+//! account is covered: a block has at least one byte, a reserve or stock
+//! slot holds bytes (a slot gives up its key when its units run out), a
+//! scope holds a reference, and the node holds `LIVE`. No atomic is added
+//! per allocation: `refs` changes where the usage counter is charged or
+//! uncharged — in batches (a thread's reserve refill, a stock batch) — and
+//! at scope entry and exit. (The alternatives — an atomic per block, or a
+//! per-CPU `percpu_ref` switched to atomic mode at removal with a grace
+//! period — cost more on the hot path or need RCU; the bytes are counted
+//! anyway.)
+//!
+//! **Removal needs no reparenting.** Counters are hierarchical: an uncharge
+//! at a removed group's counter subtracts from every ancestor, the nearest
+//! live one included. So blocks keep naming their account after removal,
+//! and the last one freed frees it (and with it the group's counter). New
+//! charges never go to a removed group's account: a thread whose scope is
+//! on one charges the nearest live ancestor's account instead (its reserve
+//! may still hand out the few bytes already charged).
+
+use super::node::Node;
+use crate::charge::{StockKey, UsageCounter};
+use crate::sync::{
+    AtomicBool, AtomicU64,
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
+};
+use std::ptr::NonNull;
+use std::sync::{Arc, Weak};
+
+/// The references of a live group (held by its node until it drops).
+const LIVE: u64 = 1 << 62;
+
+pub(crate) struct Account {
+    counter: crate::sync::Arc<UsageCounter>,
+    node: Weak<Node>,
+    /// The group's parent (none for the root): where charges go once this
+    /// group is removed. A strong reference — the parent cannot go while a
+    /// child's account lives, and its account lives as long as it does.
+    parent: Option<Arc<Node>>,
+    refs: AtomicU64,
+    removed: AtomicBool,
+}
+
+/// A pointer to an [`Account`], valid while its holder's references (bytes,
+/// a scope, the node's `LIVE`) are counted in it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct AccountKey(NonNull<Account>);
+
+// SAFETY: an account is shared by design; its fields are atomics and
+// thread-safe reference-counted pointers.
+unsafe impl Send for AccountKey {}
+// SAFETY: as above.
+unsafe impl Sync for AccountKey {}
+
+impl Account {
+    /// A new account for `node`, holding `LIVE` for it.
+    pub(crate) fn create(node: &Arc<Node>) -> AccountKey {
+        let account = Box::new(Account {
+            counter: node.usage.clone(),
+            node: Arc::downgrade(node),
+            parent: node.parent.clone(),
+            refs: AtomicU64::new(LIVE),
+            removed: AtomicBool::new(false),
+        });
+        AccountKey(NonNull::from(Box::leak(account)))
+    }
+}
+
+impl AccountKey {
+    #[inline]
+    fn get(&self) -> &Account {
+        // SAFETY: the caller holds a reference counted in `refs` (see the
+        // type's docs), so the account has not been freed.
+        unsafe { self.0.as_ref() }
+    }
+
+    /// The address, for a block's header.
+    #[inline]
+    pub(crate) fn as_ptr(self) -> *const u8 {
+        self.0.as_ptr() as *const u8
+    }
+
+    /// The account whose address a header holds.
+    ///
+    /// # Safety
+    /// `p` came from [`AccountKey::as_ptr`] of an account that the caller's
+    /// bytes keep alive.
+    #[inline]
+    pub(crate) unsafe fn from_ptr(p: *const u8) -> Option<AccountKey> {
+        NonNull::new(p as *mut Account).map(AccountKey)
+    }
+
+    /// The group's usage counter.
+    #[inline]
+    pub(crate) fn usage(&self) -> &UsageCounter {
+        &self.get().counter
+    }
+
+    /// The group, while its node exists.
+    pub(crate) fn node(&self) -> Option<Arc<Node>> {
+        self.get().node.upgrade()
+    }
+
+    /// Whether the group was removed: new charges go elsewhere.
+    #[inline]
+    pub(crate) fn is_removed(&self) -> bool {
+        self.get().removed.load(Relaxed)
+    }
+
+    /// The nearest live group to charge in this account's stead: its own
+    /// node while not removed, else the nearest live ancestor.
+    pub(crate) fn live_node(&self) -> Option<Arc<Node>> {
+        match self.node() {
+            Some(n) if !n.is_removed() => Some(n),
+            Some(n) => Some(n.live().clone()),
+            None => self.get().parent.as_ref().map(|p| p.live().clone()),
+        }
+    }
+
+    /// Add `n` references (bytes now charged through it, or a scope).
+    #[inline]
+    pub(crate) fn retain(self, n: u64) {
+        // Relaxed: the caller already holds a reference (as for `Arc`).
+        self.get().refs.fetch_add(n, Relaxed);
+    }
+
+    /// Drop `n` references; the last one frees the account.
+    #[inline]
+    pub(crate) fn release(self, n: u64) {
+        // AcqRel: the thread that frees sees every other holder's uses.
+        if self.get().refs.fetch_sub(n, AcqRel) == n {
+            // SAFETY: that was the last reference; the account came from
+            // `Box::leak` in `create`. Dropping it may free the group's
+            // counter and parent link, and may run inside the allocator
+            // (their frees take the allocator's pass-through path).
+            drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+        }
+    }
+
+    /// Charge `n` bytes to the usage counter through this account, within
+    /// the limits; on success they are counted in `refs`.
+    #[inline]
+    pub(crate) fn try_charge(&self, n: u64) -> Result<bool, &UsageCounter> {
+        let crossed = self.get().counter.try_charge_quiet(n)?;
+        self.retain(n);
+        Ok(crossed)
+    }
+
+    /// Charge `n` bytes regardless of limits (a cooperative over-charge).
+    pub(crate) fn force_charge(self, n: u64) -> bool {
+        let crossed = self.get().counter.charge(n);
+        self.retain(n);
+        crossed
+    }
+
+    /// Give `n` bytes back to the usage counter; may free the account.
+    #[inline]
+    pub(crate) fn uncharge_bytes(self, n: u64) {
+        self.get().counter.uncharge(n);
+        self.release(n);
+    }
+
+    /// Mark the group removed (new charges go to the nearest live
+    /// ancestor).
+    pub(crate) fn mark_removed(self) {
+        self.get().removed.store(true, Release);
+    }
+
+    /// The node's `LIVE` references, dropped when the node goes.
+    pub(crate) fn release_live(self) {
+        self.release(LIVE);
+    }
+
+    /// References held (for tests of the lifetime).
+    #[allow(dead_code)]
+    pub(crate) fn refs(self) -> u64 {
+        self.get().refs.load(Acquire)
+    }
+}
+
+impl StockKey for AccountKey {
+    fn counter(&self) -> &UsageCounter {
+        self.usage()
+    }
+    fn same(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+    fn return_units(self, units: u64) {
+        self.uncharge_bytes(units);
+    }
+    // A slot's units keep its account alive: an empty slot must let go.
+    const KEEP_EMPTY: bool = false;
+}

@@ -1,0 +1,125 @@
+//! The slow half of a charge, shared by [`super::Group::charge`] and the
+//! allocator integration: what happens when a charge does not fit.
+//!
+//! ```text
+//!  loop ≤ MAX_RECLAIM_RETRIES:
+//!      try the charge ── fits ──▶ done (then the pressure hooks of crossings of `high`)
+//!      refused by R: R's reclaim hooks; drain R's subtree from both stocks (once per R)
+//!      nothing freed ──▶ break
+//!  R.oom += 1, R.max += 1; R's OOM hooks (one more try if one says so) ──▶ refused by R
+//! ```
+//!
+//! Hooks run through a [`HookRunner`]: directly for `Group::charge`, with
+//! accounting off inside the allocator (a hook's own allocations must not be
+//! charged to the group that is full).
+
+use super::hierarchy::Shared;
+use super::hooks;
+use super::node::Node;
+use super::Group;
+use crate::charge::UsageCounter;
+use std::sync::Arc;
+
+/// How many times the charge path retries after reclaim while it makes
+/// progress (the kernel's `MAX_RECLAIM_RETRIES`).
+pub const MAX_RECLAIM_RETRIES: usize = 16;
+
+/// Runs a user hook (directly, or with allocator accounting off).
+pub(crate) type HookRunner = fn(&mut dyn FnMut());
+
+/// Run a hook directly.
+pub(crate) fn direct(f: &mut dyn FnMut()) {
+    f()
+}
+
+impl Shared {
+    /// Charge `n` through `try_charge` (which charges the counters of
+    /// `node` and its ancestors within their limits, or names the refusing
+    /// counter), reclaiming and draining as in the module docs. `Ok` with
+    /// whether a level crossed `high`; `Err` with the refusing node after
+    /// the OOM hooks, its `oom` and `max` events counted.
+    pub(crate) fn charge_with_reclaim(
+        self: &Arc<Self>,
+        node: &Arc<Node>,
+        n: u64,
+        try_charge: &mut dyn FnMut() -> Result<bool, *const UsageCounter>,
+        run: HookRunner,
+    ) -> Result<bool, Arc<Node>> {
+        // The refusers already drained (at most one per try): no heap, since
+        // this may run inside the allocator.
+        let mut drained = [std::ptr::null::<UsageCounter>(); MAX_RECLAIM_RETRIES];
+        let mut refuser = node.clone();
+        for _ in 0..MAX_RECLAIM_RETRIES {
+            let refused = match try_charge() {
+                Ok(crossed) => return Ok(crossed),
+                Err(r) => r,
+            };
+            // SAFETY: the refuser is `node`'s counter or an ancestor's, all
+            // kept alive by `node`.
+            refuser = node.find(unsafe { &*refused });
+            let short = short_by(&refuser.usage, n);
+            let mut progress: u64 = 0;
+            if let Some(h) = refuser.hooks() {
+                let group = Group::new(self.clone(), refuser.clone());
+                for hook in &h.reclaim {
+                    run(&mut || {
+                        progress = progress.saturating_add(hooks::run(0, || hook(&group, short)));
+                    });
+                }
+            }
+            if !drained.contains(&refused) {
+                if let Some(free) = drained.iter_mut().find(|d| d.is_null()) {
+                    *free = refused;
+                }
+                // SAFETY: as above.
+                let r = unsafe { &*refused };
+                progress = progress.saturating_add(self.drain(&|c| c.is_within(r)));
+            }
+            if progress == 0 {
+                break;
+            }
+        }
+        refuser.usage.record_oom();
+        refuser.usage.record_max();
+        let short = short_by(&refuser.usage, n);
+        if let Some(h) = refuser.hooks() {
+            let group = Group::new(self.clone(), refuser.clone());
+            let mut retry = false;
+            for hook in &h.oom {
+                if !retry {
+                    run(&mut || retry = hooks::run(false, || hook(&group, short)));
+                }
+            }
+            if retry {
+                if let Ok(crossed) = try_charge() {
+                    return Ok(crossed);
+                }
+            }
+        }
+        Err(refuser)
+    }
+
+    /// Run the pressure hooks of every group from `node` up whose usage
+    /// just crossed its `high` (each crossing once).
+    #[cold]
+    pub(crate) fn pressure(self: &Arc<Self>, node: &Arc<Node>, run: HookRunner) {
+        let mut n = Some(node.clone());
+        while let Some(g) = n {
+            if g.usage.take_pressure() {
+                let over = g.usage.usage().saturating_sub(g.usage.high());
+                if let Some(h) = g.hooks() {
+                    let group = Group::new(self.clone(), g.clone());
+                    for hook in &h.pressure {
+                        run(&mut || hooks::run((), || hook(&group, over)));
+                    }
+                }
+            }
+            n = g.parent.clone();
+        }
+    }
+}
+
+/// How many units a charge of `n` is short of fitting under `c`'s limit.
+fn short_by(c: &UsageCounter, n: u64) -> u64 {
+    c.usage().saturating_add(n).saturating_sub(c.max())
+}
