@@ -7,6 +7,7 @@ pub mod machine;
 pub mod replay;
 pub mod report;
 mod rng;
+pub mod timing;
 pub mod watchdog;
 
 /// Parse a comma-separated list with `parse_one`, naming the bad element.
