@@ -62,14 +62,51 @@ fn machine_json_has_the_promised_fields() {
 }
 
 #[test]
+fn machine_json_names_the_cpu_its_host_and_the_performance_counters() {
+    let (ok, out, _) = lab(&["machine", "--json"], "");
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for key in [
+        "cpu_vendor",
+        "cpu_model",
+        "virtualization",
+        "perf_counters",
+        "two_threads",
+    ] {
+        assert!(
+            v[key].as_str().is_some_and(|s| !s.is_empty()),
+            "{key} in {out}"
+        );
+    }
+}
+
+#[test]
 fn bench_cpu_id_json_lines_carry_a_ratio_to_the_raw_syscall() {
     let lines = bench_json("cpu-id", &["--threads", "1", "--seconds", "0.02"]);
     assert!(!lines.is_empty());
     for l in &lines {
-        for key in ["suite", "case", "threads", "ns_per_op"] {
+        for key in [
+            "suite",
+            "case",
+            "threads",
+            "ns_per_op",
+            "ops_per_sec",
+            "ratio",
+            "baseline",
+            "low",
+            "high",
+            "rounds",
+            "stable",
+        ] {
             assert!(l.get(key).is_some(), "missing {key}");
         }
         assert_eq!(l["suite"], "cpu-id");
+        assert_eq!(
+            l["rounds"], 9,
+            "the default rounds, none left out on one thread"
+        );
+        assert!(l["low"].as_f64().unwrap() <= l["ratio"].as_f64().unwrap());
+        assert!(l["ratio"].as_f64().unwrap() <= l["high"].as_f64().unwrap());
     }
     if let Some(base) = lines.iter().find(|l| l["case"] == "getcpu-syscall") {
         assert_eq!(base["ratio"], 1.0);
@@ -79,7 +116,10 @@ fn bench_cpu_id_json_lines_carry_a_ratio_to_the_raw_syscall() {
 
 #[test]
 fn bench_counters_covers_every_design_the_floor_the_shared_atomic_and_the_peers() {
-    let lines = bench_json("counters", &["--threads", "1,2", "--seconds", "0.02"]);
+    let lines = bench_json(
+        "counters",
+        &["--threads", "1,2", "--seconds", "0.02", "--rounds", "2"],
+    );
     for case in [
         "thread-local",
         "shared-atomic",
@@ -147,6 +187,60 @@ fn accuracy_json_reports_bound_worst_case_and_random_walks() {
 }
 
 #[test]
+fn bad_flags_are_refused_with_the_valid_values() {
+    let refused = |args: &[&str], needles: &[&str]| {
+        let (ok, _, err) = lab(args, "");
+        assert!(!ok, "{args:?} was accepted");
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: {n:?} not in {err:?}");
+        }
+        assert!(!err.contains("panicked"), "{err}");
+    };
+    refused(
+        &["accuracy", "--design", "foo"],
+        &["\"foo\"", "atomic, batched, pernode, tree, or all"],
+    );
+    refused(&["accuracy", "--cpus", "0"], &["CPU count", "valid: 1 to"]);
+    refused(
+        &[
+            "accuracy", "--design", "tree", "--cpus", "8", "--arity", "foo",
+        ],
+        &["auto, binary"],
+    );
+    refused(&["bench", "counters", "--seconds", "0"], &["must be > 0"]);
+    refused(&["bench", "counters", "--seconds=-1"], &["must be > 0"]);
+    refused(
+        &["bench", "counters", "--rounds", "0"],
+        &["--rounds", "1 to 1000"],
+    );
+    refused(&["bench", "counters", "--threads", "0"], &["1 to 1024"]);
+    refused(
+        &["bench", "nope"],
+        &[
+            "\"nope\"",
+            "cpu-id, percpu, counters, charge, stats, alloc, layout",
+        ],
+    );
+    refused(
+        &["replay", "--design", "foo", "--cpus", "2"],
+        &["atomic, batched, pernode, tree"],
+    );
+}
+
+#[test]
+fn report_help_lists_every_suite() {
+    let (ok, out, _) = lab(&["report", "--help"], "");
+    assert!(ok);
+    for s in splitcount_lab::report::suites::SUITES {
+        assert!(
+            out.contains(s.name),
+            "{} not in report --help:\n{out}",
+            s.name
+        );
+    }
+}
+
+#[test]
 fn accuracy_rejects_bad_arguments_with_a_message() {
     let (ok, _, err) = lab(
         &[
@@ -192,27 +286,38 @@ fn replay_prints_the_state_after_each_line_and_names_a_bad_line() {
 }
 
 #[test]
-fn bench_charge_has_every_case_with_ratios_to_no_accounting() {
-    let lines = bench_json("charge", &["--threads", "1,2", "--seconds", "0.02"]);
+fn bench_charge_has_every_case_at_every_thread_count_with_ratios_to_no_accounting() {
+    let lines = bench_json(
+        "charge",
+        &["--threads", "1,2", "--seconds", "0.03", "--rounds", "3"],
+    );
     for case in [
         "no-accounting",
         "usage-counter",
         "stock",
-        "stock-1-slot",
-        "stock-7-slots",
+        "stock-misses",
+        "4-tenants-1-slot",
+        "4-tenants-7-slots",
+        "8-tenants-1-slot",
+        "8-tenants-7-slots",
     ] {
-        let l = lines
-            .iter()
-            .find(|l| l["case"] == case)
-            .unwrap_or_else(|| panic!("{case} missing"));
-        assert!(l["ops_per_sec"].as_f64().unwrap() > 0.0);
-        assert_eq!(l["baseline"], "no-accounting");
+        for t in [1, 2] {
+            let l = lines
+                .iter()
+                .find(|l| l["case"] == case && l["threads"] == t)
+                .unwrap_or_else(|| panic!("{case} at {t} threads missing"));
+            assert!(l["ops_per_sec"].as_f64().unwrap() > 0.0);
+            assert_eq!(l["baseline"], "no-accounting");
+        }
     }
 }
 
 #[test]
 fn bench_stats_reports_flush_and_update_costs_with_ratios() {
-    let lines = bench_json("stats", &["--groups", "500", "--seconds", "0.05"]);
+    let lines = bench_json(
+        "stats",
+        &["--groups", "500", "--seconds", "0.05", "--rounds", "3"],
+    );
     for (case, baseline) in [
         ("flush-updated", "full-walk"),
         ("full-walk", "full-walk"),
@@ -231,15 +336,26 @@ fn bench_stats_reports_flush_and_update_costs_with_ratios() {
 }
 
 #[test]
-fn bench_alloc_compares_the_wrapper_with_the_system_allocator() {
-    let lines = bench_json("alloc", &["--threads", "1,2", "--seconds", "0.02"]);
-    for case in ["system", "accounted"] {
-        for t in [1, 2] {
+fn bench_alloc_compares_each_workload_on_the_wrapper_with_itself_on_the_system_allocator() {
+    let lines = bench_json(
+        "alloc",
+        &["--threads", "1,2", "--seconds", "0.06", "--rounds", "2"],
+    );
+    for (workload, threads) in [
+        ("mixed", 1),
+        ("mixed", 2),
+        ("small", 1),
+        ("small", 2),
+        ("cross-thread", 2),
+        ("json", 1),
+    ] {
+        for allocator in ["system", "accounted"] {
+            let case = format!("{workload}-{allocator}");
             let l = lines
                 .iter()
-                .find(|l| l["case"] == case && l["threads"] == t)
-                .unwrap_or_else(|| panic!("{case} at {t} threads missing"));
-            assert_eq!(l["baseline"], "system");
+                .find(|l| l["case"] == case.as_str() && l["threads"] == threads)
+                .unwrap_or_else(|| panic!("{case} at {threads} threads missing"));
+            assert_eq!(l["baseline"], format!("{workload}-system"));
             assert!(l["ratio"].as_f64().unwrap() > 0.0);
         }
     }
@@ -247,7 +363,7 @@ fn bench_alloc_compares_the_wrapper_with_the_system_allocator() {
 
 #[test]
 fn bench_layout_reports_each_role_against_the_padded_layout() {
-    let lines = bench_json("layout", &["--seconds", "0.03"]);
+    let lines = bench_json("layout", &["--seconds", "0.03", "--rounds", "3"]);
     let cases: Vec<&str> = lines.iter().map(|l| l["case"].as_str().unwrap()).collect();
     assert_eq!(
         cases,
