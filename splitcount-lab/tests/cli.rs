@@ -59,13 +59,7 @@ fn machine_json_has_the_promised_fields() {
         assert!(v.get(key).is_some(), "missing {key} in {out}");
     }
     assert!(v["possible_cpus"].as_u64().unwrap() >= 1);
-}
-
-#[test]
-fn machine_json_names_the_cpu_its_host_and_the_performance_counters() {
-    let (ok, out, _) = lab(&["machine", "--json"], "");
-    assert!(ok);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    // The CPU, its host and the performance counters, in words.
     for key in [
         "cpu_vendor",
         "cpu_model",
@@ -291,16 +285,7 @@ fn bench_charge_has_every_case_at_every_thread_count_with_ratios_to_no_accountin
         "charge",
         &["--threads", "1,2", "--seconds", "0.03", "--rounds", "3"],
     );
-    for case in [
-        "no-accounting",
-        "usage-counter",
-        "stock",
-        "stock-misses",
-        "4-tenants-1-slot",
-        "4-tenants-7-slots",
-        "8-tenants-1-slot",
-        "8-tenants-7-slots",
-    ] {
+    for case in splitcount_lab::bench::charge::CASES {
         for t in [1, 2] {
             let l = lines
                 .iter()

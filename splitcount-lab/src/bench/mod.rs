@@ -71,6 +71,9 @@ pub struct Record {
     pub overlap: f64,
     /// Whether the threads were pinned, one per CPU.
     pub pinned: bool,
+    /// The per-round ratios that entered `ratio`, in measured order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub round_ratios: Vec<f64>,
 }
 
 /// A suite's rounds and the records made of them.
@@ -109,6 +112,7 @@ impl Bench {
                     stable: false,
                     overlap: crate::timing::spread::median(&overlaps),
                     pinned: s.samples.iter().all(|x| x.pinned),
+                    round_ratios: Vec::new(),
                 };
                 let baseline = baseline_of(&s.case);
                 match baseline
@@ -123,6 +127,7 @@ impl Bench {
                         r.left_out = f.left_out;
                         r.poor_overlap = f.poor_overlap;
                         r.stable = f.stable();
+                        r.round_ratios = f.values;
                         r.baseline = baseline;
                     }
                     None => {

@@ -180,6 +180,73 @@ pub fn two_thread_placement() -> String {
     }
 }
 
+/// How long a cache line takes to go from one pinned CPU to the other and
+/// back, in ns: two threads on [`pin::placement`]`(2)` take turns
+/// incrementing one atomic, each waiting to see the other's increment,
+/// for about 20 ms in bursts of 256 round trips; the median burst. (A burst
+/// during which a thread was preempted is slow; the median leaves it out.)
+/// `None` with fewer than two CPUs.
+///
+/// On a virtual machine this depends on where the host runs the two vCPUs
+/// (two hyperthreads of one core, two cores sharing a cache, two chiplets)
+/// and can change while the lab runs; every contended figure (a shared
+/// atomic at 2 threads, a Tree's carries) moves with it. The report
+/// measures it at its start and at its end.
+pub fn line_round_trip_ns() -> Option<f64> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+    const BURST: u64 = 256;
+    let cpus = pin::placement(2)?.cpus;
+    let (first, second) = (cpus[0], cpus[1]);
+    let line = crossbeam_utils::CachePadded::new(AtomicU64::new(0));
+    let done = AtomicBool::new(false);
+    let bursts = std::thread::scope(|s| {
+        let (line, done) = (&line, &done);
+        let responder = s.spawn(move || {
+            pin::pin_current(second);
+            // Acquire/Release: each increment hands the turn over; no other
+            // data rides on it, but the pairing keeps the hand-off a real
+            // round trip on any architecture.
+            loop {
+                let v = line.load(Ordering::Acquire);
+                if v % 2 == 1 {
+                    line.store(v + 1, Ordering::Release);
+                } else if done.load(Ordering::Relaxed) {
+                    return;
+                }
+                std::hint::spin_loop();
+            }
+        });
+        // The initiator runs on a thread of its own: pinning the caller
+        // would pin the lab's main thread for good.
+        let initiator = s.spawn(move || {
+            pin::pin_current(first);
+            let start = Instant::now();
+            let mut bursts = Vec::new();
+            let mut trips = 0u64;
+            while start.elapsed() < Duration::from_millis(20) {
+                let t = Instant::now();
+                for _ in 0..BURST {
+                    let v = 2 * trips;
+                    line.store(v + 1, Ordering::Release);
+                    while line.load(Ordering::Acquire) != v + 2 {
+                        std::hint::spin_loop();
+                    }
+                    trips += 1;
+                }
+                bursts.push(t.elapsed().as_nanos() as f64 / BURST as f64);
+            }
+            // Relaxed: the joins order everything after them.
+            done.store(true, Ordering::Relaxed);
+            bursts
+        });
+        let bursts = initiator.join().expect("the initiator does not panic");
+        responder.join().expect("the responder does not panic");
+        bursts
+    });
+    Some(crate::timing::spread::median(&bursts))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +259,13 @@ mod tests {
         assert_eq!(m.vendor, "AuthenticAMD");
         assert_eq!(m.model, "AMD EPYC (family 25, model 17)");
         assert_eq!(cpu_model_from("").vendor, "unknown");
+    }
+
+    #[test]
+    fn a_round_trip_between_two_cpus_takes_some_nanoseconds() {
+        if let Some(ns) = line_round_trip_ns() {
+            assert!(ns > 1.0 && ns < 1e6, "{ns} ns");
+        }
     }
 
     #[test]

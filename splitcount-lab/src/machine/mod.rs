@@ -44,6 +44,9 @@ pub struct MachineInfo {
     pub perf_counters: String,
     /// Where the lab pins two threads, and whether they share a core.
     pub two_threads: String,
+    /// A cache line's round trip between the two CPUs two threads are
+    /// pinned to, in ns (`None` with one CPU).
+    pub line_round_trip_ns: Option<f64>,
 }
 
 /// One cache level, summarized.
@@ -91,6 +94,7 @@ impl MachineInfo {
             virtualization: host::virtualization(),
             perf_counters: host::perf_counters(),
             two_threads: host::two_thread_placement(),
+            line_round_trip_ns: host::line_round_trip_ns(),
         }
     }
 
@@ -101,6 +105,9 @@ impl MachineInfo {
         println!("  virtualisation  {}", self.virtualization);
         println!("  perf counters   {}", self.perf_counters);
         println!("  2 threads       {}", self.two_threads);
+        if let Some(ns) = self.line_round_trip_ns {
+            println!("  line round trip {ns:.0} ns between those two CPUs");
+        }
         println!(
             "  CPUs            {} possible ({}), {} online",
             self.possible_cpus, self.possible_cpu_list, self.online_cpus

@@ -15,7 +15,7 @@ pub mod suites;
 pub mod table;
 pub mod targets;
 
-use crate::machine::MachineInfo;
+use crate::machine::{self, MachineInfo};
 use indicatif::{ProgressBar, ProgressStyle};
 use published::Published;
 use serde::Serialize;
@@ -74,8 +74,7 @@ pub fn run(options: &Options) -> Result<(), String> {
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let start = Instant::now();
     let machine = MachineInfo::detect();
-    let machine_table = machine_table(&machine);
-    println!("{}\n", machine_table.to_text());
+    println!("{}\n", machine_table(&machine, None).to_text());
     let settings = Settings {
         quick: options.quick,
     };
@@ -98,6 +97,10 @@ pub fn run(options: &Options) -> Result<(), String> {
             outcome,
         });
     }
+    // Measured again at the end: a host that moved the vCPUs meanwhile
+    // shows here, and explains contended figures that drifted.
+    let round_trip_at_end = machine::host::line_round_trip_ns();
+    let machine_table = machine_table(&machine, round_trip_at_end);
     let verdicts = gather_verdicts(&ran);
     let verdict_table = verdict_table(&verdicts);
     if !verdicts.is_empty() {
@@ -253,14 +256,27 @@ fn write(
     save("index.html", &html)
 }
 
-/// The machine's shape as a two-column table.
-fn machine_table(m: &MachineInfo) -> Table {
+/// The machine's shape as a two-column table; `round_trip_at_end`: the
+/// cache-line round trip measured again when the suites have run.
+fn machine_table(m: &MachineInfo, round_trip_at_end: Option<f64>) -> Table {
     let mut t = Table::new("machine").text("property").text("value");
     let mut add = |k: &str, v: String| t.row(vec![k.to_owned(), v]);
     add("CPU", format!("{} ({})", m.cpu_model, m.cpu_vendor));
     add("virtualisation", m.virtualization.clone());
     add("performance counters", m.perf_counters.clone());
     add("two threads pinned to", m.two_threads.clone());
+    if let Some(start) = m.line_round_trip_ns {
+        add(
+            "cache-line round trip between them",
+            match round_trip_at_end {
+                Some(end) => format!(
+                    "{start:.0} ns at the start, {end:.0} ns at the end (where the host runs \
+                     the two CPUs; contended figures move with it)"
+                ),
+                None => format!("{start:.0} ns"),
+            },
+        );
+    }
     add(
         "CPUs",
         format!(

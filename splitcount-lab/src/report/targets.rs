@@ -342,13 +342,14 @@ impl Target {
         let (bound, note) = self.applicable(m);
         let mut notes: Vec<String> = vec![note];
         let figure = self.figure(m);
-        let status = match figure {
+        let spread = figure.as_ref().map(|f| f.spread);
+        let status = match &figure {
             None => Status::NotMeasured,
             Some(f) if !f.stable() => Status::Unstable,
             Some(f) if bound.holds(f.spread.median) => Status::Met,
             Some(_) => Status::NotMet,
         };
-        match figure {
+        match &figure {
             Some(f) => {
                 if f.poor_overlap {
                     notes.push(
@@ -371,12 +372,12 @@ impl Target {
         Verdict {
             name: self.name.to_owned(),
             target: self.goal(),
-            median: figure.map(|f| f.spread.median),
-            low: figure.map(|f| f.spread.low),
-            high: figure.map(|f| f.spread.high),
+            median: spread.map(|s| s.median),
+            low: spread.map(|s| s.low),
+            high: spread.map(|s| s.high),
             status,
             suite: self.suite.to_owned(),
-            rounds: figure.map_or(0, |f| f.spread.n),
+            rounds: spread.map_or(0, |s| s.n),
             note,
             speedup: !matches!(self.measure, Measure::Cost { .. }),
         }

@@ -75,10 +75,12 @@ impl Series {
 }
 
 /// A figure: one value per usable round, and what they spread over.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Figure {
     /// Median, range and halves of the per-round values.
     pub spread: Spread,
+    /// The per-round values, in measured order.
+    pub values: Vec<f64>,
     /// Rounds left out for poor overlap.
     pub left_out: usize,
     /// Too few rounds had good overlap: every round was used, and the
@@ -105,6 +107,7 @@ impl Figure {
                 n: s.n,
                 halves: (1.0 / s.halves.0, 1.0 / s.halves.1),
             },
+            values: self.values.iter().map(|v| 1.0 / v).collect(),
             ..*self
         }
     }
@@ -171,6 +174,7 @@ impl Measured {
         };
         Some(Figure {
             spread: Spread::of(&values)?,
+            values,
             left_out,
             poor_overlap,
         })

@@ -9,6 +9,10 @@
 //!  …
 //! ```
 //!
+//! Each entry's warm-up slice sets how many operations its threads run
+//! between two looks at the stop flag (about 20 µs of them) and, for slow
+//! operations, a slice long enough for [`MIN_OPS_PER_SLICE`] of them.
+//!
 //! A ratio is then computed **per round**, between two entries measured a
 //! few slices apart, and the reported figure is the median of those
 //! per-round ratios ([`super::Measured`]). Whatever disturbs the host for a
@@ -53,6 +57,27 @@ const BATCH_TIME_NS: f64 = 20_000.0;
 
 /// The most operations between two looks at the stop flag.
 const MAX_BATCH: u64 = 1 << 16;
+
+/// Operations a thread should complete per slice: an entry whose operation
+/// is slow (serde_json over a 2 MB document) gets slices long enough for
+/// this many, so that one odd operation does not make a round — up to
+/// [`MAX_STRETCH`] times the plan's slice.
+pub const MIN_OPS_PER_SLICE: u32 = 4;
+
+/// How many times the plan's slice a slow operation's slice may last.
+pub const MAX_STRETCH: u32 = 4;
+
+/// The slice length of an entry whose operation costs `ns_per_op`: the
+/// plan's, or enough for [`MIN_OPS_PER_SLICE`] operations, at most
+/// [`MAX_STRETCH`] times the plan's.
+pub fn slice_for(plan: &Plan, ns_per_op: f64) -> Duration {
+    let needed = if ns_per_op.is_finite() && ns_per_op > 0.0 {
+        Duration::from_secs_f64((ns_per_op * 1e-9 * MIN_OPS_PER_SLICE as f64).min(60.0))
+    } else {
+        Duration::ZERO
+    };
+    plan.slice.max(needed.min(plan.slice * MAX_STRETCH))
+}
 
 /// Operations per batch for an operation that costs `ns_per_op`.
 pub fn batch_for(ns_per_op: f64) -> u64 {
@@ -155,13 +180,16 @@ impl<'a> Entry<'a> {
 /// slice each, and return every round's samples.
 pub fn measure(suite: &str, plan: &Plan, mut entries: Vec<Entry>) -> Result<Measured, String> {
     notify(Progress::Planned(entries.len() * (plan.rounds + 1)));
-    let mut batches = Vec::with_capacity(entries.len());
+    let mut specs = Vec::with_capacity(entries.len());
     for e in &mut entries {
         let warm = e.slice(SliceSpec {
             length: plan.warmup(),
             batch: 1,
         })?;
-        batches.push(batch_for(warm.ns_per_op()));
+        specs.push(SliceSpec {
+            length: slice_for(plan, warm.ns_per_op()),
+            batch: batch_for(warm.ns_per_op()),
+        });
     }
     let mut runs: Vec<Vec<SliceRun>> = entries.iter().map(|_| Vec::new()).collect();
     for round in 0..plan.rounds {
@@ -171,11 +199,7 @@ pub fn measure(suite: &str, plan: &Plan, mut entries: Vec<Entry>) -> Result<Meas
             (0..entries.len()).rev().collect()
         };
         for i in order {
-            let spec = SliceSpec {
-                length: plan.slice,
-                batch: batches[i],
-            };
-            runs[i].push(entries[i].slice(spec)?);
+            runs[i].push(entries[i].slice(specs[i])?);
         }
     }
     let mut series = Vec::new();
@@ -257,6 +281,18 @@ mod tests {
     use super::*;
     use std::cell::Cell;
     use std::rc::Rc;
+
+    #[test]
+    fn slow_operations_get_slices_long_enough_for_a_few_of_them() {
+        let plan = Plan {
+            rounds: 3,
+            slice: Duration::from_millis(80),
+        };
+        assert_eq!(slice_for(&plan, 100.0), plan.slice);
+        assert_eq!(slice_for(&plan, 50e6), Duration::from_millis(200));
+        assert_eq!(slice_for(&plan, 1e9), Duration::from_millis(320));
+        assert_eq!(slice_for(&plan, f64::NAN), plan.slice);
+    }
 
     #[test]
     fn batches_last_about_twenty_microseconds() {

@@ -25,13 +25,13 @@ pub struct Settings {
 
 /// Rounds per case in a full report (at least 9, so that a median and two
 /// halves of rounds mean something).
-pub const ROUNDS: usize = 11;
+pub const ROUNDS: usize = 15;
 
 /// Rounds per case with `--quick`.
 pub const QUICK_ROUNDS: usize = 3;
 
 impl Settings {
-    /// How the timed suites run: [`ROUNDS`] interleaved rounds of 80 ms
+    /// How the timed suites run: [`ROUNDS`] interleaved rounds of 60 ms
     /// per case ([`QUICK_ROUNDS`] of 10 ms with `--quick`).
     pub fn plan(&self) -> Plan {
         if self.quick {
@@ -42,7 +42,7 @@ impl Settings {
         } else {
             Plan {
                 rounds: ROUNDS,
-                slice: Duration::from_millis(80),
+                slice: Duration::from_millis(60),
             }
         }
     }

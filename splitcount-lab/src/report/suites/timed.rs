@@ -55,18 +55,7 @@ pub fn stats(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
     let b = counted(progress, || bench::stats::run(groups, &s.plan()))?;
     let mut out = outcome("stats", &b, "op")?;
     out.settings["groups"] = json!(groups);
-    let bars: Vec<Bar> = b
-        .records
-        .iter()
-        .map(|r| Bar {
-            label: r.case.clone(),
-            value: r.ns_per_op,
-            note: r
-                .ratio
-                .map_or_else(String::new, |x| format!("×{}", ratio(x))),
-            color_of: r.case.clone(),
-        })
-        .collect();
+    let bars = time_bars(&b.records);
     out.plots = vec![plots::bar_chart(
         "stats: ns per operation (one thread, log scale)",
         "ns per op",
@@ -108,8 +97,19 @@ pub fn alloc(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
 pub fn layout(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
     let b = counted(progress, || bench::layout::run(&s.plan()))?;
     let mut out = outcome("layout", &b, "op")?;
-    let bars: Vec<Bar> = b
-        .records
+    let bars = time_bars(&b.records);
+    out.plots = vec![plots::bar_chart(
+        "layout: ns per operation of each role (2 threads)",
+        "ns per op",
+        Axis::Linear,
+        &bars,
+    )?];
+    Ok(out)
+}
+
+/// One bar per record: its time per operation, labelled with its ratio.
+fn time_bars(records: &[Record]) -> Vec<Bar> {
+    records
         .iter()
         .map(|r| Bar {
             label: r.case.clone(),
@@ -119,14 +119,7 @@ pub fn layout(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
                 .map_or_else(String::new, |x| format!("×{}", ratio(x))),
             color_of: r.case.clone(),
         })
-        .collect();
-    out.plots = vec![plots::bar_chart(
-        "layout: ns per operation of each role (2 threads)",
-        "ns per op",
-        Axis::Linear,
-        &bars,
-    )?];
-    Ok(out)
+        .collect()
 }
 
 /// The outcome of a timed suite: settings, records, its table and its
@@ -319,7 +312,7 @@ fn thread_plots(suite: &str, records: &[Record], op: &str) -> Result<Vec<String>
     let mut out = Vec::new();
     if !baseline.is_empty() {
         out.push(plots::line_chart(&Chart {
-            title: format!("{suite}: time per {op} ÷ {baseline} (same run, same threads)"),
+            title: format!("{suite}: time per {op} ÷ {baseline} (same round, same threads)"),
             x_label: "threads".into(),
             y_label: format!("× {baseline}"),
             x_axis: Axis::Log2,
@@ -363,6 +356,7 @@ mod tests {
             stable: true,
             overlap: 1.0,
             pinned: true,
+            round_ratios: Vec::new(),
         }
     }
 
