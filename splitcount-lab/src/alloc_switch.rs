@@ -12,8 +12,6 @@
 //! ([`crate::bench::alloc`]). Both sides pay the same dispatch: one
 //! predictable branch on a static.
 
-#![allow(unsafe_code)]
-
 use serde::{Deserialize, Serialize};
 use splitcount::alloc::Accounted;
 use splitcount::group::Hierarchy;

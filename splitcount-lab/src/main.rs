@@ -94,7 +94,7 @@ enum Command {
     /// verdicts against the targets, and write `report.json` and
     /// `index.html`.
     Report {
-        /// Fewer, shorter rounds, for smoke tests (about 15 s on 2 cores,
+        /// Fewer, shorter rounds, for smoke tests (about 10 s on 2 cores,
         /// instead of about 2 minutes).
         #[arg(long)]
         quick: bool,

@@ -222,7 +222,7 @@ fn bad_flags_are_refused_with_the_valid_values() {
 }
 
 #[test]
-fn report_help_lists_every_suite() {
+fn report_help_lists_every_suite_and_agrees_with_the_readme_on_quick() {
     let (ok, out, _) = lab(&["report", "--help"], "");
     assert!(ok);
     for s in splitcount_lab::report::suites::SUITES {
@@ -232,6 +232,16 @@ fn report_help_lists_every_suite() {
             s.name
         );
     }
+    // "--quick  Fewer, shorter rounds, for smoke tests (about 10 s on 2 cores, …"
+    let start = out.find("smoke tests (").expect("--quick says how long") + 13;
+    let duration = &out[start..start + out[start..].find(" on 2 cores").unwrap()];
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let promise = format!("for smoke tests ({duration} on 2 cores");
+    assert!(
+        readme.contains(&promise),
+        "README does not say {promise:?} about --quick"
+    );
 }
 
 #[test]

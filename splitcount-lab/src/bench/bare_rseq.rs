@@ -19,8 +19,6 @@
 //! between it and this. Unavailable (`None`) off x86_64 Linux, or where
 //! glibc did not register rseq.
 
-#![allow(unsafe_code)]
-
 use crossbeam_utils::CachePadded;
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -52,12 +50,13 @@ impl BareRseq {
     /// Add `delta` to the calling CPU's slot.
     #[inline(always)]
     pub fn add(&self, delta: i64) {
-        // SAFETY: `offset` is glibc's `__rseq_offset`, found by `new` with
-        // a registered area (`__rseq_size` > 0); `slots` has `len` lines of
-        // 128 bytes and the section only writes the one of the CPU it read.
-        // (The slots are atomics, so writing through a shared reference is
-        // allowed: their bytes are in `UnsafeCell`s.)
+        // The slots are atomics: writing through a pointer taken from a
+        // shared reference is allowed (their bytes are in `UnsafeCell`s).
         let base = self.slots.as_ptr().cast::<i64>().cast_mut();
+        // SAFETY: `offset` is glibc's `__rseq_offset`, found by `new` with
+        // a registered area (`__rseq_size` ≥ 16); `slots` has `len` lines of
+        // 128 bytes, only ever written by this section (or read atomically),
+        // and the section only writes the one of the CPU it read.
         let done = unsafe { imp::add(self.offset, base, self.slots.len(), delta) };
         if !done {
             // Relaxed: a counter; nothing is published through it.
