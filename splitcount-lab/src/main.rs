@@ -149,6 +149,14 @@ fn rounds(n: usize) -> Result<usize, String> {
     }
 }
 
+fn stats_groups(n: usize) -> Result<usize, String> {
+    if (1..=1_000_000).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("--groups must be from 1 to 1000000, not {n}"))
+    }
+}
+
 fn design_names() -> String {
     let names: Vec<&str> = Design::ALL.iter().map(|d| d.name()).collect();
     format!("{}, or all", names.join(", "))
@@ -176,6 +184,12 @@ fn spec(design: Design, cpus: usize, shape: &Shape) -> Result<accuracy::Spec, St
              ≥ 2, e.g. 8,8,4)"
         )
     })?;
+    let max_nodes = cpus.min(splitcount::cpu::MAX_NODES);
+    if let Some(n) = shape.nodes.filter(|n| !(1..=max_nodes).contains(n)) {
+        return Err(format!(
+            "--nodes must be from 1 to {max_nodes} for {cpus} CPUs, not {n}"
+        ));
+    }
     spec.nodes = shape.nodes;
     Ok(spec)
 }
@@ -209,7 +223,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 "counters" => bench::counters::run(&threads, &plan),
                 "percpu" => bench::percpu::run(&threads, &plan),
                 "charge" => bench::charge::run(&threads, &plan),
-                "stats" => bench::stats::run(groups.clamp(1, 1_000_000), &plan),
+                "stats" => bench::stats::run(stats_groups(groups)?, &plan),
                 "alloc" => bench::alloc::run(&exe, &threads, &plan),
                 "layout" => bench::layout::run(&plan),
                 other => {

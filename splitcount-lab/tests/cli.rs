@@ -209,6 +209,16 @@ fn bad_flags_are_refused_with_the_valid_values() {
     );
     refused(&["bench", "counters", "--threads", "0"], &["1 to 1024"]);
     refused(
+        &["bench", "stats", "--groups", "0"],
+        &["--groups", "1 to 1000000"],
+    );
+    refused(
+        &[
+            "accuracy", "--design", "tree", "--cpus", "8", "--nodes", "0",
+        ],
+        &["--nodes", "1 to 8"],
+    );
+    refused(
         &["bench", "nope"],
         &[
             "\"nope\"",

@@ -11,7 +11,8 @@
 //!
 //! Each entry's warm-up slice sets how many operations its threads run
 //! between two looks at the stop flag (about 20 µs of them) and, for slow
-//! operations, a slice long enough for [`MIN_OPS_PER_SLICE`] of them.
+//! operations, a slice long enough for [`MIN_OPS_PER_SLICE`] of them (up to
+//! [`MAX_STRETCH`] plan slices).
 //!
 //! A ratio is then computed **per round**, between two entries measured a
 //! few slices apart, and the reported figure is the median of those
@@ -62,10 +63,10 @@ const MAX_BATCH: u64 = 1 << 16;
 /// is slow (serde_json over a 2 MB document) gets slices long enough for
 /// this many, so that one odd operation does not make a round — up to
 /// [`MAX_STRETCH`] times the plan's slice.
-pub const MIN_OPS_PER_SLICE: u32 = 4;
+pub const MIN_OPS_PER_SLICE: u32 = 8;
 
 /// How many times the plan's slice a slow operation's slice may last.
-pub const MAX_STRETCH: u32 = 4;
+pub const MAX_STRETCH: u32 = 6;
 
 /// The slice length of an entry whose operation costs `ns_per_op`: the
 /// plan's, or enough for [`MIN_OPS_PER_SLICE`] operations, at most
@@ -289,8 +290,8 @@ mod tests {
             slice: Duration::from_millis(80),
         };
         assert_eq!(slice_for(&plan, 100.0), plan.slice);
-        assert_eq!(slice_for(&plan, 50e6), Duration::from_millis(200));
-        assert_eq!(slice_for(&plan, 1e9), Duration::from_millis(320));
+        assert_eq!(slice_for(&plan, 50e6), Duration::from_millis(400));
+        assert_eq!(slice_for(&plan, 1e9), Duration::from_millis(480));
         assert_eq!(slice_for(&plan, f64::NAN), plan.slice);
     }
 
