@@ -380,6 +380,7 @@ impl Target {
             rounds: spread.map_or(0, |s| s.n),
             note,
             speedup: !matches!(self.measure, Measure::Cost { .. }),
+            fraction: matches!(self.bound, Bound::AtMost(b) if b < 1.0),
         }
     }
 }
@@ -438,6 +439,9 @@ pub struct Verdict {
     /// (`×1.2`).
     #[serde(skip)]
     pub speedup: bool,
+    /// Whether the goal is a fraction (`1/80`), so the figure reads as one.
+    #[serde(skip)]
+    pub fraction: bool,
 }
 
 impl Verdict {
@@ -458,16 +462,21 @@ impl Verdict {
     fn format(&self, v: f64) -> String {
         if self.speedup {
             format!("{}×", self.bare(v))
-        } else if v < 0.1 {
-            format!("1/{:.0}", 1.0 / v)
+        } else if self.fraction || v < 0.1 {
+            self.bare(v)
         } else {
             format!("×{}", self.bare(v))
         }
     }
 
     fn bare(&self, v: f64) -> String {
-        if !self.speedup && v < 0.1 {
-            format!("1/{:.0}", 1.0 / v)
+        if !self.speedup && (self.fraction || v < 0.1) {
+            let inverse = 1.0 / v;
+            if inverse >= 10.0 {
+                format!("1/{inverse:.0}")
+            } else {
+                format!("1/{inverse:.1}")
+            }
         } else if v >= 10.0 {
             format!("{v:.1}")
         } else {
@@ -607,6 +616,19 @@ mod tests {
             ("stock", 1, &[100.0, 100.0, 130.0, 130.0]),
         ]);
         assert_eq!(t.verdict(&drift).status, Status::Unstable);
+    }
+
+    #[test]
+    fn a_fraction_goal_reads_its_figure_as_a_fraction() {
+        let t = target("stats: flush vs full walk");
+        let m = measured(&[
+            ("full-walk", 1, &[1000.0, 1000.0]),
+            ("flush-updated", 1, &[112.0, 113.0]),
+        ]);
+        let v = t.verdict(&m);
+        assert_eq!(v.measured(), "1/8.9");
+        assert_eq!(v.range(), "[1/8.9–1/8.8]");
+        assert_eq!(v.status, Status::NotMet);
     }
 
     #[test]
