@@ -37,6 +37,14 @@ fn bench_json(suite: &str, args: &[&str]) -> Vec<serde_json::Value> {
     json_lines(&out)
 }
 
+/// The line of `case` at `threads`, which must be there.
+fn line<'a>(lines: &'a [serde_json::Value], case: &str, threads: usize) -> &'a serde_json::Value {
+    lines
+        .iter()
+        .find(|l| l["case"] == case && l["threads"] == threads)
+        .unwrap_or_else(|| panic!("{case} at {threads} threads missing"))
+}
+
 fn json_lines(s: &str) -> Vec<serde_json::Value> {
     s.lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -125,10 +133,7 @@ fn bench_counters_covers_every_design_the_floor_the_shared_atomic_and_the_peers(
         "fast-counter",
     ] {
         for t in [1, 2] {
-            let l = lines
-                .iter()
-                .find(|l| l["case"] == case && l["threads"] == t)
-                .unwrap_or_else(|| panic!("{case} at {t} threads missing"));
+            let l = line(&lines, case, t);
             assert!(l["ops_per_sec"].as_f64().unwrap() > 0.0);
             assert!(l["ns_per_op"].as_f64().unwrap() > 0.0);
             assert_eq!(l["baseline"], "shared-atomic");
@@ -307,10 +312,7 @@ fn bench_charge_has_every_case_at_every_thread_count_with_ratios_to_no_accountin
     );
     for case in splitcount_lab::bench::charge::CASES {
         for t in [1, 2] {
-            let l = lines
-                .iter()
-                .find(|l| l["case"] == case && l["threads"] == t)
-                .unwrap_or_else(|| panic!("{case} at {t} threads missing"));
+            let l = line(&lines, case, t);
             assert!(l["ops_per_sec"].as_f64().unwrap() > 0.0);
             assert_eq!(l["baseline"], "no-accounting");
         }
@@ -356,10 +358,7 @@ fn bench_alloc_compares_each_workload_on_the_wrapper_with_itself_on_the_system_a
     ] {
         for allocator in ["system", "accounted"] {
             let case = format!("{workload}-{allocator}");
-            let l = lines
-                .iter()
-                .find(|l| l["case"] == case.as_str() && l["threads"] == threads)
-                .unwrap_or_else(|| panic!("{case} at {threads} threads missing"));
+            let l = line(&lines, &case, threads);
             assert_eq!(l["baseline"], format!("{workload}-system"));
             assert!(l["ratio"].as_f64().unwrap() > 0.0);
         }

@@ -381,6 +381,7 @@ impl Target {
             note,
             speedup: !matches!(self.measure, Measure::Cost { .. }),
             fraction: matches!(self.bound, Bound::AtMost(b) if b < 1.0),
+            bound: bound.value(),
         }
     }
 }
@@ -442,6 +443,10 @@ pub struct Verdict {
     /// Whether the goal is a fraction (`1/80`), so the figure reads as one.
     #[serde(skip)]
     pub fraction: bool,
+    /// The bound that applied (to show a median next to it with enough
+    /// digits to tell them apart).
+    #[serde(skip)]
+    pub bound: f64,
 }
 
 impl Verdict {
@@ -479,6 +484,9 @@ impl Verdict {
             }
         } else if v >= 10.0 {
             format!("{v:.1}")
+        } else if format!("{v:.2}") == format!("{:.2}", self.bound) && v != self.bound {
+            // ×1.10 "not met" against ≤ ×1.10 would read as a mistake.
+            format!("{v:.3}")
         } else {
             format!("{v:.2}")
         }
@@ -606,6 +614,15 @@ mod tests {
         let v = t.verdict(&slow);
         assert_eq!(v.status, Status::NotMet);
         assert_eq!(v.measured(), "×1.20");
+        let borderline = measured(&[
+            ("no-accounting", 1, &[1000.0; 4]),
+            ("stock", 1, &[1051.0; 4]),
+        ]);
+        let v = t.verdict(&borderline);
+        assert_eq!(
+            (v.status, v.measured()),
+            (Status::NotMet, "×1.051".to_owned())
+        );
     }
 
     #[test]
