@@ -4,10 +4,16 @@
 use clap::{Parser, Subcommand};
 use splitcount::counter::{Arity, Design};
 use splitcount::cpu::MAX_CPUS;
+use splitcount_lab::alloc_switch::Switch;
 use splitcount_lab::{accuracy, bench, machine, parse_list, replay, report};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+
+/// The system allocator, or `Accounted<System>` in the allocator suite's
+/// worker processes (see `alloc_switch`).
+#[global_allocator]
+static ALLOCATOR: Switch = Switch;
 
 #[derive(Parser)]
 #[command(
@@ -28,12 +34,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run a benchmark suite: `cpu-id`, `percpu`, `counters`, `charge`,
-    /// `stats`, `alloc` or `layout`.
+    /// Run a benchmark suite in interleaved rounds: `cpu-id`, `percpu`,
+    /// `counters`, `charge`, `stats`, `alloc` or `layout`.
     Bench {
         /// The suite: `cpu-id`, `percpu`, `counters`, `charge`, `stats`,
-        /// `alloc` or `layout` (`layout` always runs two threads and ignores
-        /// `--threads`).
+        /// `alloc` or `layout` (`layout` always runs two threads and `stats`
+        /// one; both ignore `--threads`).
         suite: String,
         /// JSON lines instead of a table.
         #[arg(long)]
@@ -41,9 +47,14 @@ enum Command {
         /// Thread counts, e.g. `1,2,4,8`.
         #[arg(long, default_value = "1,2")]
         threads: String,
-        /// Seconds per case.
+        /// Seconds of measuring per case, split evenly into `--rounds`
+        /// slices (must be > 0).
         #[arg(long, default_value_t = 0.5)]
         seconds: f64,
+        /// Interleaved rounds per case (1 to 1000): each case runs once per
+        /// round, and ratios are the median of per-round ratios.
+        #[arg(long, default_value_t = 9)]
+        rounds: usize,
         /// Groups in the `stats` suite's tree.
         #[arg(long, default_value_t = 10_000)]
         groups: usize,
@@ -79,20 +90,23 @@ enum Command {
         #[command(flatten)]
         shape: Shape,
     },
-    /// Run every suite (or those of `--suites`), print the tables and write
-    /// `report.json` and `index.html`.
+    /// Run every suite (or those of `--suites`), print the tables and the
+    /// verdicts against the targets, and write `report.json` and
+    /// `index.html`.
     Report {
-        /// Shorter runs, for smoke tests (under a minute on 2 cores).
+        /// Fewer, shorter rounds, for smoke tests (about 10 s on 2 cores,
+        /// instead of about 2 minutes).
         #[arg(long)]
         quick: bool,
-        /// Suites to run, comma-separated (default: all): counters, accuracy,
-        /// watchdog, layout, charge, percpu, cpu-id.
-        #[arg(long)]
+        #[arg(long, help = report::suites::suites_help())]
         suites: Option<String>,
         /// Output directory.
         #[arg(long, default_value = "target/splitcount-report")]
         out: PathBuf,
     },
+    /// A worker process of `bench alloc` (started by the lab itself).
+    #[command(hide = true)]
+    AllocWorker,
 }
 
 /// How a simulated counter is built (`accuracy` and `replay`).
@@ -132,19 +146,40 @@ fn seconds(s: f64) -> Result<Duration, String> {
     if s.is_finite() && s > 0.0 && s <= 3600.0 {
         Ok(Duration::from_secs_f64(s))
     } else {
-        Err(format!("--seconds must be between 0 and 3600, not {s}"))
+        Err(format!("--seconds must be > 0 (and at most 3600), not {s}"))
     }
+}
+
+fn rounds(n: usize) -> Result<usize, String> {
+    if (1..=1000).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("--rounds must be from 1 to 1000, not {n}"))
+    }
+}
+
+fn stats_groups(n: usize) -> Result<usize, String> {
+    if (1..=1_000_000).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("--groups must be from 1 to 1000000, not {n}"))
+    }
+}
+
+fn design_names() -> String {
+    let names: Vec<&str> = Design::ALL.iter().map(|d| d.name()).collect();
+    format!("{}, or all", names.join(", "))
 }
 
 fn designs(s: &str) -> Result<Vec<Design>, String> {
     if s.trim() == "all" {
         return Ok(Design::ALL.to_vec());
     }
-    parse_list(s, "design", |d| d.parse().ok())
+    parse_list(s, "design", &design_names(), |d| d.parse().ok())
 }
 
 fn cpu_counts(s: &str) -> Result<Vec<usize>, String> {
-    parse_list(s, "CPU count", |c| {
+    parse_list(s, "CPU count", &format!("1 to {MAX_CPUS}"), |c| {
         c.parse().ok().filter(|n| (1..=MAX_CPUS).contains(n))
     })
 }
@@ -152,7 +187,18 @@ fn cpu_counts(s: &str) -> Result<Vec<usize>, String> {
 fn spec(design: Design, cpus: usize, shape: &Shape) -> Result<accuracy::Spec, String> {
     let mut spec = accuracy::Spec::new(design, cpus);
     spec.batch = shape.batch;
-    spec.arity = shape.arity.parse::<Arity>().map_err(|e| e.to_string())?;
+    spec.arity = shape.arity.parse::<Arity>().map_err(|e| {
+        format!(
+            "--arity: {e} (valid: auto, binary, or fan-outs bottom first, each a power of two \
+             ≥ 2, e.g. 8,8,4)"
+        )
+    })?;
+    let max_nodes = cpus.min(splitcount::cpu::MAX_NODES);
+    if let Some(n) = shape.nodes.filter(|n| !(1..=max_nodes).contains(n)) {
+        return Err(format!(
+            "--nodes must be from 1 to {max_nodes} for {cpus} CPUs, not {n}"
+        ));
+    }
     spec.nodes = shape.nodes;
     Ok(spec)
 }
@@ -175,28 +221,32 @@ fn run(cli: Cli) -> Result<(), String> {
             json,
             threads,
             seconds: s,
+            rounds: n,
             groups,
         } => {
             let threads = bench::parse_threads(&threads)?;
-            let duration = seconds(s)?;
-            let records = match suite.as_str() {
-                "cpu-id" => bench::cpu_id::run(&threads, duration),
-                "counters" => bench::counters::run(&threads, duration),
-                "percpu" => bench::percpu::run(&threads, duration),
-                "charge" => bench::charge::run(&threads, duration),
-                "stats" => bench::stats::run(groups.clamp(1, 1_000_000), duration),
-                "alloc" => bench::alloc::run(&threads, duration),
-                "layout" => bench::layout::run(duration),
+            let plan = splitcount_lab::timing::Plan::split(seconds(s)?, rounds(n)?);
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let result = match suite.as_str() {
+                "cpu-id" => bench::cpu_id::run(&threads, &plan),
+                "counters" => bench::counters::run(&threads, &plan),
+                "percpu" => bench::percpu::run(&threads, &plan),
+                "charge" => bench::charge::run(&threads, &plan),
+                "stats" => bench::stats::run(stats_groups(groups)?, &plan),
+                "alloc" => bench::alloc::run(&exe, &threads, &plan),
+                "layout" => bench::layout::run(&plan),
                 other => {
                     return Err(format!(
-                        "unknown suite {other:?} (known: cpu-id, percpu, counters, charge, stats, alloc, layout)"
+                        "unknown suite {other:?} (known: {})",
+                        bench::SUITES.join(", ")
                     ))
                 }
             };
+            let result = result?;
             if json {
-                bench::print_json(&records);
+                bench::print_json(&result.records);
             } else {
-                bench::print_table(&records);
+                bench::print_table(&result);
             }
         }
         Command::Accuracy {
@@ -237,6 +287,9 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Command::Report { quick, suites, out } => {
             report::run(&report::Options { quick, suites, out })?
+        }
+        Command::AllocWorker => {
+            bench::alloc::worker::serve(std::io::stdin().lock(), std::io::stdout().lock())?
         }
     }
     Ok(())

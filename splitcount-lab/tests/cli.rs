@@ -37,6 +37,14 @@ fn bench_json(suite: &str, args: &[&str]) -> Vec<serde_json::Value> {
     json_lines(&out)
 }
 
+/// The line of `case` at `threads`, which must be there.
+fn line<'a>(lines: &'a [serde_json::Value], case: &str, threads: usize) -> &'a serde_json::Value {
+    lines
+        .iter()
+        .find(|l| l["case"] == case && l["threads"] == threads)
+        .unwrap_or_else(|| panic!("{case} at {threads} threads missing"))
+}
+
 fn json_lines(s: &str) -> Vec<serde_json::Value> {
     s.lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -59,6 +67,19 @@ fn machine_json_has_the_promised_fields() {
         assert!(v.get(key).is_some(), "missing {key} in {out}");
     }
     assert!(v["possible_cpus"].as_u64().unwrap() >= 1);
+    // The CPU, its host and the performance counters, in words.
+    for key in [
+        "cpu_vendor",
+        "cpu_model",
+        "virtualization",
+        "perf_counters",
+        "two_threads",
+    ] {
+        assert!(
+            v[key].as_str().is_some_and(|s| !s.is_empty()),
+            "{key} in {out}"
+        );
+    }
 }
 
 #[test]
@@ -66,10 +87,28 @@ fn bench_cpu_id_json_lines_carry_a_ratio_to_the_raw_syscall() {
     let lines = bench_json("cpu-id", &["--threads", "1", "--seconds", "0.02"]);
     assert!(!lines.is_empty());
     for l in &lines {
-        for key in ["suite", "case", "threads", "ns_per_op"] {
+        for key in [
+            "suite",
+            "case",
+            "threads",
+            "ns_per_op",
+            "ops_per_sec",
+            "ratio",
+            "baseline",
+            "low",
+            "high",
+            "rounds",
+            "stable",
+        ] {
             assert!(l.get(key).is_some(), "missing {key}");
         }
         assert_eq!(l["suite"], "cpu-id");
+        assert_eq!(
+            l["rounds"], 9,
+            "the default rounds, none left out on one thread"
+        );
+        assert!(l["low"].as_f64().unwrap() <= l["ratio"].as_f64().unwrap());
+        assert!(l["ratio"].as_f64().unwrap() <= l["high"].as_f64().unwrap());
     }
     if let Some(base) = lines.iter().find(|l| l["case"] == "getcpu-syscall") {
         assert_eq!(base["ratio"], 1.0);
@@ -79,7 +118,10 @@ fn bench_cpu_id_json_lines_carry_a_ratio_to_the_raw_syscall() {
 
 #[test]
 fn bench_counters_covers_every_design_the_floor_the_shared_atomic_and_the_peers() {
-    let lines = bench_json("counters", &["--threads", "1,2", "--seconds", "0.02"]);
+    let lines = bench_json(
+        "counters",
+        &["--threads", "1,2", "--seconds", "0.02", "--rounds", "2"],
+    );
     for case in [
         "thread-local",
         "shared-atomic",
@@ -91,10 +133,7 @@ fn bench_counters_covers_every_design_the_floor_the_shared_atomic_and_the_peers(
         "fast-counter",
     ] {
         for t in [1, 2] {
-            let l = lines
-                .iter()
-                .find(|l| l["case"] == case && l["threads"] == t)
-                .unwrap_or_else(|| panic!("{case} at {t} threads missing"));
+            let l = line(&lines, case, t);
             assert!(l["ops_per_sec"].as_f64().unwrap() > 0.0);
             assert!(l["ns_per_op"].as_f64().unwrap() > 0.0);
             assert_eq!(l["baseline"], "shared-atomic");
@@ -147,6 +186,80 @@ fn accuracy_json_reports_bound_worst_case_and_random_walks() {
 }
 
 #[test]
+fn bad_flags_are_refused_with_the_valid_values() {
+    let refused = |args: &[&str], needles: &[&str]| {
+        let (ok, _, err) = lab(args, "");
+        assert!(!ok, "{args:?} was accepted");
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: {n:?} not in {err:?}");
+        }
+        assert!(!err.contains("panicked"), "{err}");
+    };
+    refused(
+        &["accuracy", "--design", "foo"],
+        &["\"foo\"", "atomic, batched, pernode, tree, or all"],
+    );
+    refused(&["accuracy", "--cpus", "0"], &["CPU count", "valid: 1 to"]);
+    refused(
+        &[
+            "accuracy", "--design", "tree", "--cpus", "8", "--arity", "foo",
+        ],
+        &["auto, binary"],
+    );
+    refused(&["bench", "counters", "--seconds", "0"], &["must be > 0"]);
+    refused(&["bench", "counters", "--seconds=-1"], &["must be > 0"]);
+    refused(
+        &["bench", "counters", "--rounds", "0"],
+        &["--rounds", "1 to 1000"],
+    );
+    refused(&["bench", "counters", "--threads", "0"], &["1 to 1024"]);
+    refused(
+        &["bench", "stats", "--groups", "0"],
+        &["--groups", "1 to 1000000"],
+    );
+    refused(
+        &[
+            "accuracy", "--design", "tree", "--cpus", "8", "--nodes", "0",
+        ],
+        &["--nodes", "1 to 8"],
+    );
+    refused(
+        &["bench", "nope"],
+        &[
+            "\"nope\"",
+            "cpu-id, percpu, counters, charge, stats, alloc, layout",
+        ],
+    );
+    refused(
+        &["replay", "--design", "foo", "--cpus", "2"],
+        &["atomic, batched, pernode, tree"],
+    );
+}
+
+#[test]
+fn report_help_lists_every_suite_and_agrees_with_the_readme_on_quick() {
+    let (ok, out, _) = lab(&["report", "--help"], "");
+    assert!(ok);
+    for s in splitcount_lab::report::suites::SUITES {
+        assert!(
+            out.contains(s.name),
+            "{} not in report --help:\n{out}",
+            s.name
+        );
+    }
+    // "--quick  Fewer, shorter rounds, for smoke tests (about 10 s on 2 cores, …"
+    let start = out.find("smoke tests (").expect("--quick says how long") + 13;
+    let duration = &out[start..start + out[start..].find(" on 2 cores").unwrap()];
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let promise = format!("for smoke tests ({duration} on 2 cores");
+    assert!(
+        readme.contains(&promise),
+        "README does not say {promise:?} about --quick"
+    );
+}
+
+#[test]
 fn accuracy_rejects_bad_arguments_with_a_message() {
     let (ok, _, err) = lab(
         &[
@@ -192,27 +305,26 @@ fn replay_prints_the_state_after_each_line_and_names_a_bad_line() {
 }
 
 #[test]
-fn bench_charge_has_every_case_with_ratios_to_no_accounting() {
-    let lines = bench_json("charge", &["--threads", "1,2", "--seconds", "0.02"]);
-    for case in [
-        "no-accounting",
-        "usage-counter",
-        "stock",
-        "stock-1-slot",
-        "stock-7-slots",
-    ] {
-        let l = lines
-            .iter()
-            .find(|l| l["case"] == case)
-            .unwrap_or_else(|| panic!("{case} missing"));
-        assert!(l["ops_per_sec"].as_f64().unwrap() > 0.0);
-        assert_eq!(l["baseline"], "no-accounting");
+fn bench_charge_has_every_case_at_every_thread_count_with_ratios_to_no_accounting() {
+    let lines = bench_json(
+        "charge",
+        &["--threads", "1,2", "--seconds", "0.03", "--rounds", "3"],
+    );
+    for case in splitcount_lab::bench::charge::CASES {
+        for t in [1, 2] {
+            let l = line(&lines, case, t);
+            assert!(l["ops_per_sec"].as_f64().unwrap() > 0.0);
+            assert_eq!(l["baseline"], "no-accounting");
+        }
     }
 }
 
 #[test]
 fn bench_stats_reports_flush_and_update_costs_with_ratios() {
-    let lines = bench_json("stats", &["--groups", "500", "--seconds", "0.05"]);
+    let lines = bench_json(
+        "stats",
+        &["--groups", "500", "--seconds", "0.05", "--rounds", "3"],
+    );
     for (case, baseline) in [
         ("flush-updated", "full-walk"),
         ("full-walk", "full-walk"),
@@ -231,15 +343,23 @@ fn bench_stats_reports_flush_and_update_costs_with_ratios() {
 }
 
 #[test]
-fn bench_alloc_compares_the_wrapper_with_the_system_allocator() {
-    let lines = bench_json("alloc", &["--threads", "1,2", "--seconds", "0.02"]);
-    for case in ["system", "accounted"] {
-        for t in [1, 2] {
-            let l = lines
-                .iter()
-                .find(|l| l["case"] == case && l["threads"] == t)
-                .unwrap_or_else(|| panic!("{case} at {t} threads missing"));
-            assert_eq!(l["baseline"], "system");
+fn bench_alloc_compares_each_workload_on_the_wrapper_with_itself_on_the_system_allocator() {
+    let lines = bench_json(
+        "alloc",
+        &["--threads", "1,2", "--seconds", "0.06", "--rounds", "2"],
+    );
+    for (workload, threads) in [
+        ("mixed", 1),
+        ("mixed", 2),
+        ("small", 1),
+        ("small", 2),
+        ("cross-thread", 2),
+        ("json", 1),
+    ] {
+        for allocator in ["system", "accounted"] {
+            let case = format!("{workload}-{allocator}");
+            let l = line(&lines, &case, threads);
+            assert_eq!(l["baseline"], format!("{workload}-system"));
             assert!(l["ratio"].as_f64().unwrap() > 0.0);
         }
     }
@@ -247,7 +367,7 @@ fn bench_alloc_compares_the_wrapper_with_the_system_allocator() {
 
 #[test]
 fn bench_layout_reports_each_role_against_the_padded_layout() {
-    let lines = bench_json("layout", &["--seconds", "0.03"]);
+    let lines = bench_json("layout", &["--seconds", "0.03", "--rounds", "3"]);
     let cases: Vec<&str> = lines.iter().map(|l| l["case"].as_str().unwrap()).collect();
     assert_eq!(
         cases,

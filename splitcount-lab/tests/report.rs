@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 use splitcount_lab::report::suites::SUITES;
+use splitcount_lab::report::targets::TARGETS;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -102,6 +103,36 @@ fn a_quick_report_writes_every_suite_to_json_and_html() {
             assert!(r["ns_per_op"].as_f64().unwrap() > 0.0);
         }
     }
+    for r in counters {
+        for key in ["low", "high", "rounds", "stable", "overlap", "pinned"] {
+            assert!(r.get(key).is_some(), "counters record without {key}: {r}");
+        }
+    }
+    let settings = &suite(&report, "counters")["settings"];
+    assert_eq!(settings["rounds"], 3, "--quick runs three rounds");
+
+    // The verdicts: one per target, with the statuses the README promises.
+    let verdicts = report["verdicts"].as_array().unwrap();
+    assert_eq!(verdicts.len(), TARGETS.len());
+    for (v, t) in verdicts.iter().zip(TARGETS) {
+        assert_eq!(v["name"], t.name);
+        assert_eq!(v["target"], t.goal().as_str());
+        let status = v["status"].as_str().unwrap();
+        assert!(
+            ["met", "not met", "unstable", "not measured"].contains(&status),
+            "{status}"
+        );
+        if status != "not measured" {
+            let (lo, m, hi) = (
+                v["low"].as_f64().unwrap(),
+                v["median"].as_f64().unwrap(),
+                v["high"].as_f64().unwrap(),
+            );
+            assert!(lo <= m && m <= hi, "{v}");
+        }
+    }
+    assert!(stdout.contains("Summary: the targets, measured here"));
+
     let layout = suite(&report, "layout")["records"].as_array().unwrap();
     let packed = layout
         .iter()
@@ -123,6 +154,33 @@ fn a_quick_report_writes_every_suite_to_json_and_html() {
         );
     }
     assert!(html.contains("published (measured elsewhere)"));
+    assert!(
+        html.find("id=\"summary\"").unwrap() < html.find("id=\"machine\"").unwrap(),
+        "the verdicts come first on the page"
+    );
+    assert!(
+        !html.contains("DESIGN.md"),
+        "the page cites nothing outside the repository"
+    );
+    assert!(html.contains("IMPLEMENTATION.md"));
+}
+
+#[test]
+fn the_readme_lists_every_suite_and_cites_nothing_outside_the_repository() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    for s in SUITES {
+        let row = format!("| `{}` |", s.name);
+        assert!(
+            readme.contains(&row),
+            "README's suite table lacks {}",
+            s.name
+        );
+    }
+    for doc in ["README.md", "IMPLEMENTATION.md"] {
+        let text = std::fs::read_to_string(format!("{root}/{doc}")).unwrap();
+        assert!(!text.contains("DESIGN.md"), "{doc} cites DESIGN.md");
+    }
 }
 
 #[test]

@@ -1,42 +1,75 @@
-//! `bench charge`: what accounting costs in a page-fault-like loop, and what
-//! several groups per CPU stock buy when tenants share CPUs.
+//! `bench charge`: what accounting costs in a page-fault-like loop — on the
+//! stock's hit path, on its miss path, and with tenants sharing a CPU's
+//! stock slots.
 //!
-//! - **page-fault loop.** Each op writes a 4 KiB page from the thread's
-//!   private pool, charges one unit to a group two levels deep and, once 64
-//!   pages are outstanding, uncharges one. Cases: `no-accounting` (the page
-//!   write alone), `usage-counter` (direct `try_charge`/`uncharge` on the
-//!   usage counters, no stock), `stock` (`Group::charge`/`uncharge`).
-//! - **multi-tenant.** The same loop with one group per thread and at least
-//!   four threads per core, with a CPU stock of 1 slot (`stock-1-slot`, the
-//!   kernel before 6.16: tenants sharing a CPU evict each other) or 7
-//!   (`stock-7-slots`). Threads switch only every scheduler time slice, so
-//!   the slots rarely matter there; the `interleaved-*` cases have each
-//!   thread serve four tenants in turn, op by op (a server multiplexing
-//!   requests), where one slot misses on every op.
+//! Every op writes a 4 KiB page from the thread's private pool (the
+//! "fault") and, except in the baseline, charges one unit; each thread
+//! uncharges as it goes so that its usage stays bounded.
+//!
+//! - `no-accounting` (the baseline): the page write alone.
+//! - `usage-counter`: `try_charge`/`uncharge` on the usage counters of a
+//!   group two levels deep, no stock; once 64 pages are outstanding, each op
+//!   also uncharges one.
+//! - `stock`: the same through `Group::charge`/`uncharge`: the stock's hit
+//!   path (the thread's group always has units in this CPU's stock).
+//! - `stock-misses`: a working set larger than the stock can hold: each op
+//!   charges a unit to the thread's current group — one of 12 (more than
+//!   the 7 slots), switching every 96 ops — and uncharges the unit charged
+//!   256 ops before (more than the 64-unit batch outstanding, spread over
+//!   groups whose slots have been evicted): the same two calls per op as
+//!   `stock`, but refills, drains and evictions on most of them.
+//! - `{4,8}-tenants-{1-slot,7-slots}`: each thread serves 4 or 8 tenants
+//!   in turn, op by op (a server multiplexing requests), with a CPU stock of
+//!   1 slot (the kernel before 6.16) or 7. With 4 tenants, 7 slots keep every
+//!   tenant's units and 1 slot misses on every op; with 8 tenants, more than
+//!   the slots, round-robin eviction makes both miss.
 
-use super::{measure, set_ratios, Record};
+use super::{Bench, Entry};
+use crate::timing::{measure, Plan};
 use splitcount::group::{Group, Hierarchy, HierarchyConfig};
 use std::hint::black_box;
-use std::time::Duration;
 
 /// The baseline every case is divided by.
 pub const BASELINE: &str = "no-accounting";
 
+/// Pages in a thread's pool, and charges outstanding before uncharging.
 const POOL: usize = 64;
 
-/// A thread's private pool of pages and its count of outstanding charges.
+/// Ops charging one group before switching, in `stock-misses`.
+const BURST: usize = 96;
+
+/// Groups each thread cycles through in `stock-misses`.
+const MISS_GROUPS: usize = 12;
+
+/// Units outstanding in `stock-misses`: each op uncharges the unit
+/// charged this many ops before.
+const MISS_WINDOW: usize = 256;
+
+/// The cases, in table order.
+pub const CASES: [&str; 8] = [
+    BASELINE,
+    "usage-counter",
+    "stock",
+    "stock-misses",
+    "4-tenants-1-slot",
+    "4-tenants-7-slots",
+    "8-tenants-1-slot",
+    "8-tenants-7-slots",
+];
+
+/// A thread's private pool of pages, written one by one.
 struct Pages {
     pool: Vec<[u8; 4096]>,
     next: usize,
-    outstanding: usize,
 }
 
 impl Pages {
     fn new() -> Pages {
+        // Written once here, so no first-touch page fault lands in a
+        // timed loop.
         Pages {
-            pool: vec![[0u8; 4096]; POOL],
+            pool: vec![[1u8; 4096]; POOL],
             next: 0,
-            outstanding: 0,
         }
     }
 
@@ -48,107 +81,174 @@ impl Pages {
         self.pool[i].fill(self.next as u8);
         black_box(&self.pool[i]);
     }
+}
 
-    /// Whether the oldest page should be released now.
+/// Units a thread holds charged, per group, returned when the thread's
+/// operation is dropped (after its timed loop), so usage stays bounded.
+struct Held<'g> {
+    groups: &'g [Group],
+    held: Vec<u64>,
+    direct: bool,
+}
+
+impl<'g> Held<'g> {
+    fn new(groups: &'g [Group], direct: bool) -> Held<'g> {
+        Held {
+            groups,
+            held: vec![0; groups.len()],
+            direct,
+        }
+    }
+
     #[inline]
-    fn release_one(&mut self) -> bool {
-        if self.outstanding == POOL {
-            true
+    fn charge(&mut self, i: usize, n: u64) {
+        let g = &self.groups[i];
+        if self.direct {
+            g.usage_counter().try_charge(n).expect("unlimited");
         } else {
-            self.outstanding += 1;
-            false
+            g.charge(n).expect("unlimited");
+        }
+        self.held[i] += n;
+    }
+
+    #[inline]
+    fn uncharge(&mut self, i: usize, n: u64) {
+        let g = &self.groups[i];
+        if self.direct {
+            g.usage_counter().uncharge(n);
+        } else {
+            g.uncharge(n);
+        }
+        self.held[i] -= n;
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        for i in 0..self.groups.len() {
+            let n = self.held[i];
+            self.uncharge(i, n);
         }
     }
 }
 
-fn two_deep(h: &Hierarchy, name: &str) -> Group {
-    let tenant = h.root().child("bench").and_then(|b| b.child(name));
-    tenant.expect("fresh hierarchy, valid names")
-}
-
-fn page_fault_case(
+/// The page-fault loop on `groups` (one thread's), serving them in turn
+/// op by op; once 64 units are outstanding each op also uncharges one.
+fn tenants<'a>(
     case: &str,
     threads: usize,
-    duration: Duration,
-    group: Option<&Group>,
-    stock: bool,
-) -> Record {
-    measure("charge", case, threads, duration, |_| {
-        let mut pages = Pages::new();
-        move || {
-            pages.touch();
-            let Some(g) = group else { return };
-            let release = pages.release_one();
-            if stock {
-                g.charge(1).expect("unlimited");
-                if release {
-                    g.uncharge(1);
-                }
-            } else {
-                g.usage_counter().try_charge(1).expect("unlimited");
-                if release {
-                    g.usage_counter().uncharge(1);
-                }
-            }
-        }
-    })
-}
-
-fn multi_tenant_case(
-    case: &str,
-    threads: usize,
-    duration: Duration,
-    slots: usize,
+    groups: &'a [Group],
     per_thread: usize,
-) -> Record {
-    let h = Hierarchy::new(HierarchyConfig::default().stock_slots(slots)).expect("valid slots");
-    let bench = h.root().child("bench").expect("fresh hierarchy");
-    let groups: Vec<Group> = (0..threads * per_thread)
-        .map(|t| bench.child(&format!("tenant-{t}")).expect("unique names"))
-        .collect();
-    measure("charge", case, threads, duration, |t| {
-        let mine: Vec<Group> = groups[t * per_thread..(t + 1) * per_thread].to_vec();
+    direct: bool,
+) -> Entry<'a> {
+    Entry::new(case, threads, move |t| {
+        let mine = &groups[t * per_thread..(t + 1) * per_thread];
         let mut pages = Pages::new();
+        let mut held = Held::new(mine, direct);
         let mut turn = 0;
+        let mut outstanding = 0;
         move || {
             pages.touch();
-            let g = &mine[turn % per_thread];
+            let i = turn % per_thread;
             turn += 1;
-            g.charge(1).expect("unlimited");
-            if pages.release_one() {
-                g.uncharge(1);
+            held.charge(i, 1);
+            if outstanding == POOL {
+                held.uncharge(i, 1);
+            } else {
+                outstanding += 1;
             }
         }
     })
 }
 
-/// Measure the page-fault loop at each thread count, and the multi-tenant
-/// cases at four threads per core (at least 8).
-pub fn run(threads: &[usize], duration: Duration) -> Vec<Record> {
-    let mut records = Vec::new();
+/// `stock-misses`: a unit to the current group (switching every
+/// [`BURST`] ops among [`MISS_GROUPS`]), and back the unit charged
+/// [`MISS_WINDOW`] ops before.
+fn misses<'a>(threads: usize, groups: &'a [Group]) -> Entry<'a> {
+    Entry::new("stock-misses", threads, move |t| {
+        let mine = &groups[t * MISS_GROUPS..(t + 1) * MISS_GROUPS];
+        let mut pages = Pages::new();
+        let mut held = Held::new(mine, false);
+        // Which group each of the last MISS_WINDOW ops charged.
+        let mut window = [usize::MAX; MISS_WINDOW];
+        let mut op = 0usize;
+        move || {
+            pages.touch();
+            let group = (op / BURST) % MISS_GROUPS;
+            held.charge(group, 1);
+            let slot = op % MISS_WINDOW;
+            let old = std::mem::replace(&mut window[slot], group);
+            if old != usize::MAX {
+                held.uncharge(old, 1);
+            }
+            op = op.wrapping_add(1);
+        }
+    })
+}
+
+/// `count` children of `parent` (the hierarchy's `/bench`: two levels
+/// deep), named `{prefix}{i}`.
+fn groups(parent: &Group, prefix: &str, count: usize) -> Result<Vec<Group>, String> {
+    (0..count)
+        .map(|i| {
+            parent
+                .child(&format!("{prefix}{i}"))
+                .map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+/// A hierarchy with `slots` stock slots per CPU, and its `/bench` group.
+fn hierarchy(slots: usize) -> Result<(Hierarchy, Group), String> {
+    let h =
+        Hierarchy::new(HierarchyConfig::default().stock_slots(slots)).map_err(|e| e.to_string())?;
+    let bench = h.root().child("bench").map_err(|e| e.to_string())?;
+    Ok((h, bench))
+}
+
+/// Measure every case at each thread count.
+pub fn run(threads: &[usize], plan: &Plan) -> Result<Bench, String> {
+    let most = threads.iter().copied().max().unwrap_or(1);
+    let ((_h1, one_slot), (_h7, seven_slots)) = (hierarchy(1)?, hierarchy(7)?);
+    // One group shared by all threads: the page-fault loop of a process.
+    let shared = groups(&seven_slots, "tenant", 1)?;
+    let shared: Vec<Group> = vec![shared[0].clone(); most];
+    let missing = groups(&seven_slots, "miss", most * MISS_GROUPS)?;
+    let tenants_of = |parent: &Group, n: usize| groups(parent, &format!("t{n}-"), most * n);
+    let (four_1, four_7) = (tenants_of(&one_slot, 4)?, tenants_of(&seven_slots, 4)?);
+    let (eight_1, eight_7) = (tenants_of(&one_slot, 8)?, tenants_of(&seven_slots, 8)?);
+
+    let mut entries = Vec::new();
     for &t in threads {
-        let h = Hierarchy::default();
-        let g = two_deep(&h, "tenant");
-        records.push(page_fault_case(BASELINE, t, duration, None, false));
-        records.push(page_fault_case(
-            "usage-counter",
-            t,
-            duration,
-            Some(&g),
-            false,
-        ));
-        records.push(page_fault_case("stock", t, duration, Some(&g), true));
+        entries.push(Entry::new(BASELINE, t, |_| {
+            let mut pages = Pages::new();
+            move || pages.touch()
+        }));
+        entries.push(tenants("usage-counter", t, &shared, 1, true));
+        entries.push(tenants("stock", t, &shared, 1, false));
+        entries.push(misses(t, &missing));
+        entries.push(tenants("4-tenants-1-slot", t, &four_1, 4, false));
+        entries.push(tenants("4-tenants-7-slots", t, &four_7, 4, false));
+        entries.push(tenants("8-tenants-1-slot", t, &eight_1, 8, false));
+        entries.push(tenants("8-tenants-7-slots", t, &eight_7, 8, false));
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let tenants = (4 * cores).max(8);
-    if !threads.contains(&tenants) {
-        records.push(page_fault_case(BASELINE, tenants, duration, None, false));
+    let measured = measure("charge", plan, entries)?;
+    Ok(Bench::new(measured, |_| Some(BASELINE.to_owned())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn every_case_is_measured_in_table_order() {
+        let plan = Plan {
+            rounds: 1,
+            slice: Duration::from_millis(5),
+        };
+        let bench = run(&[1], &plan).unwrap();
+        let cases: Vec<&str> = bench.records.iter().map(|r| r.case.as_str()).collect();
+        assert_eq!(cases, CASES);
     }
-    records.push(multi_tenant_case("stock-1-slot", tenants, duration, 1, 1));
-    records.push(multi_tenant_case("stock-7-slots", tenants, duration, 7, 1));
-    let t = threads.iter().copied().max().unwrap_or(1);
-    records.push(multi_tenant_case("interleaved-1-slot", t, duration, 1, 4));
-    records.push(multi_tenant_case("interleaved-7-slots", t, duration, 7, 4));
-    set_ratios(&mut records, BASELINE);
-    records
 }

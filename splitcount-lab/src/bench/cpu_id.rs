@@ -1,16 +1,16 @@
 //! `bench cpu-id`: what it costs to ask "which CPU am I on?" with each source
 //! available here, against the raw `getcpu` system call.
 
-use super::{measure, set_ratios, Record};
+use super::{Bench, Entry};
+use crate::timing::{measure, Plan};
 use splitcount::cpu;
 use std::hint::black_box;
-use std::time::Duration;
 
 /// The baseline every case is divided by.
 pub const BASELINE: &str = "getcpu-syscall";
 
 /// Measure every id source available on this machine at each thread count.
-pub fn run(threads: &[usize], duration: Duration) -> Vec<Record> {
+pub fn run(threads: &[usize], plan: &Plan) -> Result<Bench, String> {
     type Source = fn() -> Option<u32>;
     let mut cases: Vec<(&str, Source)> = Vec::new();
     if cpu::rseq_cpu_id().is_some() {
@@ -24,16 +24,16 @@ pub fn run(threads: &[usize], duration: Duration) -> Vec<Record> {
     }
     cases.push(("current-cpu", || Some(cpu::current_cpu() as u32)));
 
-    let mut records = Vec::new();
+    let mut entries = Vec::new();
     for &t in threads {
         for &(name, source) in &cases {
-            records.push(measure("cpu-id", name, t, duration, |_| {
+            entries.push(Entry::new(name, t, move |_| {
                 move || {
                     black_box(source());
                 }
             }));
         }
     }
-    set_ratios(&mut records, BASELINE);
-    records
+    let measured = measure("cpu-id", plan, entries)?;
+    Ok(Bench::new(measured, |_| Some(BASELINE.to_owned())))
 }

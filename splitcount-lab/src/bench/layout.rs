@@ -16,16 +16,16 @@
 //!
 //! `packed` keeps both fields on one cache line; `padded` gives each its own
 //! [`CachePadded`] line (128 bytes on x86_64: the adjacent-line prefetcher
-//! pulls lines in pairs). Each role is reported on its own, as a ratio to the
-//! same role on the padded layout. The layouts run in alternating rounds and
-//! each case reports its median round, so one unlucky scheduling window
-//! (the two threads sharing a CPU for a while) does not decide the result.
+//! pulls lines in pairs). Each layout is one two-thread entry of the timing
+//! core (pinned to two CPUs where there are two, in interleaved rounds);
+//! each role is reported on its own, as a ratio to the same role on the
+//! padded layout in the same round.
 
-use super::{measure_roles, Record};
+use super::{Bench, Entry};
+use crate::timing::{measure, Plan};
 use crossbeam_utils::CachePadded;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::Duration;
 
 /// The suite name in records.
 const SUITE: &str = "layout";
@@ -37,9 +37,6 @@ pub const CASES: [&str; 4] = [
     "padded-writer",
     "packed-writer",
 ];
-
-/// Rounds per layout, alternating packed and padded.
-pub const ROUNDS: u32 = 3;
 
 /// Rounds of mixing the reader does with each value it loads.
 const WORK_ROUNDS: u32 = 8;
@@ -89,11 +86,9 @@ impl Fields for Padded {
 }
 
 /// Thread 0 writes `usage`, thread 1 reads `limit` and works with it.
-fn two_roles(layout: &str, fields: &dyn Fields, duration: Duration) -> Vec<Record> {
+fn two_roles<'a>(layout: &str, fields: &'a dyn Fields) -> Entry<'a> {
     fields.limit().store(1 << 40, Ordering::Relaxed);
-    let writer = format!("{layout}-writer");
-    let reader = format!("{layout}-reader");
-    measure_roles(SUITE, &[&writer, &reader], duration, |t| {
+    Entry::new(layout, 2, move |t| {
         let mut state = t as u64 + 1;
         move || {
             if t == 0 {
@@ -109,43 +104,28 @@ fn two_roles(layout: &str, fields: &dyn Fields, duration: Duration) -> Vec<Recor
             }
         }
     })
+    .roles(&["writer", "reader"])
 }
 
-/// Measure both layouts, two threads each, for about `duration` per layout
-/// in [`ROUNDS`] alternating rounds; report each case's median round, with
-/// each role's ratio to the same role on the padded layout.
-pub fn run(duration: Duration) -> Vec<Record> {
+/// The baseline of a role's case: the same role on the padded layout.
+pub fn baseline_of(case: &str) -> Option<String> {
+    let role = case.rsplit('-').next()?;
+    Some(format!("padded-{role}"))
+}
+
+/// Measure both layouts, two threads each, in interleaved rounds; each
+/// role's ratio is to the same role on the padded layout.
+pub fn run(plan: &Plan) -> Result<Bench, String> {
     let packed = Packed::default();
     let padded = Padded::default();
-    let round = duration / ROUNDS;
-    let mut measured = Vec::new();
-    for _ in 0..ROUNDS {
-        measured.extend(two_roles("padded", &padded, round));
-        measured.extend(two_roles("packed", &packed, round));
-    }
-    let mut records: Vec<Record> = CASES
-        .iter()
-        .filter_map(|case| {
-            let mut of: Vec<&Record> = measured.iter().filter(|r| r.case == *case).collect();
-            of.sort_by(|a, b| a.ns_per_op.total_cmp(&b.ns_per_op));
-            of.get(of.len() / 2).map(|r| (*r).clone())
-        })
-        .collect();
-    for role in ["reader", "writer"] {
-        let baseline = format!("padded-{role}");
-        let Some(base) = records
-            .iter()
-            .find(|r| r.case == baseline)
-            .map(|r| r.ns_per_op)
-        else {
-            continue;
-        };
-        for r in records.iter_mut().filter(|r| r.case.ends_with(role)) {
-            r.ratio = Some(r.ns_per_op / base);
-            r.baseline = Some(baseline.clone());
-        }
-    }
-    records
+    let entries = vec![two_roles("padded", &padded), two_roles("packed", &packed)];
+    let measured = measure(SUITE, plan, entries)?;
+    let mut bench = Bench::new(measured, baseline_of);
+    // Table order: readers first, as the published figure is about them.
+    bench
+        .records
+        .sort_by_key(|r| CASES.iter().position(|c| *c == r.case));
+    Ok(bench)
 }
 
 #[cfg(test)]
@@ -164,7 +144,11 @@ mod tests {
 
     #[test]
     fn every_role_of_both_layouts_is_reported_against_the_padded_one() {
-        let records = run(Duration::from_millis(15));
+        let plan = Plan {
+            rounds: 2,
+            slice: std::time::Duration::from_millis(10),
+        };
+        let records = run(&plan).unwrap().records;
         let cases: Vec<&str> = records.iter().map(|r| r.case.as_str()).collect();
         assert_eq!(cases, CASES);
         for r in &records {

@@ -1,7 +1,16 @@
-//! Benchmark machinery shared by every suite: a timed multi-thread loop and
-//! the record every measurement is reported as.
+//! The benchmark suites and what they report: every suite builds
+//! [`Entry`]s (a case at a thread count), times them in interleaved rounds
+//! with [`crate::timing`], and turns the rounds into one [`Record`] per
+//! case and thread count.
+//!
+//! A record's `ratio` is the median of the per-round ratios to its
+//! baseline measured in the same round, `low`–`high` their range, and
+//! `stable` whether the two halves of the rounds agree within 10%; its
+//! `ns_per_op` (the median round's) is there for scale, never compared
+//! across runs.
 
 pub mod alloc;
+pub mod bare_rseq;
 pub mod charge;
 pub mod counters;
 pub mod cpu_id;
@@ -10,13 +19,18 @@ pub mod percpu;
 pub mod stats;
 pub mod striped;
 
+use crate::timing::{Measured, Spread};
 use serde::Serialize;
-use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Barrier;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// One measurement: a case of a suite at a thread count.
+pub use crate::timing::Entry;
+
+/// The suites of `bench`, in the order the CLI lists them.
+pub const SUITES: [&str; 7] = [
+    "cpu-id", "percpu", "counters", "charge", "stats", "alloc", "layout",
+];
+
+/// One case of a suite at a thread count, over all rounds.
 #[derive(Debug, Clone, Serialize)]
 pub struct Record {
     /// The suite (`cpu-id`, `counters`, ...).
@@ -25,168 +39,202 @@ pub struct Record {
     pub case: String,
     /// Threads running the case at once.
     pub threads: usize,
-    /// Average time of one operation on one thread.
+    /// Time of one operation on one thread (CPU time), in the median round.
     pub ns_per_op: f64,
-    /// Operations completed per second by all threads together.
+    /// Operations completed per second by all threads together (wall
+    /// time), in the median round.
     pub ops_per_sec: f64,
-    /// `ns_per_op` divided by the baseline's at the same thread count, when
-    /// the suite has a baseline.
+    /// Median over rounds of `ns_per_op` ÷ the baseline's in the same round.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio: Option<f64>,
     /// The case `ratio` is relative to.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub baseline: Option<String>,
+    /// The smallest per-round ratio.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub low: Option<f64>,
+    /// The largest per-round ratio.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub high: Option<f64>,
+    /// Rounds that entered the figures.
+    pub rounds: usize,
+    /// Rounds left out because the threads did not run together.
+    pub left_out: usize,
+    /// Too few rounds had the threads running together: every round was
+    /// used, and the ratio is not stable.
+    pub poor_overlap: bool,
+    /// Whether the two halves of the rounds agree within 10% (on the
+    /// ratio, or on `ns_per_op` without a baseline).
+    pub stable: bool,
+    /// Median share of a round in which all threads ran together (one
+    /// thread: the share it was on a CPU).
+    pub overlap: f64,
+    /// Whether the threads were pinned, one per CPU.
+    pub pinned: bool,
+    /// The per-round ratios that entered `ratio`, in measured order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub round_ratios: Vec<f64>,
 }
 
-/// Operations between two looks at the stop flag: large enough that the
-/// look costs nothing, small enough that threads stop promptly.
-const BATCH: u64 = 1024;
-
-/// Run `op` on `threads` threads for about `duration`. `make(t)` builds
-/// thread `t`'s operation (its private state lives in the closure).
-pub fn measure<M, F>(suite: &str, case: &str, threads: usize, duration: Duration, make: M) -> Record
-where
-    M: Fn(usize) -> F + Sync,
-    F: FnMut(),
-{
-    let threads = threads.max(1);
-    let (per_thread, wall) = run_threads(threads, duration, make);
-    let ops: u64 = per_thread.iter().map(|r| r.0).sum();
-    let busy: Duration = per_thread.iter().map(|r| r.1).sum();
-    let record = record(suite, case, threads, ops, busy, wall);
-    observe(&record);
-    record
+/// A suite's rounds and the records made of them.
+#[derive(Debug, Clone)]
+pub struct Bench {
+    /// Every round of every case, for figures beyond the records (the
+    /// report's verdicts).
+    pub measured: Measured,
+    /// One record per case and thread count, in entry order.
+    pub records: Vec<Record>,
 }
 
-/// Run one thread per case at once, for about `duration`: thread `t` runs
-/// `make(t)` and is reported as `cases[t]`, each record with the thread
-/// count of the whole run. For workloads whose threads play different roles
-/// (one writes, another reads), where an average over roles would hide what
-/// each one pays.
-pub fn measure_roles<M, F>(suite: &str, cases: &[&str], duration: Duration, make: M) -> Vec<Record>
-where
-    M: Fn(usize) -> F + Sync,
-    F: FnMut(),
-{
-    let threads = cases.len().max(1);
-    let (per_thread, wall) = run_threads(threads, duration, make);
-    let records: Vec<Record> = cases
-        .iter()
-        .zip(per_thread)
-        .map(|(case, (ops, busy))| record(suite, case, threads, ops, busy, wall))
-        .collect();
-    records.iter().for_each(observe);
-    records
-}
-
-fn record(
-    suite: &str,
-    case: &str,
-    threads: usize,
-    ops: u64,
-    busy: Duration,
-    wall: Duration,
-) -> Record {
-    let ops = ops.max(1) as f64;
-    Record {
-        suite: suite.to_owned(),
-        case: case.to_owned(),
-        threads,
-        ns_per_op: busy.as_nanos() as f64 / ops,
-        ops_per_sec: ops / wall.as_secs_f64(),
-        ratio: None,
-        baseline: None,
-    }
-}
-
-/// The timed loop: each thread's (operations, busy time), and the wall time
-/// from the common start to the last join.
-fn run_threads<M, F>(
-    threads: usize,
-    duration: Duration,
-    make: M,
-) -> (Vec<(u64, Duration)>, Duration)
-where
-    M: Fn(usize) -> F + Sync,
-    F: FnMut(),
-{
-    let stop = AtomicBool::new(false);
-    let barrier = Barrier::new(threads + 1);
-    std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
-            .map(|t| {
-                let (stop, barrier, make) = (&stop, &barrier, &make);
-                s.spawn(move || {
-                    let mut op = make(t);
-                    barrier.wait();
-                    let start = Instant::now();
-                    let mut ops = 0u64;
-                    // Relaxed: the flag only ends the loop; no data rides on it.
-                    while !stop.load(Ordering::Relaxed) {
-                        for _ in 0..BATCH {
-                            op();
-                        }
-                        ops += BATCH;
+impl Bench {
+    /// Records of `measured`, each case's ratio taken to the case
+    /// `baseline_of` names (at the same thread count).
+    pub fn new(measured: Measured, baseline_of: impl Fn(&str) -> Option<String>) -> Bench {
+        let records = measured
+            .series
+            .iter()
+            .map(|s| {
+                let (ns_per_op, ops_per_sec) = s.typical();
+                let overlaps: Vec<f64> = s.samples.iter().map(|x| x.overlap).collect();
+                let mut r = Record {
+                    suite: measured.suite.clone(),
+                    case: s.case.clone(),
+                    threads: s.threads,
+                    ns_per_op,
+                    ops_per_sec,
+                    ratio: None,
+                    baseline: None,
+                    low: None,
+                    high: None,
+                    rounds: s.samples.len() - s.poor_rounds(),
+                    left_out: s.poor_rounds(),
+                    poor_overlap: false,
+                    stable: false,
+                    overlap: crate::timing::spread::median(&overlaps),
+                    pinned: s.samples.iter().all(|x| x.pinned),
+                    round_ratios: Vec::new(),
+                };
+                let baseline = baseline_of(&s.case);
+                match baseline
+                    .as_deref()
+                    .and_then(|b| measured.ratio(&s.case, b, s.threads))
+                {
+                    Some(f) => {
+                        r.ratio = Some(f.spread.median);
+                        r.low = Some(f.spread.low);
+                        r.high = Some(f.spread.high);
+                        r.rounds = f.spread.n;
+                        r.left_out = f.left_out;
+                        r.poor_overlap = f.poor_overlap;
+                        r.stable = f.stable();
+                        r.round_ratios = f.values;
+                        r.baseline = baseline;
                     }
-                    (ops, start.elapsed())
-                })
+                    None => {
+                        let ns: Vec<f64> = s.samples.iter().map(|x| x.ns_per_op).collect();
+                        r.stable = Spread::of(&ns).is_some_and(|sp| sp.stable());
+                    }
+                }
+                r
             })
             .collect();
-        barrier.wait();
-        let start = Instant::now();
-        std::thread::sleep(duration);
-        stop.store(true, Ordering::Relaxed);
-        let results: Vec<_> = workers
-            .into_iter()
-            .map(|w| w.join().expect("bench thread"))
+        Bench { measured, records }
+    }
+
+    /// What a reader needs to judge the figures: rounds, pinning, rounds
+    /// left out and which ratios are unstable.
+    pub fn notes(&self) -> Vec<String> {
+        let plan = self.measured.plan;
+        let mut notes = vec![format!(
+            "{} interleaved rounds of {} per case; × is the median of per-round ratios \
+             to the baseline of the same round, [low–high] their range",
+            plan.rounds,
+            duration(plan.slice)
+        )];
+        let cpus = crate::timing::pin::allowed_cpus().len();
+        for (threads, placement) in &self.measured.placements {
+            notes.push(match placement {
+                Some(p) => format!(
+                    "{threads} thread{}: pinned to {}",
+                    if *threads == 1 { "" } else { "s" },
+                    p.describe()
+                ),
+                None => format!(
+                    "{threads} threads: more than the {cpus} CPU{} this process may use — not \
+                     pinned, overlap not checked",
+                    if cpus == 1 { "" } else { "s" }
+                ),
+            });
+        }
+        let multi: Vec<&crate::timing::Series> = self
+            .measured
+            .series
+            .iter()
+            .filter(|s| s.samples.iter().any(|x| x.overlap_required))
             .collect();
-        (results, start.elapsed())
-    })
-}
+        if !multi.is_empty() {
+            let poor: usize = multi.iter().map(|s| s.poor_rounds()).sum();
+            let total: usize = multi.iter().map(|s| s.samples.len()).sum();
+            let fallback = self.records.iter().filter(|r| r.poor_overlap).count();
+            notes.push(format!(
+                "pinned multi-thread slices whose threads ran together less than {:.0}% of \
+                 the slice: {poor} of {total}, left out of ratios{}",
+                crate::timing::MIN_OVERLAP * 100.0,
+                if fallback > 0 {
+                    format!(
+                        "; {fallback} ratio(s) had fewer than {} good rounds left and use \
+                         every round (marked †): the host was busy",
+                        crate::timing::measured::MIN_ROUNDS
+                    )
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        notes.push(self.stability());
+        notes
+    }
 
-type Observer = Box<dyn Fn(&Record)>;
-
-thread_local! {
-    static OBSERVER: RefCell<Option<Observer>> = const { RefCell::new(None) };
-}
-
-/// Run `f`, calling `observer` with every record that [`measure`] and
-/// [`measure_roles`] produce on this thread meanwhile (the report advances
-/// its progress bars this way, without a parameter through every suite).
-pub fn observed<R>(observer: impl Fn(&Record) + 'static, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<Observer>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let previous = self.0.take();
-            OBSERVER.with(|o| *o.borrow_mut() = previous);
+    /// "stable: all 24 ratios …" or the list of unstable ones.
+    pub fn stability(&self) -> String {
+        let with_ratio: Vec<&Record> = self
+            .records
+            .iter()
+            .filter(|r| r.ratio.is_some() && r.baseline.as_deref() != Some(&r.case))
+            .collect();
+        let unstable: Vec<String> = with_ratio
+            .iter()
+            .filter(|r| !r.stable)
+            .map(|r| format!("{} at {}", r.case, threads(r.threads)))
+            .collect();
+        if unstable.is_empty() {
+            format!(
+                "stable: all {} ratios' two halves of rounds agree within 10%",
+                with_ratio.len()
+            )
+        } else {
+            format!(
+                "UNSTABLE (halves of rounds differ by more than 10%, or too few rounds ran \
+                 together), marked †: {} of {} ratios — {}",
+                unstable.len(),
+                with_ratio.len(),
+                unstable.join(", ")
+            )
         }
     }
-    let previous = OBSERVER.with(|o| o.borrow_mut().replace(Box::new(observer)));
-    let _restore = Restore(previous);
-    f()
 }
 
-fn observe(record: &Record) {
-    OBSERVER.with(|o| {
-        if let Some(observer) = o.borrow().as_ref() {
-            observer(record);
-        }
-    });
+/// "1 thread", "2 threads".
+pub fn threads(n: usize) -> String {
+    format!("{n} thread{}", if n == 1 { "" } else { "s" })
 }
 
-/// Fill `ratio` and `baseline` of every record from the `baseline` case at
-/// the same thread count.
-pub fn set_ratios(records: &mut [Record], baseline: &str) {
-    let base: Vec<(usize, f64)> = records
-        .iter()
-        .filter(|r| r.case == baseline)
-        .map(|r| (r.threads, r.ns_per_op))
-        .collect();
-    for r in records.iter_mut() {
-        if let Some(&(_, b)) = base.iter().find(|(t, _)| *t == r.threads) {
-            r.ratio = Some(r.ns_per_op / b);
-            r.baseline = Some(baseline.to_owned());
-        }
+/// "80 ms", "1.5 s".
+pub fn duration(d: Duration) -> String {
+    if d >= Duration::from_secs(1) {
+        format!("{:.1} s", d.as_secs_f64())
+    } else {
+        format!("{} ms", d.as_millis())
     }
 }
 
@@ -197,33 +245,39 @@ pub fn print_json(records: &[Record]) {
     }
 }
 
-/// Print records as a table.
-pub fn print_table(records: &[Record]) {
+/// Print a suite's records as a table, with its notes under it.
+pub fn print_table(bench: &Bench) {
+    let records = &bench.records;
     let Some(first) = records.first() else {
         return;
     };
-    let baseline = records.iter().find_map(|r| r.baseline.clone());
     println!("suite {}", first.suite);
     println!(
-        "  {:<22} {:>7} {:>12} {:>16} {:>10}",
-        "case",
-        "threads",
-        "ns/op",
-        "ops/s",
-        match &baseline {
-            Some(b) => format!("x {b}"),
-            None => "ratio".to_owned(),
-        }
+        "  {:<26} {:>7} {:>12} {:>16} {:>10} {:>17}",
+        "case", "threads", "ns/op", "ops/s", "× baseline", "[low–high]"
     );
     for r in records {
-        let ratio = r
-            .ratio
-            .map(|x| format!("{x:.3}"))
-            .unwrap_or_else(|| "-".into());
+        let (ratio, range) = match (r.ratio, r.low, r.high) {
+            _ if r.baseline.as_deref() == Some(&r.case) => ("1".into(), "(baseline)".into()),
+            (Some(x), Some(lo), Some(hi)) => (
+                format!("{x:.3}{}", if r.stable { "" } else { "†" }),
+                format!("[{lo:.3}–{hi:.3}]"),
+            ),
+            _ => ("-".into(), String::new()),
+        };
         println!(
-            "  {:<22} {:>7} {:>12.2} {:>16.0} {:>10}",
-            r.case, r.threads, r.ns_per_op, r.ops_per_sec, ratio
+            "  {:<26} {:>7} {:>12.2} {:>16.0} {:>10} {:>17}  {}",
+            r.case,
+            r.threads,
+            r.ns_per_op,
+            r.ops_per_sec,
+            ratio,
+            range,
+            r.baseline.as_deref().unwrap_or("")
         );
+    }
+    for n in bench.notes() {
+        println!("  {n}");
     }
 }
 
@@ -232,7 +286,10 @@ pub fn parse_threads(s: &str) -> Result<Vec<usize>, String> {
     s.split(',')
         .map(|t| match t.trim().parse::<usize>() {
             Ok(n) if (1..=1024).contains(&n) => Ok(n),
-            _ => Err(format!("thread count {t:?} is not a number from 1 to 1024")),
+            _ => Err(format!(
+                "thread count {:?} is not valid (valid: a number from 1 to 1024, e.g. 1,2,4,8)",
+                t.trim()
+            )),
         })
         .collect()
 }

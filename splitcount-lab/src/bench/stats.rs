@@ -1,61 +1,75 @@
 //! `bench stats`: what a statistics read costs in a large tree when little
-//! changed, against the naive reader that sums every group's per-CPU slots,
-//! and what an update costs against a plain per-CPU add.
+//! changed, against the naive reader that sums every group's per-CPU
+//! values, and what an update costs against a plain per-CPU add.
 //!
-//! The tree has 10,000 groups four levels deep (fan-out 10); between two
-//! reads, 10 random groups are updated.
+//! The tree has 10,000 groups four levels deep (fan-out 10), 4 stat items
+//! each; between two reads, 10 random groups are updated. All five cases
+//! run in the same interleaved rounds, one thread:
 //!
 //! - `flush-updated`: a forced flush of the root after those 10 updates
-//!   (only the flush is timed);
-//! - `full-walk`: the naive reader — sum every group's per-CPU slots (a
-//!   `percpu` allocation per group, like the stat slots);
+//!   (only the flush is timed; the updates are its untimed preparation);
+//! - `full-walk` (the baseline of the reads): the naive reader at its
+//!   fastest — every CPU's values of every group and item laid out
+//!   contiguously per CPU (as a per-CPU arena lays them out), summed into
+//!   one total per group and item with plain iterators (no bounds check per
+//!   value, vectorized), and without even folding children into parents;
 //! - `flush-idle`: a forced flush of the root with nothing updated since the
 //!   last one (every CPU's list is empty: no locked instruction);
-//! - `mod-stat` vs `percpu-add`: one stat update against one add to a
-//!   per-CPU slot.
+//! - `mod-stat` vs `percpu-add` (its baseline): one stat update against one
+//!   add to a per-CPU slot through the library.
 
-use super::Record;
+use super::{Bench, Entry};
+use crate::timing::{measure, Plan};
 use splitcount::cpu::Machine;
 use splitcount::group::{Group, Hierarchy, HierarchyConfig};
 use splitcount::percpu::Arena;
-use splitcount::stat::StatItem;
+use splitcount::stat::{StatId, StatItem};
 use std::hint::black_box;
-use std::time::{Duration, Instant};
 
 /// The baseline of the read cases.
 pub const BASELINE: &str = "full-walk";
 
+/// The baseline of the update case.
+pub const UPDATE_BASELINE: &str = "percpu-add";
+
+/// The cases, in table order.
+pub const CASES: [&str; 5] = [
+    "flush-updated",
+    BASELINE,
+    "flush-idle",
+    UPDATE_BASELINE,
+    "mod-stat",
+];
+
+/// Stat items per group.
 const ITEMS: usize = 4;
 
-fn record(case: &str, ns: f64, baseline: Option<(&str, f64)>) -> Record {
-    Record {
-        suite: "stats".into(),
-        case: case.into(),
-        threads: 1,
-        ns_per_op: ns,
-        ops_per_sec: 1e9 / ns.max(1e-9),
-        ratio: baseline.map(|(_, b)| ns / b),
-        baseline: baseline.map(|(name, _)| name.to_owned()),
-    }
+/// Groups updated between two reads.
+const UPDATED: usize = 10;
+
+/// The baseline of `case`.
+pub fn baseline_of(case: &str) -> Option<String> {
+    Some(if case == "mod-stat" || case == UPDATE_BASELINE {
+        UPDATE_BASELINE.to_owned()
+    } else {
+        BASELINE.to_owned()
+    })
 }
 
-/// Time `op` repeatedly for about `duration`; `prepare` runs untimed before
-/// each call. Returns ns per call.
-fn time(duration: Duration, mut prepare: impl FnMut(), mut op: impl FnMut()) -> f64 {
-    let (mut spent, mut n) = (Duration::ZERO, 0u64);
-    let deadline = Instant::now() + duration;
-    while Instant::now() < deadline || n == 0 {
-        prepare();
-        let t = Instant::now();
-        op();
-        spent += t.elapsed();
-        n += 1;
-    }
-    spent.as_nanos() as f64 / n as f64
+/// A hierarchy with [`ITEMS`] gauges and its item ids.
+fn hierarchy() -> Result<(Hierarchy, Vec<StatId>), String> {
+    let items = (0..ITEMS)
+        .map(|i| StatItem::gauge(&format!("item{i}")))
+        .collect();
+    let h = Hierarchy::new(HierarchyConfig::default().stats(items)).map_err(|e| e.to_string())?;
+    let ids = (0..ITEMS)
+        .map(|i| h.stat_id(&format!("item{i}")).ok_or("item in schema"))
+        .collect::<Result<_, _>>()?;
+    Ok((h, ids))
 }
 
 /// Build the tree: `groups` groups, fan-out 10, depth 4 (root excluded).
-fn tree(h: &Hierarchy, groups: usize) -> Vec<Group> {
+fn tree(h: &Hierarchy, groups: usize) -> Result<Vec<Group>, String> {
     let mut all = Vec::with_capacity(groups);
     let mut level = vec![h.root()];
     'build: for _depth in 0..4 {
@@ -65,102 +79,123 @@ fn tree(h: &Hierarchy, groups: usize) -> Vec<Group> {
                 if all.len() == groups {
                     break 'build;
                 }
-                let g = parent.child(&format!("g{i}")).expect("fresh names");
+                let g = parent.child(&format!("g{i}")).map_err(|e| e.to_string())?;
                 next.push(g.clone());
                 all.push(g);
             }
         }
         level = next;
     }
-    all
+    Ok(all)
+}
+
+/// The naive reader's data: per CPU, every group's items side by side.
+struct Walk {
+    per_cpu: Vec<Vec<i64>>,
+    totals: Vec<i64>,
+}
+
+impl Walk {
+    fn new(cpus: usize, groups: usize) -> Walk {
+        let values = groups * ITEMS;
+        Walk {
+            per_cpu: (0..cpus)
+                .map(|c| (0..values).map(|v| (v + c) as i64).collect())
+                .collect(),
+            totals: vec![0; values],
+        }
+    }
+
+    /// Every group's total of every item, over every CPU.
+    #[inline]
+    fn read(&mut self) {
+        self.totals.fill(0);
+        for cpu in &self.per_cpu {
+            for (total, v) in self.totals.iter_mut().zip(cpu) {
+                *total += v;
+            }
+        }
+        black_box(&self.totals);
+    }
 }
 
 /// Run the suite with a tree of `groups` groups (10,000 in the lab).
-pub fn run(groups: usize, duration: Duration) -> Vec<Record> {
-    let items = (0..ITEMS)
-        .map(|i| StatItem::gauge(&format!("item{i}")))
-        .collect();
-    let h = Hierarchy::new(HierarchyConfig::default().stats(items)).expect("valid schema");
-    let all = tree(&h, groups);
-    let ids: Vec<_> = (0..ITEMS)
-        .map(|i| h.stat_id(&format!("item{i}")).expect("in schema"))
-        .collect();
+pub fn run(groups: usize, plan: &Plan) -> Result<Bench, String> {
+    let (h, ids) = hierarchy()?;
+    let all = tree(&h, groups.max(1))?;
     let root = h.root();
-    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    let mut rand = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let cpus = Machine::host().cpus();
+    // Updates get a hierarchy of their own, so they leave nothing for the
+    // flush cases to fold.
+    let (updates, update_ids) = hierarchy()?;
+    let updated = updates.root().child("g").map_err(|e| e.to_string())?;
+    let one = Arena::new(&Machine::host())
+        .alloc(1)
+        .map_err(|e| e.to_string())?;
 
-    let flush_updated = time(
-        duration,
-        || {
-            for _ in 0..10 {
-                let g = &all[(rand() % all.len() as u64) as usize];
-                g.mod_stat(ids[0], 1).expect("in schema");
+    let (all, root, ids) = (&all, &root, &ids);
+    let (updated, update_ids, one) = (&updated, &update_ids, &one);
+    let entries = vec![
+        Entry::prepared("flush-updated", 1, move |_| {
+            let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+            let prepare = move || {
+                for _ in 0..UPDATED {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    let g = &all[(seed % all.len() as u64) as usize];
+                    let _ = g.mod_stat(ids[0], 1);
+                }
+            };
+            let flush = move || {
+                root.flush(true);
+            };
+            (prepare, flush)
+        }),
+        Entry::new(BASELINE, 1, move |_| {
+            let mut walk = Walk::new(cpus, all.len());
+            move || walk.read()
+        }),
+        Entry::new("flush-idle", 1, move |_| {
+            root.flush(true);
+            move || {
+                root.flush(true);
             }
-        },
-        || {
-            root.flush(true);
-        },
-    );
+        }),
+        Entry::new(UPDATE_BASELINE, 1, move |_| {
+            move || {
+                let _ = one.add(0, black_box(1));
+            }
+        }),
+        Entry::new("mod-stat", 1, move |_| {
+            move || {
+                let _ = updated.mod_stat(update_ids[1], black_box(1));
+            }
+        }),
+    ];
+    let measured = measure("stats", plan, entries)?;
     root.flush(true);
-    let flush_idle = time(
-        duration,
-        || {},
-        || {
-            root.flush(true);
-        },
-    );
+    Ok(Bench::new(measured, baseline_of))
+}
 
-    // The naive reader's data: one per-CPU allocation per group.
-    let arena = Arena::new(&Machine::host());
-    let slots: Vec<_> = (0..all.len())
-        .map(|_| arena.alloc(ITEMS).expect("arena memory"))
-        .collect();
-    for (i, s) in slots.iter().enumerate() {
-        s.add(0, i as i64).expect("slot 0");
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_walk_sums_every_cpu_of_every_group_and_item() {
+        let mut w = Walk::new(3, 2);
+        w.read();
+        // Value v on CPU c is v + c: the total of v over 3 CPUs is 3v + 3.
+        let expected: Vec<i64> = (0..2 * ITEMS as i64).map(|v| 3 * v + 3).collect();
+        assert_eq!(w.totals, expected);
     }
-    let full_walk = time(
-        duration,
-        || {},
-        || {
-            let mut sum = 0i64;
-            for s in &slots {
-                for item in 0..ITEMS {
-                    sum = sum.wrapping_add(s.sum(item).expect("in range"));
-                }
-            }
-            black_box(sum);
-        },
-    );
 
-    let g = &all[all.len() / 2];
-    let per_call = |f: &mut dyn FnMut()| {
-        time(
-            duration,
-            || {},
-            || {
-                for _ in 0..1000 {
-                    f();
-                }
-            },
-        ) / 1000.0
-    };
-    let mod_stat = per_call(&mut || g.mod_stat(ids[1], black_box(1)).expect("in schema"));
-    let one = arena.alloc(1).expect("arena memory");
-    let percpu_add = per_call(&mut || {
-        one.add(0, black_box(1)).expect("slot 0");
-    });
-    root.flush(true);
-
-    vec![
-        record("flush-updated", flush_updated, Some((BASELINE, full_walk))),
-        record(BASELINE, full_walk, Some((BASELINE, full_walk))),
-        record("flush-idle", flush_idle, Some((BASELINE, full_walk))),
-        record("percpu-add", percpu_add, Some(("percpu-add", percpu_add))),
-        record("mod-stat", mod_stat, Some(("percpu-add", percpu_add))),
-    ]
+    #[test]
+    fn the_tree_has_the_asked_size_four_levels_deep() {
+        let (h, _) = hierarchy().unwrap();
+        let all = tree(&h, 1111).unwrap();
+        assert_eq!(all.len(), 1111);
+        assert_eq!(all.last().unwrap().path().matches('/').count(), 4);
+    }
 }

@@ -48,18 +48,24 @@ table { border-collapse: collapse; margin: 1em 0 0.4em; font-size: 0.9em; }
 caption { text-align: left; font-weight: 600; padding-bottom: 0.4em; }
 th, td { padding: 0.25em 0.8em; border-bottom: 1px solid #e4e4e4; text-align: left; }
 th { background: #f4f4f4; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+tr[class] td:last-child { white-space: nowrap; }
 td.published, th.published { color: #6b4e16; background: #fbf6ea; font-style: italic; }
 p.note { color: #666; font-size: 0.85em; margin: 0.15em 0; }
 .about { max-width: 60em; }
 .plots { display: flex; flex-wrap: wrap; gap: 1em; margin-top: 1em; }
 .plots svg { max-width: 100%; height: auto; border: 1px solid #eee; }
 .time { color: #888; font-size: 0.8em; font-weight: normal; }
+tr.met td:last-child { color: #1a7f37; font-weight: 600; }
+tr.not-met td:last-child { color: #c62828; font-weight: 600; }
+tr.unstable td:last-child { color: #9a6700; font-weight: 600; }
+tr.not-measured td:last-child { color: #777; }
+footer { margin-top: 3em; color: #777; font-size: 0.85em; border-top: 1px solid #ddd; }
 ";
 
-/// The whole page: a heading with `lead` lines, the machine's shape, then
-/// one section per suite.
-pub fn page(lead: &[String], machine: &Table, sections: &[Section]) -> String {
+/// The whole page: a heading with `lead` lines, the verdicts against the
+/// targets, the machine's shape, then one section per suite.
+pub fn page(lead: &[String], verdicts: &Table, machine: &Table, sections: &[Section]) -> String {
     let mut h = String::from(
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
          <title>splitcount lab report</title>\n<style>",
@@ -69,11 +75,16 @@ pub fn page(lead: &[String], machine: &Table, sections: &[Section]) -> String {
     for line in lead {
         h += &format!("<p class=\"lead\">{}</p>\n", escape(line));
     }
-    h += "<nav>";
+    h += "<nav><a href=\"#summary\">summary</a><a href=\"#machine\">machine</a>";
     for s in sections {
         h += &format!("<a href=\"#{}\">{}</a>", escape(s.id), escape(s.id));
     }
-    h += "</nav>\n<h2 id=\"machine\">Machine</h2>\n";
+    h += "</nav>\n";
+    if !verdicts.rows.is_empty() {
+        h += "<h2 id=\"summary\">Summary: the targets, measured here</h2>\n";
+        h += &verdicts.to_html();
+    }
+    h += "<h2 id=\"machine\">Machine</h2>\n";
     h += &machine.to_html();
     for s in sections {
         h += &format!(
@@ -97,6 +108,10 @@ pub fn page(lead: &[String], machine: &Table, sections: &[Section]) -> String {
         }
         h += "</section>\n";
     }
+    h += "<footer><p>Figures in the published column were measured elsewhere; their \
+          sources are collected in the repository's IMPLEMENTATION.md, §9 (\"Published \
+          figures and their sources\"). The targets and how a verdict is reached: README.md, \
+          \"Targets\".</p></footer>\n";
     h += "</body>\n</html>\n";
     h
 }
@@ -122,7 +137,11 @@ mod tests {
             tables: &tables,
             plots: &plots,
         };
-        let page = page(&["lead".into()], &Table::new("m"), &[s]);
+        let mut verdicts = Table::new("v").text("target").text("verdict");
+        verdicts.row_with_class(vec!["stock".into(), "✗ not met".into()], "not-met".into());
+        let page = page(&["lead".into()], &verdicts, &Table::new("m"), &[s]);
+        assert!(page.find("id=\"summary\"").unwrap() < page.find("id=\"machine\"").unwrap());
+        assert!(page.contains("<tr class=\"not-met\">"));
         assert!(page.contains("<a href=\"#counters\">counters</a>"));
         assert!(page.contains("<section id=\"counters\">"));
         assert!(page.contains("<svg width=\"1\"></svg>"));

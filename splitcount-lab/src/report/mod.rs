@@ -13,8 +13,9 @@ pub mod plots;
 pub mod published;
 pub mod suites;
 pub mod table;
+pub mod targets;
 
-use crate::machine::MachineInfo;
+use crate::machine::{self, MachineInfo};
 use indicatif::{ProgressBar, ProgressStyle};
 use published::Published;
 use serde::Serialize;
@@ -23,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use suites::{Settings, Suite};
 use table::Table;
+use targets::{Status, Verdict, TARGETS};
 
 /// What `report` was asked to do.
 #[derive(Debug, Clone)]
@@ -42,6 +44,7 @@ struct Report {
     quick: bool,
     seconds: f64,
     machine: MachineInfo,
+    verdicts: Vec<Verdict>,
     suites: Vec<SuiteJson>,
 }
 
@@ -71,8 +74,7 @@ pub fn run(options: &Options) -> Result<(), String> {
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let start = Instant::now();
     let machine = MachineInfo::detect();
-    let machine_table = machine_table(&machine);
-    println!("{}\n", machine_table.to_text());
+    println!("{}\n", machine_table(&machine, None).to_text());
     let settings = Settings {
         quick: options.quick,
     };
@@ -85,6 +87,7 @@ pub fn run(options: &Options) -> Result<(), String> {
         let outcome = outcome.map_err(|e| format!("suite {}: {e}", suite.name))?;
         let seconds = t0.elapsed().as_secs_f64();
         println!("== {} ({seconds:.1} s)", suite.title);
+        println!("  {}", suite.about);
         for t in &outcome.tables {
             println!("{}\n", t.to_text());
         }
@@ -94,8 +97,24 @@ pub fn run(options: &Options) -> Result<(), String> {
             outcome,
         });
     }
+    // Measured again at the end: a host that moved the vCPUs meanwhile
+    // shows here, and explains contended figures that drifted.
+    let round_trip_at_end = machine::host::line_round_trip_ns();
+    let machine_table = machine_table(&machine, round_trip_at_end);
+    let verdicts = gather_verdicts(&ran);
+    let verdict_table = verdict_table(&verdicts);
+    if !verdicts.is_empty() {
+        println!("== Summary: the targets, measured here\n");
+        println!("{}\n", verdict_table.to_text());
+    }
     let seconds = start.elapsed().as_secs_f64();
-    write(out, options.quick, seconds, machine, &machine_table, ran)?;
+    let page = Page {
+        quick: options.quick,
+        seconds,
+        machine_table: &machine_table,
+        verdicts: &verdict_table,
+    };
+    write(out, &page, machine, verdicts, ran)?;
     println!(
         "wrote {} and {} ({seconds:.1} s)",
         out.join("report.json").display(),
@@ -104,36 +123,98 @@ pub fn run(options: &Options) -> Result<(), String> {
     Ok(())
 }
 
-fn progress_bar(name: &str) -> ProgressBar {
-    let style = ProgressStyle::with_template(
-        "{prefix:>9} [{bar:32.cyan/blue}] {pos}/{len} cases {elapsed:>4}",
+/// Every suite's verdicts, in the order of [`TARGETS`].
+fn gather_verdicts(ran: &[Ran]) -> Vec<Verdict> {
+    let mut all: Vec<Verdict> = ran
+        .iter()
+        .flat_map(|r| r.outcome.verdicts.iter().cloned())
+        .collect();
+    all.sort_by_key(|v| TARGETS.iter().position(|t| t.name == v.name));
+    all
+}
+
+/// The summary: one row per target, its goal, the median with its range,
+/// and the mark.
+pub fn verdict_table(verdicts: &[Verdict]) -> Table {
+    let mut t = Table::new(
+        "verdicts: each target's figure, the median of per-round values with their range",
     )
-    .unwrap_or_else(|_| ProgressStyle::default_bar())
-    .progress_chars("=> ");
-    let bar = ProgressBar::new(1)
+    .text("target")
+    .text("goal")
+    .number("measured")
+    .number("range")
+    .number("rounds")
+    .text("verdict");
+    for v in verdicts {
+        let mark = match v.status {
+            Status::Met => "✓ met",
+            Status::NotMet => "✗ not met",
+            Status::Unstable => "? unstable",
+            Status::NotMeasured => "— not measured",
+        };
+        t.row_with_class(
+            vec![
+                v.name.clone(),
+                v.target.clone(),
+                v.measured(),
+                v.range(),
+                v.rounds.to_string(),
+                mark.to_owned(),
+            ],
+            v.status.name().replace(' ', "-"),
+        );
+    }
+    t.note(
+        "met / not met: the median against the goal, for a stable figure; unstable: the two \
+         halves of the rounds differ by more than 10%, or too few rounds had the threads \
+         running together — trust neither verdict, rerun on a quieter machine",
+    );
+    for v in verdicts.iter().filter(|v| !v.note.is_empty()) {
+        t.note(format!("{}: {}", v.name, v.note));
+    }
+    t
+}
+
+fn progress_bar(name: &str) -> ProgressBar {
+    let style =
+        ProgressStyle::with_template("{prefix:>9} [{bar:32.cyan/blue}] {pos}/{len} {elapsed:>4}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+    let bar = ProgressBar::new(0)
         .with_style(style)
         .with_prefix(name.to_owned());
     bar.enable_steady_tick(Duration::from_millis(200));
     bar
 }
 
-fn write(
-    out: &Path,
+/// What the page shows above the suites.
+struct Page<'a> {
     quick: bool,
     seconds: f64,
+    machine_table: &'a Table,
+    verdicts: &'a Table,
+}
+
+fn write(
+    out: &Path,
+    page: &Page,
     machine: MachineInfo,
-    machine_table: &Table,
+    verdicts: Vec<Verdict>,
     ran: Vec<Ran>,
 ) -> Result<(), String> {
+    let (quick, seconds) = (page.quick, page.seconds);
     let lead = vec![
         format!(
             "Measured on this machine by splitcount-lab {} ({} run, {seconds:.0} s).",
             env!("CARGO_PKG_VERSION"),
             if quick { "quick" } else { "full" }
         ),
-        "Every timing is a ratio to a baseline measured in the same run, with the absolute \
-         time beside it. The published column holds figures the kernel and its anchors \
-         reported: measured elsewhere, on other machines, for context only."
+        "Every timing is the median of per-round ratios to a baseline measured in the same \
+         round (cases run in interleaved rounds, threads pinned one per CPU), with the range \
+         over the rounds and the absolute time beside it; † marks a figure whose two halves \
+         of rounds disagree. The published column holds figures the kernel and its anchors \
+         reported: measured elsewhere, on other machines, for context only; their sources \
+         are in IMPLEMENTATION.md, §9."
             .to_owned(),
     ];
     let sections: Vec<html::Section> = ran
@@ -147,12 +228,13 @@ fn write(
             plots: &r.outcome.plots,
         })
         .collect();
-    let page = html::page(&lead, machine_table, &sections);
+    let html = html::page(&lead, page.verdicts, page.machine_table, &sections);
     let report = Report {
         generator: format!("splitcount-lab {}", env!("CARGO_PKG_VERSION")),
         quick,
         seconds,
         machine,
+        verdicts,
         suites: ran
             .into_iter()
             .map(|r| SuiteJson {
@@ -171,13 +253,30 @@ fn write(
         std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
     };
     save("report.json", &json)?;
-    save("index.html", &page)
+    save("index.html", &html)
 }
 
-/// The machine's shape as a two-column table.
-fn machine_table(m: &MachineInfo) -> Table {
+/// The machine's shape as a two-column table; `round_trip_at_end`: the
+/// cache-line round trip measured again when the suites have run.
+fn machine_table(m: &MachineInfo, round_trip_at_end: Option<f64>) -> Table {
     let mut t = Table::new("machine").text("property").text("value");
     let mut add = |k: &str, v: String| t.row(vec![k.to_owned(), v]);
+    add("CPU", format!("{} ({})", m.cpu_model, m.cpu_vendor));
+    add("virtualisation", m.virtualization.clone());
+    add("performance counters", m.perf_counters.clone());
+    add("two threads pinned to", m.two_threads.clone());
+    if let Some(start) = m.line_round_trip_ns {
+        add(
+            "cache-line round trip between them",
+            match round_trip_at_end {
+                Some(end) => format!(
+                    "{start:.0} ns at the start, {end:.0} ns at the end (where the host runs \
+                     the two CPUs; contended figures move with it)"
+                ),
+                None => format!("{start:.0} ns"),
+            },
+        );
+    }
     add(
         "CPUs",
         format!(

@@ -65,10 +65,12 @@ pub struct Series {
     pub style: Style,
 }
 
-/// A point measured elsewhere, drawn as a black triangle with its label.
+/// A point measured elsewhere, drawn as a black marker; its label goes in
+/// the legend (never beside the point, where it would cover the lines).
+/// Marks with the same label share a marker shape.
 #[derive(Debug, Clone)]
 pub struct Mark {
-    /// The text beside it.
+    /// Its legend entry.
     pub label: String,
     /// Position on the x axis.
     pub x: f64,
@@ -405,16 +407,12 @@ where
             }
         }
     }
-    ctx.draw_series(data.marks.iter().map(|(m, p)| {
-        EmptyElement::at(*p)
-            + TriangleMarker::new((0, 0), 7, BLACK.filled())
-            + Text::new(
-                m.label.clone(),
-                (8, -16),
-                ("sans-serif", LABEL_FONT).into_font(),
-            )
-    }))
-    .map_err(svg_error)?;
+    let labels = mark_labels(&chart.marks);
+    for (m, p) in &data.marks {
+        let shape = labels.iter().position(|l| *l == m.label).unwrap_or(0);
+        ctx.draw_series(std::iter::once(EmptyElement::at(*p) + marker(shape, 7)))
+            .map_err(svg_error)?;
+    }
     let (xr, yr) = ctx.plotting_area().get_pixel_range();
     Ok((xr.end, yr.start))
 }
@@ -458,18 +456,23 @@ fn legend(
             .map_err(svg_error)?;
         y += 20;
     }
-    if !chart.marks.is_empty() {
-        root.draw(&TriangleMarker::new((x + 12, y), 6, BLACK.filled()))
-            .map_err(svg_error)?;
-        root.draw(&Text::new("published,", (x + 32, y), text.clone()))
-            .map_err(svg_error)?;
+    let labels = mark_labels(&chart.marks);
+    if !labels.is_empty() {
+        y += 4;
         root.draw(&Text::new(
-            "measured elsewhere",
-            (x + 32, y + 16),
+            "published, measured elsewhere:",
+            (x, y),
             text.clone(),
         ))
         .map_err(svg_error)?;
-        y += 36;
+        y += 20;
+        for (shape, label) in labels.iter().enumerate() {
+            root.draw(&(EmptyElement::at((x + 12, y)) + marker(shape, 6)))
+                .map_err(svg_error)?;
+            root.draw(&Text::new(label.to_string(), (x + 32, y), text.clone()))
+                .map_err(svg_error)?;
+            y += 20;
+        }
     }
     for line in &chart.key {
         y += 4;
@@ -480,28 +483,88 @@ fn legend(
     Ok(())
 }
 
+/// The distinct labels of `marks`, in order: marker shape `i` is label `i`'s.
+fn mark_labels(marks: &[Mark]) -> Vec<&str> {
+    let mut labels: Vec<&str> = Vec::new();
+    for m in marks {
+        if !labels.contains(&m.label.as_str()) {
+            labels.push(&m.label);
+        }
+    }
+    labels
+}
+
+/// Marker `shape` (a filled triangle, square, then circle), `size` pixels.
+fn marker<DB: DrawingBackend>(shape: usize, size: i32) -> DynElement<'static, DB, (i32, i32)> {
+    let style = BLACK.filled();
+    match shape % 3 {
+        0 => TriangleMarker::new((0, 0), size, style).into_dyn(),
+        1 => Rectangle::new([(-size + 2, -size + 2), (size - 2, size - 2)], style).into_dyn(),
+        _ => Circle::new((0, 0), size - 2, style).into_dyn(),
+    }
+}
+
 /// Draw vertical bars, each with its note above it, as an SVG document.
-pub fn bar_chart(title: &str, y_label: &str, bars: &[Bar]) -> Result<String, String> {
-    let top = bars
+/// On a log axis ([`Axis::Log`]) bars rise from below the smallest value,
+/// so values that differ by orders of magnitude all stay visible.
+pub fn bar_chart(title: &str, y_label: &str, y_axis: Axis, bars: &[Bar]) -> Result<String, String> {
+    let values: Vec<f64> = bars
         .iter()
         .map(|b| b.value)
-        .fold(0.0f64, f64::max)
-        .max(1e-9)
-        * 1.2;
-    // Integer ranges are inclusive here: 0..n−1 is n segments.
-    let last = bars.len().saturating_sub(1) as u32;
-    let names: Vec<&str> = bars.iter().map(|b| b.color_of.as_str()).collect();
+        .filter(|&v| y_axis.admits(v))
+        .collect();
     let mut svg = String::new();
     {
         let root =
             SVGBackend::with_string(&mut svg, (SIZE.0 - LEGEND_WIDTH, 380)).into_drawing_area();
         root.fill(&WHITE).map_err(svg_error)?;
-        let mut ctx = ChartBuilder::on(&root)
+        if y_axis.is_log() {
+            let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let (lo, hi) = if lo <= hi {
+                (lo / 3.0, hi * 4.0)
+            } else {
+                (1.0, 10.0)
+            };
+            let ticks = Axis::Log.ticks((lo, hi));
+            let y = (lo..hi).log_scale().with_key_points(ticks);
+            draw_bars(&root, title, y_label, bars, y, lo, |v| v * 1.15)?;
+        } else {
+            let top = values.iter().copied().fold(0.0f64, f64::max).max(1e-9) * 1.2;
+            draw_bars(&root, title, y_label, bars, 0.0..top, 0.0, |v| {
+                v + top * 0.02
+            })?;
+        }
+        root.present().map_err(svg_error)?;
+    }
+    Ok(svg)
+}
+
+/// Bars from `base` to each value on the y axis `y`; each note at
+/// `note_at(value)`.
+fn draw_bars<YS>(
+    root: &DrawingArea<SVGBackend, Shift>,
+    title: &str,
+    y_label: &str,
+    bars: &[Bar],
+    y: YS,
+    base: f64,
+    note_at: impl Fn(f64) -> f64,
+) -> Result<(), String>
+where
+    YS: AsRangedCoord<Value = f64>,
+    YS::CoordDescType: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    // Integer ranges are inclusive here: 0..n−1 is n segments.
+    let last = bars.len().saturating_sub(1) as u32;
+    let names: Vec<&str> = bars.iter().map(|b| b.color_of.as_str()).collect();
+    {
+        let mut ctx = ChartBuilder::on(root)
             .caption(title, ("sans-serif", TITLE_FONT))
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(66)
-            .build_cartesian_2d((0u32..last).into_segmented(), 0.0..top)
+            .build_cartesian_2d((0u32..last).into_segmented(), y)
             .map_err(svg_error)?;
         let label = |v: &SegmentValue<u32>| match v {
             SegmentValue::CenterOf(i) => bars
@@ -523,10 +586,13 @@ pub fn bar_chart(title: &str, y_label: &str, bars: &[Bar]) -> Result<String, Str
             .draw()
             .map_err(svg_error)?;
         for (i, (b, color)) in bars.iter().zip(colors(&names)).enumerate() {
+            if !(b.value.is_finite() && b.value > base) {
+                continue;
+            }
             let i = i as u32;
             let mut bar = Rectangle::new(
                 [
-                    (SegmentValue::Exact(i), 0.0),
+                    (SegmentValue::Exact(i), base),
                     (SegmentValue::Exact(i + 1), b.value),
                 ],
                 color.filled(),
@@ -535,15 +601,14 @@ pub fn bar_chart(title: &str, y_label: &str, bars: &[Bar]) -> Result<String, Str
             ctx.draw_series(std::iter::once(bar)).map_err(svg_error)?;
             ctx.draw_series(std::iter::once(Text::new(
                 b.note.clone(),
-                (SegmentValue::CenterOf(i), b.value + top * 0.02),
+                (SegmentValue::CenterOf(i), note_at(b.value)),
                 TextStyle::from(("sans-serif", LABEL_FONT).into_font())
                     .pos(Pos::new(HPos::Center, VPos::Bottom)),
             )))
             .map_err(svg_error)?;
         }
-        root.present().map_err(svg_error)?;
     }
-    Ok(svg)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -586,11 +651,18 @@ mod tests {
                 points: vec![(2.0, 0.0), (8.0, 504.0), (4096.0, 372_736.0)],
                 style: Style::Line,
             }],
-            marks: vec![Mark {
-                label: "kernel".into(),
-                x: 384.0,
-                y: 49_152.0,
-            }],
+            marks: vec![
+                Mark {
+                    label: "kernel".into(),
+                    x: 384.0,
+                    y: 49_152.0,
+                },
+                Mark {
+                    label: "kernel".into(),
+                    x: 512.0,
+                    y: 49_152.0,
+                },
+            ],
             key: vec!["line: bound".into()],
         };
         let svg = line_chart(&chart).unwrap();
@@ -606,6 +678,9 @@ mod tests {
         ] {
             assert!(texts.iter().any(|x| x == t), "{t:?} not in {texts:?}");
         }
+        // A mark's label is written once, in the legend, not beside each
+        // point where it would cover the lines.
+        assert_eq!(texts.iter().filter(|x| *x == "kernel").count(), 1);
     }
 
     #[test]
@@ -634,10 +709,47 @@ mod tests {
                 color_of: "packed-reader".into(),
             },
         ];
-        let svg = bar_chart("layout", "ns/op", &bars).unwrap();
+        let svg = bar_chart("layout", "ns/op", Axis::Linear, &bars).unwrap();
         let texts = texts(&svg);
         assert!(texts.iter().any(|t| t == "packed"), "{texts:?}");
         assert!(texts.iter().any(|t| t == "×2.50"), "{texts:?}");
+    }
+
+    /// The heights of a bar chart's bars, in pixels (its filled rects
+    /// other than the white background).
+    fn bar_heights(svg: &str) -> Vec<f64> {
+        svg.split("<rect")
+            .skip(1)
+            .filter(|r| !r.contains("fill=\"#FFFFFF\""))
+            .filter_map(|r| {
+                let h = r.split("height=\"").nth(1)?;
+                h[..h.find('"')?].parse().ok()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn on_a_log_scale_bars_orders_of_magnitude_apart_all_show() {
+        let bar = |label: &str, value: f64| Bar {
+            label: label.into(),
+            value,
+            note: String::new(),
+            color_of: label.into(),
+        };
+        let bars = [
+            bar("walk", 120_000.0),
+            bar("flush", 3_000.0),
+            bar("idle", 80.0),
+            bar("add", 1.5),
+        ];
+        let log = bar_heights(&bar_chart("stats", "ns", Axis::Log, &bars).unwrap());
+        assert_eq!(log.len(), 4, "{log:?}");
+        assert!(log.iter().all(|&h| h >= 20.0), "every bar visible: {log:?}");
+        let linear = bar_heights(&bar_chart("stats", "ns", Axis::Linear, &bars).unwrap());
+        assert!(
+            linear.iter().filter(|&&h| h < 2.0).count() >= 2,
+            "{linear:?}"
+        );
     }
 
     #[test]

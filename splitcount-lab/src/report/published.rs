@@ -1,7 +1,8 @@
-//! Figures the anchors published (collected in `DESIGN.md`, "Figures from
-//! the anchors"), for the report's "published" column. They were measured
-//! elsewhere, on other machines and workloads: context for this machine's
-//! numbers, never a baseline for them.
+//! Figures the anchors published, for the report's "published" column; the
+//! repository's `IMPLEMENTATION.md`, §9 ("Published figures and their
+//! sources") names where each was measured. They were measured elsewhere,
+//! on other machines and workloads: context for this machine's numbers,
+//! never a baseline for them.
 
 use serde::Serialize;
 
@@ -48,9 +49,9 @@ pub const PERCPU_COUNTER_384: u64 = 384 * (768 - 1);
 /// 49 K units on each side (192 MiB of 4 KiB pages).
 pub const KERNEL_TREE_384_512: u64 = 192 * 1024 * 1024 / 4096;
 
-/// Errors observed on a 384-CPU machine, in 4 KiB pages: 80 MB for the
-/// hierarchical counter, 1 GB for `percpu_counter`.
-pub const OBSERVED_384: [(&str, u64); 2] = [
+/// Errors observed with CPU-hopping mmap on 256 vCPUs, in 4 KiB pages:
+/// 80 MB for the hierarchical counter, 1 GB for `percpu_counter`.
+pub const OBSERVED_256: [(&str, u64); 2] = [
     ("tree", 80_000_000 / 4096),
     ("batched", 1_000_000_000 / 4096),
 ];
@@ -62,7 +63,8 @@ pub const ALL: &[Published] = &[
         "shared-atomic",
         None,
         "hundreds of ns/add at 64 threads",
-        "DESIGN.md: a single shared atomic under 64 writers, vs a few ns per-CPU",
+        "the kernel's per-CPU counter history: a single shared atomic under 64 writers, vs a \
+         few ns per-CPU (IMPLEMENTATION.md §9)",
     ),
     fig(
         "accuracy",
@@ -90,15 +92,15 @@ pub const ALL: &[Published] = &[
         "watchdog",
         "batched",
         None,
-        "≈1 GB observed on 384 CPUs",
-        "percpu_counter RSS error observed on a 384-CPU machine",
+        "≈1 GB observed on 256 vCPUs",
+        "percpu_counter RSS drift under CPU-hopping mmap, 256 vCPUs (HPCC v16, 2026)",
     ),
     fig(
         "watchdog",
         "tree",
         None,
-        "80 MB observed on 384 CPUs",
-        "hierarchical counter RSS error observed on a 384-CPU machine; \
+        "80 MB observed on 256 vCPUs",
+        "hierarchical counter RSS drift under CPU-hopping mmap, 256 vCPUs (HPCC v16, 2026); \
          OOM victim selection over 10,000 processes 80 ms → 7.9 ms",
     ),
     fig(
@@ -131,7 +133,7 @@ pub const ALL: &[Published] = &[
     ),
     fig(
         "charge",
-        "stock-7-slots",
+        "4-tenants-7-slots",
         None,
         "+14% at 6 clients, +145% at 36",
         "kernel 6.16 multi-memcg stock vs one slot, 72 CPUs, netperf, one cgroup per client",

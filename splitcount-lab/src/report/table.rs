@@ -35,6 +35,8 @@ pub struct Table {
     pub columns: Vec<Column>,
     /// Rows of cells, one per column.
     pub rows: Vec<Vec<String>>,
+    /// An HTML class per row (empty: none), e.g. a verdict's status.
+    pub row_classes: Vec<String>,
     /// Lines printed under the table (sources, caveats).
     pub notes: Vec<String>,
 }
@@ -79,9 +81,15 @@ impl Table {
     }
 
     /// Append a row; missing cells are left empty, extra ones dropped.
-    pub fn row(&mut self, mut cells: Vec<String>) {
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.row_with_class(cells, String::new());
+    }
+
+    /// Append a row whose HTML `<tr>` has `class` (for styling).
+    pub fn row_with_class(&mut self, mut cells: Vec<String>, class: String) {
         cells.resize(self.columns.len(), String::new());
         self.rows.push(cells);
+        self.row_classes.push(class);
     }
 
     /// Append a note.
@@ -144,8 +152,11 @@ impl Table {
             h += &format!("<th{}>{}</th>", class(c), escape(&c.name));
         }
         h += "</tr></thead>\n<tbody>\n";
-        for r in &self.rows {
-            h += "<tr>";
+        for (i, r) in self.rows.iter().enumerate() {
+            match self.row_classes.get(i).filter(|c| !c.is_empty()) {
+                Some(row_class) => h += &format!("<tr class=\"{}\">", escape(row_class)),
+                None => h += "<tr>",
+            }
             for (cell, c) in r.iter().zip(&self.columns) {
                 h += &format!("<td{}>{}</td>", class(c), escape(cell));
             }

@@ -67,6 +67,7 @@ pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
             .collect::<Result<_, _>>()?,
         tables: vec![table(&records)],
         plots: vec![plot(&records)?],
+        verdicts: Vec::new(),
     })
 }
 
@@ -160,12 +161,12 @@ fn plot(records: &[Record]) -> Result<String, String> {
                 y: PERCPU_COUNTER_384 as f64,
             },
             Mark {
-                label: "kernel tree, batch 32".into(),
+                label: "kernel tree, 384–512 CPUs".into(),
                 x: tree_lo,
                 y: KERNEL_TREE_384_512 as f64,
             },
             Mark {
-                label: String::new(),
+                label: "kernel tree, 384–512 CPUs".into(),
                 x: tree_hi,
                 y: KERNEL_TREE_384_512 as f64,
             },

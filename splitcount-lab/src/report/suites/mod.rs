@@ -10,7 +10,8 @@ mod timed;
 mod watchdog;
 
 use super::table::Table;
-use crate::bench;
+use super::targets::Verdict;
+use crate::timing::{self, Plan, Progress};
 use indicatif::ProgressBar;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -22,10 +23,28 @@ pub struct Settings {
     pub quick: bool,
 }
 
+/// Rounds per case in a full report (at least 9, so that a median and two
+/// halves of rounds mean something).
+pub const ROUNDS: usize = 15;
+
+/// Rounds per case with `--quick`.
+pub const QUICK_ROUNDS: usize = 3;
+
 impl Settings {
-    /// How long each timed case runs.
-    pub fn per_case(&self) -> Duration {
-        Duration::from_millis(if self.quick { 40 } else { 500 })
+    /// How the timed suites run: [`ROUNDS`] interleaved rounds of 60 ms
+    /// per case ([`QUICK_ROUNDS`] of 10 ms with `--quick`).
+    pub fn plan(&self) -> Plan {
+        if self.quick {
+            Plan {
+                rounds: QUICK_ROUNDS,
+                slice: Duration::from_millis(10),
+            }
+        } else {
+            Plan {
+                rounds: ROUNDS,
+                slice: Duration::from_millis(60),
+            }
+        }
     }
 
     /// Thread counts of the timed suites; 8 oversubscribes small machines
@@ -46,6 +65,8 @@ pub struct Outcome {
     pub tables: Vec<Table>,
     /// Plots, as SVG documents.
     pub plots: Vec<String>,
+    /// Verdicts on the targets whose figures this suite measured.
+    pub verdicts: Vec<Verdict>,
 }
 
 /// The signature of a suite's runner: it may advance `progress` (whose
@@ -71,10 +92,11 @@ pub const SUITES: &[Suite] = &[
         name: "counters",
         title: "Counters: cost of an add vs threads",
         about: "Every design adding 1 on the current CPU in a loop, beside the floor (a \
-                thread-local add), a single shared atomic (the baseline), a LongAdder-style \
-                striped counter and the crates.io crate fast-counter. 8 threads oversubscribe \
-                small machines on purpose. Cells: ns per add per thread, and × the shared \
-                atomic at the same thread count, measured in this run.",
+                thread-local add), a single shared atomic (the baseline), a bare rseq per-CPU \
+                add written in the lab, a LongAdder-style striped counter and the crates.io \
+                crate fast-counter. 8 threads oversubscribe small machines on purpose. Cells: \
+                ns per add per thread (CPU time), and × the shared atomic at the same thread \
+                count: the median of per-round ratios, with their range.",
         run: timed::counters,
     },
     Suite {
@@ -105,7 +127,7 @@ pub const SUITES: &[Suite] = &[
         about: "Two threads on one group-like struct: one adds to the usage field, the other \
                 reads the limit field and works with it. Packed: both fields on one cache \
                 line (false sharing); padded: each on its own CachePadded line. Each role is \
-                shown as × the same role on the padded layout.",
+                shown as × the same role on the padded layout in the same round.",
         run: timed::layout,
     },
     Suite {
@@ -113,29 +135,37 @@ pub const SUITES: &[Suite] = &[
         title: "Charge: accounting in a page-fault-like loop",
         about: "Each op writes a 4 KiB page and charges one unit two levels deep (uncharging \
                 once 64 are outstanding): without accounting (the baseline), on the usage \
-                counters directly, and through the per-CPU stock; then tenants sharing CPUs \
-                with 1 or 7 stock slots per CPU.",
+                counters directly, and through the per-CPU stock — on its hit path (stock), \
+                and with a working set larger than the stock (stock-misses: bursts of 96 \
+                units to 12 groups in turn, so refills, drains and evictions are timed); then \
+                each thread serving 4 or 8 tenants in turn with 1 or 7 stock slots per CPU.",
         run: timed::charge,
     },
     Suite {
         name: "stats",
         title: "Statistics: a read after few changes in a large tree",
         about: "A tree of 10,000 groups (1,000 in a quick run) four levels deep where 10 \
-                groups change between two \
-                reads. flush-updated: our flush, which visits only what changed; full-walk \
-                (the baseline): summing every group's per-CPU slots, the naive reader; \
-                flush-idle: a flush with nothing changed. Then the update itself: mod-stat \
-                against a plain per-CPU add. The naive reader's cost grows with the CPUs, \
-                the flush's does not: on a 2-CPU machine the ratio is at its least flattering.",
+                groups change between two reads, all cases in the same rounds. \
+                flush-updated: our flush, which visits only what changed; full-walk (the \
+                baseline): the naive reader at its fastest, summing every group's per-CPU \
+                values laid out contiguously, with no bounds check per value; flush-idle: a \
+                flush with nothing changed. Then the update itself: mod-stat against a plain \
+                per-CPU add. The naive reader's cost grows with the CPUs, the flush's does \
+                not: on a 2-CPU machine the ratio is at its least flattering. The bars are on \
+                a log scale.",
         run: timed::stats,
     },
     Suite {
         name: "alloc",
         title: "Allocator: the heap accounted by group",
-        about: "A malloc-heavy loop (free the oldest of 64 blocks, allocate 16 to 512 bytes) \
-                through the system allocator (the baseline) and through Accounted<System> \
-                with each thread in a group scope: the cost of the header, the thread \
-                reserve and the per-CPU byte stock.",
+        about: "Each workload runs twice, in two worker processes whose global allocator is \
+                System (the baseline) or Accounted<System>, interleaved round by round, each \
+                thread in a group scope: mixed (free the oldest of 64 blocks, allocate 16 to \
+                512 bytes), small (17 to 24 bytes, where the 8-byte header moves a block to \
+                the next malloc size class), cross-thread (two threads each freeing the \
+                other's blocks) and json (serde_json parsing and re-serializing a 2 MB \
+                document). The cost of the header, the thread reserve and the per-CPU byte \
+                stock.",
         run: timed::alloc,
     },
     Suite {
@@ -154,6 +184,15 @@ pub const SUITES: &[Suite] = &[
         run: timed::cpu_id,
     },
 ];
+
+/// The help of `report --suites`: every suite's name, from [`SUITES`].
+pub fn suites_help() -> String {
+    let names: Vec<&str> = SUITES.iter().map(|s| s.name).collect();
+    format!(
+        "Suites to run, comma-separated (default: all): {}",
+        names.join(", ")
+    )
+}
 
 /// The suites named in `spec` (comma-separated, or `all`), in report order.
 /// An unknown or empty name is an error that lists the known ones.
@@ -175,11 +214,17 @@ pub fn select(spec: Option<&str>) -> Result<Vec<&'static Suite>, String> {
     Ok(SUITES.iter().filter(|s| wanted.contains(&s.name)).collect())
 }
 
-/// Run `f`, advancing `progress` by one for every record the bench
-/// machinery measures meanwhile.
+/// Run `f`, growing `progress` by the slices the timing core plans
+/// meanwhile and advancing it by one for each slice it runs.
 fn counted<R>(progress: &ProgressBar, f: impl FnOnce() -> R) -> R {
     let p = progress.clone();
-    bench::observed(move |_| p.inc(1), f)
+    timing::observed(
+        move |event| match event {
+            Progress::Planned(n) => p.inc_length(n as u64),
+            Progress::SliceDone => p.inc(1),
+        },
+        f,
+    )
 }
 
 /// A record as JSON with its `case` named.

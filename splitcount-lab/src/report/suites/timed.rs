@@ -1,78 +1,114 @@
 //! The timed suites (`counters`, `layout`, `charge`, `stats`, `alloc`,
-//! `percpu`, `cpu-id`):
-//! each runs its `bench` module and shows the records as one table — a row
-//! per case, a column per thread count, each cell the absolute time per
-//! operation beside its ratio to the suite's baseline at the same thread
-//! count — plus plots of both against the thread count.
+//! `percpu`, `cpu-id`): each runs its `bench` module (interleaved rounds,
+//! [`crate::timing`]) and shows the records as one table — a row per case,
+//! a column per thread count, each cell the time per operation beside the
+//! median ratio to the suite's baseline and its range over the rounds —
+//! plus plots, the notes that say how far to trust the figures, and the
+//! verdicts on the targets the suite measures.
 
 use super::{counted, with_case, Outcome, Settings};
-use crate::bench::{self, Record};
+use crate::bench::{self, Bench, Record};
 use crate::report::plots::{self, Axis, Bar, Chart, Series, Style};
 use crate::report::published;
 use crate::report::table::Table;
+use crate::report::targets;
+use crate::timing::MIN_OVERLAP;
 use indicatif::ProgressBar;
 use serde_json::json;
-use std::time::Duration;
 
-/// `counters`: every design, the floor, a shared atomic and two peers.
+/// `counters`: every design, the floor, a shared atomic and the peers.
 pub fn counters(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
     let threads = s.threads();
-    progress.set_length((bench::counters::CASES.len() * threads.len()) as u64);
-    let records = counted(progress, || bench::counters::run(&threads, s.per_case()));
-    outcome(s, "counters", &threads, records, "add")
+    let b = counted(progress, || bench::counters::run(&threads, &s.plan()))?;
+    let mut out = outcome("counters", &b, "add")?;
+    out.plots = thread_plots("counters", &b.records, "add")?;
+    Ok(out)
 }
 
-/// `charge`: the page-fault-like loop and the multi-tenant stock cases.
+/// `charge`: the page-fault-like loop, its miss path and the tenants.
 pub fn charge(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
-    let threads = vec![1, 2];
-    progress.set_length((3 * threads.len() + 5) as u64);
-    let records = counted(progress, || bench::charge::run(&threads, s.per_case()));
-    outcome(s, "charge", &threads, records, "op")
+    let b = counted(progress, || bench::charge::run(&[1, 2], &s.plan()))?;
+    let mut out = outcome("charge", &b, "op")?;
+    out.plots = thread_plots("charge", &b.records, "op")?;
+    Ok(out)
 }
 
-/// `percpu`: one add to a per-CPU slot, rseq vs atomic.
+/// `percpu`: one add to a per-CPU slot, rseq vs atomic vs the bare add.
 pub fn percpu(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
     let threads = s.threads();
-    progress.set_length((4 * threads.len()) as u64);
-    let records = counted(progress, || bench::percpu::run(&threads, s.per_case()));
-    outcome(s, "percpu", &threads, records, "add")
+    let b = counted(progress, || bench::percpu::run(&threads, &s.plan()))?;
+    let mut out = outcome("percpu", &b, "add")?;
+    out.plots = thread_plots("percpu", &b.records, "add")?;
+    Ok(out)
 }
 
 /// `cpu-id`: each CPU-id source, on one thread.
 pub fn cpu_id(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
-    let threads = vec![1];
-    progress.set_length(4);
-    let records = counted(progress, || bench::cpu_id::run(&threads, s.per_case()));
-    outcome(s, "cpu-id", &threads, records, "lookup")
+    let b = counted(progress, || bench::cpu_id::run(&[1], &s.plan()))?;
+    outcome("cpu-id", &b, "lookup")
 }
 
 /// `stats`: flush vs full walk in a 10,000-group tree (1,000 with
-/// `--quick`), and the update cost.
+/// `--quick`), and the update cost; bars on a log scale.
 pub fn stats(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
-    progress.set_length(1);
     let groups = if s.quick { 1_000 } else { 10_000 };
-    let records = bench::stats::run(groups, s.per_case());
-    progress.inc(1);
-    let mut out = outcome_with("stats", &[1], s.per_case(), &records, "op")?;
+    let b = counted(progress, || bench::stats::run(groups, &s.plan()))?;
+    let mut out = outcome("stats", &b, "op")?;
     out.settings["groups"] = json!(groups);
+    let bars = time_bars(&b.records);
     out.plots = vec![plots::bar_chart(
-        "stats: ns per operation (one thread)",
+        "stats: ns per operation (one thread, log scale)",
         "ns per op",
-        &bars(&records),
+        Axis::Log,
+        &bars,
     )?];
     Ok(out)
 }
 
-/// `alloc`: a malloc-heavy loop through `System` and through `Accounted`.
+/// `alloc`: each workload through `System` and through `Accounted`, in two
+/// worker processes.
 pub fn alloc(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
-    let threads = vec![1, 2];
-    progress.set_length((2 * threads.len()) as u64);
-    let records = counted(progress, || bench::alloc::run(&threads, s.per_case()));
-    outcome(s, "alloc", &threads, records, "alloc+free")
+    let exe = std::env::current_exe().map_err(|e| format!("the lab binary: {e}"))?;
+    let b = counted(progress, || bench::alloc::run(&exe, &[1, 2], &s.plan()))?;
+    let mut out = outcome("alloc", &b, "op")?;
+    let bars: Vec<Bar> = b
+        .records
+        .iter()
+        .filter(|r| r.case.ends_with("-accounted"))
+        .map(|r| Bar {
+            label: format!("{} ({}t)", r.case.trim_end_matches("-accounted"), r.threads),
+            value: r.ratio.unwrap_or(f64::NAN),
+            note: r
+                .ratio
+                .map_or_else(String::new, |x| format!("×{}", ratio(x))),
+            color_of: r.case.clone(),
+        })
+        .collect();
+    out.plots = vec![plots::bar_chart(
+        "alloc: Accounted<System> ÷ System, per workload (median of rounds)",
+        "× System",
+        Axis::Linear,
+        &bars,
+    )?];
+    Ok(out)
 }
 
-/// One bar per record: its time, labelled with its ratio.
-fn bars(records: &[Record]) -> Vec<Bar> {
+/// `layout`: packed vs padded fields, two threads in two roles.
+pub fn layout(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
+    let b = counted(progress, || bench::layout::run(&s.plan()))?;
+    let mut out = outcome("layout", &b, "op")?;
+    let bars = time_bars(&b.records);
+    out.plots = vec![plots::bar_chart(
+        "layout: ns per operation of each role (2 threads)",
+        "ns per op",
+        Axis::Linear,
+        &bars,
+    )?];
+    Ok(out)
+}
+
+/// One bar per record: its time per operation, labelled with its ratio.
+fn time_bars(records: &[Record]) -> Vec<Bar> {
     records
         .iter()
         .map(|r| Bar {
@@ -86,52 +122,41 @@ fn bars(records: &[Record]) -> Vec<Bar> {
         .collect()
 }
 
-/// `layout`: packed vs padded fields, two threads in two roles, each
-/// layout for twice as long as one case of the other suites (in rounds).
-pub fn layout(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
-    progress.set_length((bench::layout::CASES.len() as u32 * bench::layout::ROUNDS) as u64);
-    let per_case = s.per_case() * 2;
-    let records = counted(progress, || bench::layout::run(per_case));
-    let mut out = outcome_with("layout", &[2], per_case, &records, "op")?;
-    out.plots = vec![plots::bar_chart(
-        "layout: ns per operation of each role (2 threads)",
-        "ns per op",
-        &bars(&records),
-    )?];
-    Ok(out)
-}
-
-fn outcome(
-    s: &Settings,
-    suite: &str,
-    threads: &[usize],
-    records: Vec<Record>,
-    op: &str,
-) -> Result<Outcome, String> {
-    let mut out = outcome_with(suite, threads, s.per_case(), &records, op)?;
-    out.plots = thread_plots(suite, &records, op)?;
-    Ok(out)
-}
-
-fn outcome_with(
-    suite: &str,
-    threads: &[usize],
-    per_case: Duration,
-    records: &[Record],
-    op: &str,
-) -> Result<Outcome, String> {
+/// The outcome of a timed suite: settings, records, its table and its
+/// verdicts (plots are the caller's).
+fn outcome(suite: &str, b: &Bench, op: &str) -> Result<Outcome, String> {
+    let plan = b.measured.plan;
+    let pinning: Vec<_> = b
+        .measured
+        .placements
+        .iter()
+        .map(|(threads, p)| {
+            json!({
+                "threads": threads,
+                "cpus": p.as_ref().map(|p| p.cpus.clone()),
+                "shares_core": p.as_ref().and_then(|p| p.shares_core),
+            })
+        })
+        .collect();
     Ok(Outcome {
         settings: json!({
-            "seconds_per_case": per_case.as_secs_f64(),
-            "threads": threads,
-            "baselines": baselines(records),
+            "rounds": plan.rounds,
+            "slice_seconds": plan.slice.as_secs_f64(),
+            "seconds_per_case": plan.slice.as_secs_f64() * plan.rounds as f64,
+            "threads": thread_counts(&b.records),
+            "baselines": baselines(&b.records),
+            "min_overlap": MIN_OVERLAP,
+            "pinning": pinning,
+            "stability": b.stability(),
         }),
-        records: records
+        records: b
+            .records
             .iter()
             .map(|r| with_case(&r.case, r))
             .collect::<Result<_, _>>()?,
-        tables: vec![table(suite, records, op)],
+        tables: vec![table(suite, b, op)],
         plots: Vec::new(),
+        verdicts: targets::verdicts(suite, &b.measured),
     })
 }
 
@@ -187,9 +212,27 @@ fn cases(records: &[Record]) -> Vec<&str> {
     c
 }
 
-/// One row per case, one column per thread count: `ns/op ×ratio`; a
-/// column of published figures where the suite has any.
-fn table(suite: &str, records: &[Record], op: &str) -> Table {
+/// A record's cell: `ns/op ×ratio [low–high]`, marked † when unstable.
+fn cell(r: &Record) -> String {
+    match (r.ratio, r.low, r.high) {
+        _ if r.baseline.as_deref() == Some(&r.case) => format!("{} ns ×1", nanos(r.ns_per_op)),
+        (Some(x), Some(lo), Some(hi)) => format!(
+            "{} ns ×{} [{}–{}]{}",
+            nanos(r.ns_per_op),
+            ratio(x),
+            ratio(lo),
+            ratio(hi),
+            if r.stable { "" } else { " †" }
+        ),
+        _ => format!("{} ns", nanos(r.ns_per_op)),
+    }
+}
+
+/// One row per case, one column per thread count: `ns/op ×ratio [range]`;
+/// a column of published figures where the suite has any; the notes that
+/// say how the figures were taken and which are unstable.
+fn table(suite: &str, b: &Bench, op: &str) -> Table {
+    let records = &b.records;
     let baselines = baselines(records);
     let counts = thread_counts(records);
     let mut t = Table::new(format!(
@@ -202,7 +245,7 @@ fn table(suite: &str, records: &[Record], op: &str) -> Table {
     ))
     .text("case");
     for &n in &counts {
-        t = t.number(&format!("{n} thread{}", if n == 1 { "" } else { "s" }));
+        t = t.number(&bench::threads(n));
     }
     let published = !published::of(suite).is_empty();
     if published {
@@ -215,10 +258,7 @@ fn table(suite: &str, records: &[Record], op: &str) -> Table {
                 records
                     .iter()
                     .find(|r| r.case == case && r.threads == n)
-                    .map_or_else(String::new, |r| match r.ratio {
-                        Some(x) => format!("{} ns ×{}", nanos(r.ns_per_op), ratio(x)),
-                        None => format!("{} ns", nanos(r.ns_per_op)),
-                    }),
+                    .map_or_else(String::new, cell),
             );
         }
         if published {
@@ -228,9 +268,12 @@ fn table(suite: &str, records: &[Record], op: &str) -> Table {
     }
     if !baselines.is_empty() {
         t.note(format!(
-            "×: time per {op} divided by the baseline's at the same thread count, both \
-             measured in this run; ops/s of all threads together are in report.json"
+            "×: time per {op} (CPU time) divided by the baseline's at the same thread count in \
+             the same round; ops/s of all threads together are in report.json"
         ));
+    }
+    for n in b.notes() {
+        t.note(n);
     }
     for n in published::notes(suite) {
         t.note(n);
@@ -269,7 +312,7 @@ fn thread_plots(suite: &str, records: &[Record], op: &str) -> Result<Vec<String>
     let mut out = Vec::new();
     if !baseline.is_empty() {
         out.push(plots::line_chart(&Chart {
-            title: format!("{suite}: time per {op} ÷ {baseline} (same run, same threads)"),
+            title: format!("{suite}: time per {op} ÷ {baseline} (same round, same threads)"),
             x_label: "threads".into(),
             y_label: format!("× {baseline}"),
             x_axis: Axis::Log2,
@@ -305,31 +348,25 @@ mod tests {
             ops_per_sec: 1e9 / ns * threads as f64,
             ratio: Some(ns / base),
             baseline: Some("shared-atomic".into()),
+            low: Some(ns / base * 0.9),
+            high: Some(ns / base * 1.1),
+            rounds: 11,
+            left_out: 0,
+            poor_overlap: false,
+            stable: true,
+            overlap: 1.0,
+            pinned: true,
+            round_ratios: Vec::new(),
         }
     }
 
     #[test]
-    fn the_table_has_a_column_per_thread_count_and_the_published_figure() {
-        let records = vec![
-            rec("shared-atomic", 1, 5.0, 5.0),
-            rec("tree", 1, 2.5, 5.0),
-            rec("shared-atomic", 2, 40.0, 40.0),
-            rec("tree", 2, 2.0, 40.0),
-        ];
-        let t = table("counters", &records, "add");
-        let names: Vec<&str> = t.columns.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "case",
-                "1 thread",
-                "2 threads",
-                crate::report::table::PUBLISHED
-            ]
-        );
-        assert_eq!(t.rows[1], ["tree", "2.50 ns ×0.50", "2.00 ns ×0.050", ""]);
-        assert!(t.rows[0][3].contains("hundreds of ns"));
-        assert!(t.notes.iter().any(|n| n.contains("measured elsewhere")));
+    fn a_cell_shows_time_median_ratio_and_range_and_marks_unstable_ones() {
+        assert_eq!(cell(&rec("tree", 1, 2.5, 5.0)), "2.50 ns ×0.50 [0.45–0.55]");
+        assert_eq!(cell(&rec("shared-atomic", 1, 5.0, 5.0)), "5.00 ns ×1");
+        let mut shaky = rec("tree", 2, 2.0, 40.0);
+        shaky.stable = false;
+        assert_eq!(cell(&shaky), "2.00 ns ×0.050 [0.045–0.055] †");
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub fn run(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
             .collect::<Result<_, _>>()?,
         tables: vec![table(&spec, &records)],
         plots: plots(&spec, &records)?,
+        verdicts: Vec::new(),
     })
 }
 

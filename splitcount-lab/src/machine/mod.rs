@@ -1,5 +1,7 @@
-//! `splitcount-lab machine`: the detected shape and where the CPU id comes
-//! from.
+//! `splitcount-lab machine`: the detected shape, the CPU and its host, and
+//! where the CPU id comes from.
+
+pub mod host;
 
 use serde::Serialize;
 use splitcount::cpu::{self, CpuIdSource, RseqOwner, Topology, TopologySource};
@@ -32,6 +34,19 @@ pub struct MachineInfo {
     pub kernel: String,
     /// The dense index of the CPU this command ran on.
     pub current_cpu: usize,
+    /// The CPU vendor, from `/proc/cpuinfo`.
+    pub cpu_vendor: String,
+    /// The CPU model, from `/proc/cpuinfo`.
+    pub cpu_model: String,
+    /// Hypervisor or container, as far as detectable.
+    pub virtualization: String,
+    /// Whether hardware performance counters can be read here.
+    pub perf_counters: String,
+    /// Where the lab pins two threads, and whether they share a core.
+    pub two_threads: String,
+    /// A cache line's round trip between the two CPUs two threads are
+    /// pinned to, in ns (`None` with one CPU).
+    pub line_round_trip_ns: Option<f64>,
 }
 
 /// One cache level, summarized.
@@ -51,6 +66,7 @@ impl MachineInfo {
     /// Detect the host.
     pub fn detect() -> MachineInfo {
         let t = Topology::host();
+        let model = host::cpu_model();
         MachineInfo {
             possible_cpus: t.cpus(),
             possible_cpu_list: cpu_list(t.possible_ids()),
@@ -73,12 +89,25 @@ impl MachineInfo {
                 .collect(),
             kernel: kernel_release(),
             current_cpu: cpu::current_cpu(),
+            cpu_vendor: model.vendor,
+            cpu_model: model.model,
+            virtualization: host::virtualization(),
+            perf_counters: host::perf_counters(),
+            two_threads: host::two_thread_placement(),
+            line_round_trip_ns: host::line_round_trip_ns(),
         }
     }
 
     /// Print a readable summary.
     pub fn print(&self) {
         println!("machine");
+        println!("  CPU             {} ({})", self.cpu_model, self.cpu_vendor);
+        println!("  virtualisation  {}", self.virtualization);
+        println!("  perf counters   {}", self.perf_counters);
+        println!("  2 threads       {}", self.two_threads);
+        if let Some(ns) = self.line_round_trip_ns {
+            println!("  line round trip {ns:.0} ns between those two CPUs");
+        }
         println!(
             "  CPUs            {} possible ({}), {} online",
             self.possible_cpus, self.possible_cpu_list, self.online_cpus

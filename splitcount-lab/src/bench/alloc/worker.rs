@@ -1,0 +1,189 @@
+//! The allocator suite's worker processes: one per allocator, each the lab
+//! binary itself (`splitcount-lab alloc-worker`, hidden) started with
+//! [`crate::alloc_switch::ENV`] naming its global allocator, driven
+//! over its standard input and output, one JSON line each way per slice:
+//!
+//! ```text
+//!  worker → lab   {"allocator":"accounted","document_bytes":2097201}     once, when ready
+//!  lab → worker   {"workload":"small","threads":2,"spec":{…}}            run one slice
+//!  worker → lab   {"Ok":{"threads":[…],"pinned":[0,1]}}  or  {"Err":"…"}
+//! ```
+//!
+//! The workers live for the whole suite, so the rounds interleave the two
+//! allocators slice by slice, as for any other pair of cases.
+
+use super::workloads::{self, Workload};
+use crate::alloc_switch::{self, Allocator, ENV};
+use crate::timing::slice::{SliceRun, SliceSpec};
+use serde::{Deserialize, Serialize};
+use splitcount::group::{Group, Hierarchy};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+/// What a worker says once it is ready.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// The allocator its process runs on.
+    pub allocator: Allocator,
+    /// Size of its JSON document.
+    pub document_bytes: usize,
+}
+
+/// One slice to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// What to run.
+    pub workload: Workload,
+    /// On how many threads.
+    pub threads: usize,
+    /// For how long, in batches of how many.
+    pub spec: SliceSpec,
+}
+
+/// Groups the worker's threads allocate in (one per thread).
+const GROUPS: usize = 2;
+
+/// Serve requests from `input` until it ends: the body of
+/// `splitcount-lab alloc-worker`. On the accounted allocator, attaches it
+/// to a hierarchy first, so every thread's allocations are charged to its
+/// group.
+pub fn serve(input: impl BufRead, mut output: impl Write) -> Result<(), String> {
+    let memory = Hierarchy::default();
+    if alloc_switch::current() == Allocator::Accounted {
+        alloc_switch::attach(&memory)?;
+    }
+    let bench = memory.root().child("bench").map_err(|e| e.to_string())?;
+    let groups: Vec<Group> = (0..GROUPS)
+        .map(|t| bench.child(&format!("t{t}")).map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    let doc = workloads::json_document(workloads::JSON_BYTES);
+    let io = |e: std::io::Error| format!("alloc worker: {e}");
+    let hello = Hello {
+        allocator: alloc_switch::current(),
+        document_bytes: doc.len(),
+    };
+    writeln!(output, "{}", json(&hello)?).map_err(io)?;
+    output.flush().map_err(io)?;
+    for line in input.lines() {
+        let line = line.map_err(io)?;
+        let reply: Result<SliceRun, String> = serde_json::from_str::<Request>(&line)
+            .map_err(|e| format!("bad request {line:?}: {e}"))
+            .and_then(|r| workloads::run_slice(r.workload, r.threads, r.spec, &groups, &doc));
+        writeln!(output, "{}", json(&reply)?).map_err(io)?;
+        output.flush().map_err(io)?;
+    }
+    Ok(())
+}
+
+fn json(v: &impl Serialize) -> Result<String, String> {
+    serde_json::to_string(v).map_err(|e| e.to_string())
+}
+
+/// The lab's handle on a worker process.
+#[derive(Debug)]
+pub struct Worker {
+    allocator: Allocator,
+    child: Child,
+    input: Option<ChildStdin>,
+    output: BufReader<ChildStdout>,
+}
+
+impl Worker {
+    /// Start the lab binary `exe` as a worker on `allocator`, and wait until
+    /// it is ready (and runs on the allocator asked for).
+    pub fn start(exe: &std::path::Path, allocator: Allocator) -> Result<Worker, String> {
+        let mut child = Command::new(exe)
+            .arg("alloc-worker")
+            .env(ENV, allocator.name())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start {} alloc-worker: {e}", exe.display()))?;
+        let (Some(input), Some(output)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err("alloc worker without pipes".into());
+        };
+        let mut w = Worker {
+            allocator,
+            child,
+            input: Some(input),
+            output: BufReader::new(output),
+        };
+        let hello: Hello = w.read()?;
+        if hello.allocator != allocator {
+            return Err(format!(
+                "the {} worker runs on the {} allocator",
+                allocator.name(),
+                hello.allocator.name()
+            ));
+        }
+        Ok(w)
+    }
+
+    /// Run one slice in the worker.
+    pub fn run(&mut self, request: Request) -> Result<SliceRun, String> {
+        let line = json(&request)?;
+        let input = self
+            .input
+            .as_mut()
+            .ok_or("the alloc worker's input is closed")?;
+        writeln!(input, "{line}")
+            .and_then(|()| input.flush())
+            .map_err(|e| format!("{} worker: {e}", self.allocator.name()))?;
+        self.read::<Result<SliceRun, String>>()?
+    }
+
+    fn read<T: for<'de> Deserialize<'de>>(&mut self) -> Result<T, String> {
+        let mut line = String::new();
+        let name = self.allocator.name();
+        match self.output.read_line(&mut line) {
+            Ok(0) => Err(format!("the {name} alloc worker exited")),
+            Ok(_) => {
+                serde_json::from_str(&line).map_err(|e| format!("{name} worker said {line:?}: {e}"))
+            }
+            Err(e) => Err(format!("{name} worker: {e}")),
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Closing its input ends the worker's loop; the kill only matters
+        // if it is stuck in a slice. Then reap it.
+        drop(self.input.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_worker_greets_then_answers_each_request_with_a_slice() {
+        let request = Request {
+            workload: Workload::Small,
+            threads: 1,
+            spec: SliceSpec {
+                length: Duration::from_millis(3),
+                batch: 1,
+            },
+        };
+        let input = format!("{}\nnot json\n", json(&request).unwrap());
+        let mut output = Vec::new();
+        serve(input.as_bytes(), &mut output).unwrap();
+        let lines: Vec<&str> = std::str::from_utf8(&output).unwrap().lines().collect();
+        assert_eq!(lines.len(), 3);
+        let hello: Hello = serde_json::from_str(lines[0]).unwrap();
+        assert_eq!(
+            hello.allocator,
+            Allocator::System,
+            "unit tests run on System"
+        );
+        let slice: Result<SliceRun, String> = serde_json::from_str(lines[1]).unwrap();
+        assert!(slice.unwrap().threads[0].ops > 0);
+        let bad: Result<SliceRun, String> = serde_json::from_str(lines[2]).unwrap();
+        assert!(bad.unwrap_err().contains("bad request"));
+    }
+}

@@ -1,0 +1,669 @@
+//! The project's performance targets, in one table ([`TARGETS`]), and the
+//! report's verdicts against them.
+//!
+//! Each target names a figure computed from a suite's interleaved rounds
+//! (a ratio between two cases in the same round, a speed-up, or a scaling
+//! from one thread to more) and a bound. Its verdict is the figure's
+//! median, its range over the rounds, and one of:
+//!
+//! - `met` / `not met`: the median against the bound, for a stable figure;
+//! - `unstable`: the two halves of the rounds disagree by more than 10%,
+//!   or too few rounds had the threads running together — do not trust
+//!   the median either way;
+//! - `not measured`: the machine cannot run one of the cases (no rseq).
+//!
+//! The README shows the same table: [`readme_table`] generates it, and a
+//! test checks the README holds exactly that.
+
+use crate::bench::{charge, counters, percpu, stats};
+use crate::timing::{Figure, Measured};
+use serde::Serialize;
+
+/// Which figure a target is about.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Measure {
+    /// Time per operation of `case` ÷ `baseline`'s, both at `threads`,
+    /// round by round.
+    Cost {
+        /// The case measured.
+        case: &'static str,
+        /// What it is divided by.
+        baseline: &'static str,
+        /// Threads running each.
+        threads: usize,
+    },
+    /// How many times the per-thread throughput of `baseline` `case` has at
+    /// `threads`: the inverse of [`Measure::Cost`].
+    Speedup {
+        /// The case measured.
+        case: &'static str,
+        /// What it is compared with.
+        baseline: &'static str,
+        /// Threads running each.
+        threads: usize,
+    },
+    /// Throughput of `case` at `threads` ÷ its throughput at one thread.
+    Scaling {
+        /// The case measured.
+        case: &'static str,
+        /// Threads of the scaled run.
+        threads: usize,
+    },
+}
+
+/// The bound a figure must meet.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Bound {
+    /// The figure must not exceed this.
+    AtMost(f64),
+    /// The figure must reach this.
+    AtLeast(f64),
+}
+
+impl Bound {
+    /// Whether `value` meets the bound.
+    pub fn holds(self, value: f64) -> bool {
+        match self {
+            Bound::AtMost(b) => value <= b,
+            Bound::AtLeast(b) => value >= b,
+        }
+    }
+
+    fn value(self) -> f64 {
+        match self {
+            Bound::AtMost(b) | Bound::AtLeast(b) => b,
+        }
+    }
+
+    fn sign(self) -> &'static str {
+        match self {
+            Bound::AtMost(_) => "≤",
+            Bound::AtLeast(_) => "≥",
+        }
+    }
+}
+
+/// One target.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Target {
+    /// A short name, unique (`verdicts[].name` in `report.json`).
+    pub name: &'static str,
+    /// The suite whose rounds hold the figure.
+    pub suite: &'static str,
+    /// The figure.
+    pub measure: Measure,
+    /// What it must meet.
+    pub bound: Bound,
+    /// The bound instead when the two CPUs the threads ran on are
+    /// hyperthread siblings of one core (they share its execution units,
+    /// so two threads cannot double the throughput).
+    pub on_siblings: Option<Bound>,
+}
+
+const fn cost(
+    name: &'static str,
+    suite: &'static str,
+    case: &'static str,
+    baseline: &'static str,
+    threads: usize,
+    at_most: f64,
+) -> Target {
+    Target {
+        name,
+        suite,
+        measure: Measure::Cost {
+            case,
+            baseline,
+            threads,
+        },
+        bound: Bound::AtMost(at_most),
+        on_siblings: None,
+    }
+}
+
+/// Every target, in the order the verdicts are shown.
+pub const TARGETS: &[Target] = &[
+    cost(
+        "charge: stock, 1 thread",
+        "charge",
+        "stock",
+        charge::BASELINE,
+        1,
+        1.05,
+    ),
+    cost(
+        "charge: stock, 2 threads",
+        "charge",
+        "stock",
+        charge::BASELINE,
+        2,
+        1.05,
+    ),
+    cost(
+        "allocator: 16–512 B, 1 thread",
+        "alloc",
+        "mixed-accounted",
+        "mixed-system",
+        1,
+        1.10,
+    ),
+    cost(
+        "allocator: 16–512 B, 2 threads",
+        "alloc",
+        "mixed-accounted",
+        "mixed-system",
+        2,
+        1.10,
+    ),
+    cost(
+        "allocator: 17–24 B, 1 thread",
+        "alloc",
+        "small-accounted",
+        "small-system",
+        1,
+        1.10,
+    ),
+    cost(
+        "allocator: cross-thread frees",
+        "alloc",
+        "cross-thread-accounted",
+        "cross-thread-system",
+        2,
+        1.10,
+    ),
+    cost(
+        "allocator: serde_json round trip",
+        "alloc",
+        "json-accounted",
+        "json-system",
+        1,
+        1.10,
+    ),
+    Target {
+        name: "Tree: 2-thread scaling",
+        suite: "counters",
+        measure: Measure::Scaling {
+            case: "tree",
+            threads: 2,
+        },
+        bound: Bound::AtLeast(1.9),
+        on_siblings: None,
+    },
+    Target {
+        name: "Tree vs a shared atomic, 2 threads",
+        suite: "counters",
+        measure: Measure::Speedup {
+            case: "tree",
+            baseline: counters::BASELINE,
+            threads: 2,
+        },
+        bound: Bound::AtLeast(10.0),
+        on_siblings: Some(Bound::AtLeast(4.0)),
+    },
+    cost(
+        "Tree add vs bare rseq add",
+        "counters",
+        "tree",
+        counters::BARE_RSEQ,
+        1,
+        1.3,
+    ),
+    cost(
+        "PerCpu::add vs bare rseq add",
+        "percpu",
+        percpu::RSEQ_ADD,
+        counters::BARE_RSEQ,
+        1,
+        1.2,
+    ),
+    cost(
+        "stats: flush vs full walk",
+        "stats",
+        "flush-updated",
+        stats::BASELINE,
+        1,
+        1.0 / 80.0,
+    ),
+];
+
+/// `1.05`, `1.1`, `10`: a bound as written in a goal.
+fn number(v: f64) -> String {
+    let s = format!("{v:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
+/// "1 thread", "2 threads".
+fn threads(n: usize) -> String {
+    crate::bench::threads(n)
+}
+
+impl Target {
+    /// The goal in words: the case, the bound, what it is relative to.
+    pub fn goal(&self) -> String {
+        let b = self.bound;
+        match self.measure {
+            Measure::Cost {
+                case,
+                baseline,
+                threads: t,
+            } => {
+                let inverse = 1.0 / b.value();
+                let amount = if b.value() < 1.0 && (inverse - inverse.round()).abs() < 1e-9 {
+                    format!("1/{}", inverse.round())
+                } else {
+                    format!("×{:.2}", b.value())
+                };
+                format!("{case} {} {amount} of {baseline}, {}", b.sign(), threads(t))
+            }
+            Measure::Speedup {
+                case,
+                baseline,
+                threads: t,
+            } => {
+                let siblings = self.on_siblings.map_or_else(String::new, |s| {
+                    format!(
+                        " on distinct cores ({} {}× on hyperthread siblings)",
+                        s.sign(),
+                        number(s.value())
+                    )
+                });
+                format!(
+                    "{case} {} {}× the throughput of {baseline}, {}{siblings}",
+                    b.sign(),
+                    number(b.value()),
+                    threads(t)
+                )
+            }
+            Measure::Scaling { case, threads: t } => format!(
+                "{case} at {} {} {}× its 1-thread throughput",
+                threads(t),
+                b.sign(),
+                number(b.value())
+            ),
+        }
+    }
+
+    /// The figure, from the suite's rounds (`None`: a case is missing).
+    pub fn figure(&self, m: &Measured) -> Option<Figure> {
+        match self.measure {
+            Measure::Cost {
+                case,
+                baseline,
+                threads,
+            } => m.ratio(case, baseline, threads),
+            Measure::Speedup {
+                case,
+                baseline,
+                threads,
+            } => m.speedup(case, baseline, threads),
+            Measure::Scaling { case, threads } => m.scaling(case, threads),
+        }
+    }
+
+    fn threads(&self) -> usize {
+        match self.measure {
+            Measure::Cost { threads, .. }
+            | Measure::Speedup { threads, .. }
+            | Measure::Scaling { threads, .. } => threads,
+        }
+    }
+
+    /// The bound that applies on this machine, and why (empty when there
+    /// is no choice to explain).
+    fn applicable(&self, m: &Measured) -> (Bound, String) {
+        let Some(siblings) = self.on_siblings else {
+            return (self.bound, String::new());
+        };
+        match m.placement(self.threads()) {
+            Some(p) if p.shares_core == Some(true) => (
+                siblings,
+                format!("on {}: the hyperthread-sibling bound applies", p.describe()),
+            ),
+            Some(p) if p.shares_core == Some(false) => (
+                self.bound,
+                format!("on {}: the distinct-core bound applies", p.describe()),
+            ),
+            Some(p) => (
+                self.bound,
+                format!(
+                    "on {}; core sharing unknown: the distinct-core bound applies",
+                    p.describe()
+                ),
+            ),
+            None => (
+                self.bound,
+                "threads not pinned (too few CPUs): the distinct-core bound applies".to_owned(),
+            ),
+        }
+    }
+
+    /// The verdict on this target from `m` (the rounds of [`Target::suite`]).
+    pub fn verdict(&self, m: &Measured) -> Verdict {
+        let (bound, note) = self.applicable(m);
+        let mut notes: Vec<String> = vec![note];
+        let figure = self.figure(m);
+        let spread = figure.as_ref().map(|f| f.spread);
+        let status = match &figure {
+            None => Status::NotMeasured,
+            Some(f) if !f.stable() => Status::Unstable,
+            Some(f) if bound.holds(f.spread.median) => Status::Met,
+            Some(_) => Status::NotMet,
+        };
+        match &figure {
+            Some(f) => {
+                if f.poor_overlap {
+                    notes.push(
+                        "too few rounds had the threads running together: all were used".to_owned(),
+                    );
+                } else if f.left_out > 0 {
+                    notes.push(format!("{} poor-overlap round(s) left out", f.left_out));
+                }
+                if !f.spread.stable() {
+                    notes.push(format!(
+                        "halves of the rounds differ by {:.0}%",
+                        f.spread.halves_apart() * 100.0
+                    ));
+                }
+            }
+            None => notes = vec!["a case of this figure cannot run here".to_owned()],
+        }
+        notes.retain(|n| !n.is_empty());
+        let note = notes.join("; ");
+        Verdict {
+            name: self.name.to_owned(),
+            target: self.goal(),
+            median: spread.map(|s| s.median),
+            low: spread.map(|s| s.low),
+            high: spread.map(|s| s.high),
+            status,
+            suite: self.suite.to_owned(),
+            rounds: spread.map_or(0, |s| s.n),
+            note,
+            speedup: !matches!(self.measure, Measure::Cost { .. }),
+            fraction: matches!(self.bound, Bound::AtMost(b) if b < 1.0),
+            bound: bound.value(),
+        }
+    }
+}
+
+/// met, not met, unstable or not measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Status {
+    /// The median meets the bound, and the figure is stable.
+    #[serde(rename = "met")]
+    Met,
+    /// The median misses the bound, and the figure is stable.
+    #[serde(rename = "not met")]
+    NotMet,
+    /// The figure is not stable: neither verdict can be trusted.
+    #[serde(rename = "unstable")]
+    Unstable,
+    /// A case of the figure cannot run on this machine.
+    #[serde(rename = "not measured")]
+    NotMeasured,
+}
+
+impl Status {
+    /// The word, as in `report.json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Met => "met",
+            Status::NotMet => "not met",
+            Status::Unstable => "unstable",
+            Status::NotMeasured => "not measured",
+        }
+    }
+}
+
+/// A target's verdict, as `report.json`'s `verdicts[]` holds it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    /// The target's name.
+    pub name: String,
+    /// Its goal in words.
+    pub target: String,
+    /// The median of the per-round figures.
+    pub median: Option<f64>,
+    /// The smallest per-round figure.
+    pub low: Option<f64>,
+    /// The largest per-round figure.
+    pub high: Option<f64>,
+    /// met, not met, unstable or not measured.
+    pub status: Status,
+    /// The suite it comes from.
+    pub suite: String,
+    /// Rounds in the figure.
+    pub rounds: usize,
+    /// Where the threads ran, rounds left out, why unstable.
+    pub note: String,
+    /// Whether the figure is a speed-up (`12×`) rather than a time ratio
+    /// (`×1.2`).
+    #[serde(skip)]
+    pub speedup: bool,
+    /// Whether the goal is a fraction (`1/80`), so the figure reads as one.
+    #[serde(skip)]
+    pub fraction: bool,
+    /// The bound that applied (to show a median next to it with enough
+    /// digits to tell them apart).
+    #[serde(skip)]
+    pub bound: f64,
+}
+
+impl Verdict {
+    /// The median as the goal writes it: `×1.21`, `12.4×`, `1/43`.
+    pub fn measured(&self) -> String {
+        self.median
+            .map_or_else(|| "—".to_owned(), |m| self.format(m))
+    }
+
+    /// `[low–high]`.
+    pub fn range(&self) -> String {
+        match (self.low, self.high) {
+            (Some(lo), Some(hi)) => format!("[{}–{}]", self.bare(lo), self.bare(hi)),
+            _ => String::new(),
+        }
+    }
+
+    fn format(&self, v: f64) -> String {
+        if self.speedup {
+            format!("{}×", self.bare(v))
+        } else if self.fraction || v < 0.1 {
+            self.bare(v)
+        } else {
+            format!("×{}", self.bare(v))
+        }
+    }
+
+    fn bare(&self, v: f64) -> String {
+        if !self.speedup && (self.fraction || v < 0.1) {
+            let inverse = 1.0 / v;
+            if inverse >= 10.0 {
+                format!("1/{inverse:.0}")
+            } else {
+                format!("1/{inverse:.1}")
+            }
+        } else if v >= 10.0 {
+            format!("{v:.1}")
+        } else if format!("{v:.2}") == format!("{:.2}", self.bound) && v != self.bound {
+            // ×1.10 "not met" against ≤ ×1.10 would read as a mistake.
+            format!("{v:.3}")
+        } else {
+            format!("{v:.2}")
+        }
+    }
+}
+
+/// The verdicts of the targets of `suite`, from its rounds.
+pub fn verdicts(suite: &str, m: &Measured) -> Vec<Verdict> {
+    TARGETS
+        .iter()
+        .filter(|t| t.suite == suite)
+        .map(|t| t.verdict(m))
+        .collect()
+}
+
+/// The targets as the README's Markdown table.
+pub fn readme_table() -> String {
+    let mut out = String::from("| target | suite | goal |\n|---|---|---|\n");
+    for t in TARGETS {
+        out += &format!("| {} | `{}` | {} |\n", t.name, t.suite, t.goal());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timing::{Plan, Sample, Series};
+    use std::time::Duration;
+
+    fn measured(series: &[(&str, usize, &[f64])]) -> Measured {
+        let series = series
+            .iter()
+            .map(|&(case, threads, ns)| Series {
+                case: case.into(),
+                threads,
+                samples: ns
+                    .iter()
+                    .map(|&ns_per_op| Sample {
+                        ns_per_op,
+                        ops_per_sec: 1e9 / ns_per_op,
+                        overlap: 1.0,
+                        overlap_required: false,
+                        pinned: true,
+                    })
+                    .collect(),
+            })
+            .collect();
+        let plan = Plan {
+            rounds: 4,
+            slice: Duration::from_millis(1),
+        };
+        Measured::new("charge", plan, series)
+    }
+
+    fn target(name: &str) -> &'static Target {
+        TARGETS.iter().find(|t| t.name == name).unwrap()
+    }
+
+    #[test]
+    fn names_are_unique_and_every_goal_states_its_bound() {
+        for (i, t) in TARGETS.iter().enumerate() {
+            assert!(
+                TARGETS[i + 1..].iter().all(|u| u.name != t.name),
+                "{}",
+                t.name
+            );
+            let goal = t.goal();
+            assert!(goal.contains('≤') || goal.contains('≥'), "{goal}");
+        }
+        assert_eq!(
+            target("stats: flush vs full walk").goal(),
+            "flush-updated ≤ 1/80 of full-walk, 1 thread"
+        );
+        assert_eq!(
+            target("charge: stock, 1 thread").goal(),
+            "stock ≤ ×1.05 of no-accounting, 1 thread"
+        );
+    }
+
+    /// The cases each suite measures (where the machine allows).
+    fn cases_of(suite: &str) -> Vec<String> {
+        use crate::alloc_switch::Allocator;
+        use crate::bench::alloc::{case, Workload};
+        let names: Vec<String> = match suite {
+            "charge" => charge::CASES.iter().map(|c| c.to_string()).collect(),
+            "counters" => counters::CASES.iter().map(|c| c.to_string()).collect(),
+            "stats" => stats::CASES.iter().map(|c| c.to_string()).collect(),
+            "percpu" => percpu::CASES.iter().map(|c| c.to_string()).collect(),
+            "alloc" => Workload::ALL
+                .iter()
+                .flat_map(|&w| [case(w, Allocator::System), case(w, Allocator::Accounted)])
+                .collect(),
+            other => panic!("no targets expected in {other}"),
+        };
+        names
+    }
+
+    #[test]
+    fn every_target_names_cases_its_suite_measures() {
+        for t in TARGETS {
+            let known = cases_of(t.suite);
+            let named: Vec<&str> = match t.measure {
+                Measure::Cost { case, baseline, .. } | Measure::Speedup { case, baseline, .. } => {
+                    vec![case, baseline]
+                }
+                Measure::Scaling { case, .. } => vec![case],
+            };
+            for c in named {
+                assert!(
+                    known.iter().any(|k| k == c),
+                    "{}: {c} not in {known:?}",
+                    t.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_stable_median_within_the_bound_is_met_and_beyond_it_not_met() {
+        let t = target("charge: stock, 1 thread");
+        let ok = measured(&[("no-accounting", 1, &[100.0; 4]), ("stock", 1, &[104.0; 4])]);
+        assert_eq!(t.verdict(&ok).status, Status::Met);
+        let slow = measured(&[("no-accounting", 1, &[100.0; 4]), ("stock", 1, &[120.0; 4])]);
+        let v = t.verdict(&slow);
+        assert_eq!(v.status, Status::NotMet);
+        assert_eq!(v.measured(), "×1.20");
+        let borderline = measured(&[
+            ("no-accounting", 1, &[1000.0; 4]),
+            ("stock", 1, &[1051.0; 4]),
+        ]);
+        let v = t.verdict(&borderline);
+        assert_eq!(
+            (v.status, v.measured()),
+            (Status::NotMet, "×1.051".to_owned())
+        );
+    }
+
+    #[test]
+    fn halves_that_disagree_are_unstable_whatever_the_median() {
+        let t = target("charge: stock, 1 thread");
+        let drift = measured(&[
+            ("no-accounting", 1, &[100.0; 4]),
+            ("stock", 1, &[100.0, 100.0, 130.0, 130.0]),
+        ]);
+        assert_eq!(t.verdict(&drift).status, Status::Unstable);
+    }
+
+    #[test]
+    fn a_fraction_goal_reads_its_figure_as_a_fraction() {
+        let t = target("stats: flush vs full walk");
+        let m = measured(&[
+            ("full-walk", 1, &[1000.0, 1000.0]),
+            ("flush-updated", 1, &[112.0, 113.0]),
+        ]);
+        let v = t.verdict(&m);
+        assert_eq!(v.measured(), "1/8.9");
+        assert_eq!(v.range(), "[1/8.9–1/8.8]");
+        assert_eq!(v.status, Status::NotMet);
+    }
+
+    #[test]
+    fn a_missing_case_is_not_measured() {
+        let t = target("charge: stock, 2 threads");
+        let v = t.verdict(&measured(&[("stock", 1, &[1.0])]));
+        assert_eq!(v.status, Status::NotMeasured);
+        assert_eq!(v.median, None);
+    }
+
+    #[test]
+    fn the_readme_shows_the_target_table() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+            .expect("the README beside the workspace");
+        assert!(
+            readme.contains(&readme_table()),
+            "README.md's target table differs from report::targets; it should read:\n{}",
+            readme_table()
+        );
+    }
+}
