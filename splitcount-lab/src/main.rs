@@ -35,11 +35,11 @@ enum Command {
         json: bool,
     },
     /// Run a benchmark suite in interleaved rounds: `cpu-id`, `percpu`,
-    /// `counters`, `charge`, `stats`, `alloc` or `layout`.
+    /// `counters`, `charge`, `stats`, `alloc`, `groups` or `layout`.
     Bench {
         /// The suite: `cpu-id`, `percpu`, `counters`, `charge`, `stats`,
-        /// `alloc` or `layout` (`layout` always runs two threads and `stats`
-        /// one; both ignore `--threads`).
+        /// `alloc`, `groups` or `layout` (`layout` always runs two threads
+        /// and `stats` one; both ignore `--threads`).
         suite: String,
         /// JSON lines instead of a table.
         #[arg(long)]
@@ -234,6 +234,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 "charge" => bench::charge::run(&threads, &plan),
                 "stats" => bench::stats::run(stats_groups(groups)?, &plan),
                 "alloc" => bench::alloc::run(&exe, &threads, &plan),
+                "groups" => bench::groups::run(&threads, &plan, bench::groups::RSS_CYCLES),
                 "layout" => bench::layout::run(&plan),
                 other => {
                     return Err(format!(

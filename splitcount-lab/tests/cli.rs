@@ -227,7 +227,7 @@ fn bad_flags_are_refused_with_the_valid_values() {
         &["bench", "nope"],
         &[
             "\"nope\"",
-            "cpu-id, percpu, counters, charge, stats, alloc, layout",
+            "cpu-id, percpu, counters, charge, stats, alloc, groups, layout",
         ],
     );
     refused(
@@ -429,4 +429,19 @@ fn replay_refuses_lines_that_are_not_objects() {
         err.contains("line 1") && err.contains("expected {\"cpu\":N,\"delta\":N}"),
         "{err}"
     );
+}
+
+/// `bench groups` prints a line per case and thread count with the fields
+/// the issue names: case, threads, ns_per_op and retained_bytes_per_group.
+#[test]
+fn bench_groups_reports_time_per_cycle_and_memory_retained() {
+    let lines = bench_json("groups", &["--threads", "1,2"]);
+    for case in ["request-cycle", "request-cycle-no-alloc"] {
+        for threads in [1, 2] {
+            let l = line(&lines, case, threads);
+            assert!(l["ns_per_op"].as_f64().unwrap() > 0.0);
+            let retained = l["retained_bytes_per_group"].as_f64().unwrap();
+            assert!((0.0..64.0).contains(&retained), "{retained} B per group");
+        }
+    }
 }

@@ -14,6 +14,7 @@ pub mod bare_rseq;
 pub mod charge;
 pub mod counters;
 pub mod cpu_id;
+pub mod groups;
 pub mod layout;
 pub mod percpu;
 pub mod stats;
@@ -26,8 +27,8 @@ use std::time::Duration;
 pub use crate::timing::Entry;
 
 /// The suites of `bench`, in the order the CLI lists them.
-pub const SUITES: [&str; 7] = [
-    "cpu-id", "percpu", "counters", "charge", "stats", "alloc", "layout",
+pub const SUITES: [&str; 8] = [
+    "cpu-id", "percpu", "counters", "charge", "stats", "alloc", "groups", "layout",
 ];
 
 /// One case of a suite at a thread count, over all rounds.
@@ -74,6 +75,10 @@ pub struct Record {
     /// The per-round ratios that entered `ratio`, in measured order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub round_ratios: Vec<f64>,
+    /// `groups` only: bytes of RSS retained per removed group at this
+    /// thread count (see `bench::groups`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retained_bytes_per_group: Option<f64>,
 }
 
 /// A suite's rounds and the records made of them.
@@ -113,6 +118,7 @@ impl Bench {
                     overlap: crate::timing::spread::median(&overlaps),
                     pinned: s.samples.iter().all(|x| x.pinned),
                     round_ratios: Vec::new(),
+                    retained_bytes_per_group: None,
                 };
                 let baseline = baseline_of(&s.case);
                 match baseline

@@ -15,7 +15,7 @@
 //! The README shows the same table: [`readme_table`] generates it, and a
 //! test checks the README holds exactly that.
 
-use crate::bench::{charge, counters, percpu, stats};
+use crate::bench::{charge, counters, groups, percpu, stats};
 use crate::timing::{Figure, Measured};
 use serde::Serialize;
 
@@ -48,6 +48,24 @@ pub enum Measure {
         case: &'static str,
         /// Threads of the scaled run.
         threads: usize,
+    },
+    /// Time per operation of `case` at `threads`, in ns, round by round: a
+    /// budget per operation (the exception to ratios).
+    Time {
+        /// The case measured.
+        case: &'static str,
+        /// Threads running it.
+        threads: usize,
+    },
+    /// A figure the suite measures once (see `Measured::scalars`), in the
+    /// unit its name ends with.
+    Scalar {
+        /// Its name.
+        name: &'static str,
+        /// Threads of the run.
+        threads: usize,
+        /// What it counts, after the number (`B per group`).
+        unit: &'static str,
     },
 }
 
@@ -224,6 +242,37 @@ pub const TARGETS: &[Target] = &[
         1,
         1.0 / 80.0,
     ),
+    Target {
+        name: "groups: per-request cycle, 1 thread",
+        suite: "groups",
+        measure: Measure::Time {
+            case: groups::CYCLE,
+            threads: 1,
+        },
+        bound: Bound::AtMost(2000.0),
+        on_siblings: None,
+    },
+    Target {
+        name: "groups: per-request cycle, 2 threads",
+        suite: "groups",
+        measure: Measure::Time {
+            case: groups::CYCLE,
+            threads: 2,
+        },
+        bound: Bound::AtMost(2000.0),
+        on_siblings: None,
+    },
+    Target {
+        name: "groups: retained per removed group",
+        suite: "groups",
+        measure: Measure::Scalar {
+            name: groups::RETAINED,
+            threads: 1,
+            unit: "B per removed group",
+        },
+        bound: Bound::AtMost(1.0),
+        on_siblings: None,
+    },
 ];
 
 /// `1.05`, `1.1`, `10`: a bound as written in a goal.
@@ -280,6 +329,22 @@ impl Target {
                 b.sign(),
                 number(b.value())
             ),
+            Measure::Time { case, threads: t } => format!(
+                "{case} {} {} ns per operation, {}",
+                b.sign(),
+                number(b.value()),
+                threads(t)
+            ),
+            Measure::Scalar {
+                name,
+                threads: t,
+                unit,
+            } => format!(
+                "{name} {} {} {unit}, {}",
+                b.sign(),
+                number(b.value()),
+                threads(t)
+            ),
         }
     }
 
@@ -297,6 +362,8 @@ impl Target {
                 threads,
             } => m.speedup(case, baseline, threads),
             Measure::Scaling { case, threads } => m.scaling(case, threads),
+            Measure::Time { case, threads } => m.time(case, threads),
+            Measure::Scalar { name, threads, .. } => m.scalar(name, threads),
         }
     }
 
@@ -304,7 +371,9 @@ impl Target {
         match self.measure {
             Measure::Cost { threads, .. }
             | Measure::Speedup { threads, .. }
-            | Measure::Scaling { threads, .. } => threads,
+            | Measure::Scaling { threads, .. }
+            | Measure::Time { threads, .. }
+            | Measure::Scalar { threads, .. } => threads,
         }
     }
 
@@ -379,8 +448,16 @@ impl Target {
             suite: self.suite.to_owned(),
             rounds: spread.map_or(0, |s| s.n),
             note,
-            speedup: !matches!(self.measure, Measure::Cost { .. }),
-            fraction: matches!(self.bound, Bound::AtMost(b) if b < 1.0),
+            speedup: matches!(
+                self.measure,
+                Measure::Speedup { .. } | Measure::Scaling { .. }
+            ),
+            fraction: matches!(self.bound, Bound::AtMost(b) if b < 1.0 && b > 0.0),
+            unit: match self.measure {
+                Measure::Time { .. } => Some("ns"),
+                Measure::Scalar { .. } => Some("B"),
+                _ => None,
+            },
             bound: bound.value(),
         }
     }
@@ -443,6 +520,9 @@ pub struct Verdict {
     /// Whether the goal is a fraction (`1/80`), so the figure reads as one.
     #[serde(skip)]
     pub fraction: bool,
+    /// An absolute figure's unit (`ns`, `B`), shown after the number.
+    #[serde(skip)]
+    pub unit: Option<&'static str>,
     /// The bound that applied (to show a median next to it with enough
     /// digits to tell them apart).
     #[serde(skip)]
@@ -465,7 +545,9 @@ impl Verdict {
     }
 
     fn format(&self, v: f64) -> String {
-        if self.speedup {
+        if let Some(unit) = self.unit {
+            format!("{} {unit}", self.bare(v))
+        } else if self.speedup {
             format!("{}×", self.bare(v))
         } else if self.fraction || v < 0.1 {
             self.bare(v)
@@ -475,7 +557,9 @@ impl Verdict {
     }
 
     fn bare(&self, v: f64) -> String {
-        if !self.speedup && (self.fraction || v < 0.1) {
+        if self.unit.is_some() {
+            format!("{v:.0}")
+        } else if !self.speedup && (self.fraction || v < 0.1) {
             let inverse = 1.0 / v;
             if inverse >= 10.0 {
                 format!("1/{inverse:.0}")
@@ -580,6 +664,10 @@ mod tests {
                 .iter()
                 .flat_map(|&w| [case(w, Allocator::System), case(w, Allocator::Accounted)])
                 .collect(),
+            "groups" => [groups::CYCLE, groups::NO_ALLOC, groups::RETAINED]
+                .iter()
+                .map(|c| c.to_string())
+                .collect(),
             other => panic!("no targets expected in {other}"),
         };
         names
@@ -593,7 +681,8 @@ mod tests {
                 Measure::Cost { case, baseline, .. } | Measure::Speedup { case, baseline, .. } => {
                     vec![case, baseline]
                 }
-                Measure::Scaling { case, .. } => vec![case],
+                Measure::Scaling { case, .. } | Measure::Time { case, .. } => vec![case],
+                Measure::Scalar { name, .. } => vec![name],
             };
             for c in named {
                 assert!(

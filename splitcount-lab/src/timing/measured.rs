@@ -127,6 +127,10 @@ pub struct Measured {
     /// pinned), ascending thread counts.
     #[serde(skip)]
     pub placements: Vec<(usize, Option<Placement>)>,
+    /// Figures measured once rather than per round (a suite's extra
+    /// measurement: bytes retained per removed group), by name and threads.
+    #[serde(skip)]
+    pub scalars: Vec<(String, usize, f64)>,
 }
 
 impl Measured {
@@ -141,7 +145,30 @@ impl Measured {
             plan,
             placements: counts.into_iter().map(|t| (t, pin::placement(t))).collect(),
             series,
+            scalars: Vec::new(),
         }
+    }
+
+    /// `case`'s time per operation at `threads`, in ns, round by round (the
+    /// rare absolute target: a budget per operation).
+    pub fn time(&self, case: &str, threads: usize) -> Option<Figure> {
+        let a = self.series(case, threads)?;
+        Measured::paired(a, a, |x, _| x.ns_per_op)
+    }
+
+    /// A figure measured once (see [`Measured::scalars`]), as a one-value
+    /// figure.
+    pub fn scalar(&self, name: &str, threads: usize) -> Option<Figure> {
+        let (_, _, v) = self
+            .scalars
+            .iter()
+            .find(|(n, t, _)| n == name && *t == threads)?;
+        Some(Figure {
+            spread: Spread::of(&[*v])?,
+            values: vec![*v],
+            left_out: 0,
+            poor_overlap: false,
+        })
     }
 
     /// The series of `case` at `threads`.

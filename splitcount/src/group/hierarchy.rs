@@ -8,8 +8,6 @@ use super::{Group, GroupError};
 use crate::charge::{Stock, UsageCounter, MAX_STOCK_BATCH, MAX_STOCK_SLOTS};
 use crate::cpu::Machine;
 use crate::stat::{StatError, StatGroup, StatId, StatItem, Stats};
-use crate::sync::{lock, Mutex};
-use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// How to build a [`Hierarchy`].
@@ -102,8 +100,8 @@ pub(crate) struct Shared {
     pub(crate) bytes: std::sync::OnceLock<Bytes>,
     pub(crate) stats: Stats,
     pub(crate) root: Arc<Node>,
-    /// Live children of each live group, by parent id then name.
-    tree: Mutex<Tree>,
+    /// The next group's id.
+    next_id: std::sync::atomic::AtomicU64,
     flusher: std::sync::Mutex<Option<Flusher>>,
     /// The period ratelimited reads trust a flush for, in nanoseconds:
     /// read on every such read, so kept outside the flusher's mutex.
@@ -113,12 +111,6 @@ pub(crate) struct Shared {
 /// How long a ratelimited read trusts a flush, and the background flusher's
 /// default period.
 pub const DEFAULT_FLUSH_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
-
-#[derive(Default)]
-struct Tree {
-    next_id: u64,
-    children: HashMap<u64, BTreeMap<String, Arc<Node>>>,
-}
 
 /// A tree of named groups sharing per-CPU stocks. Cheap to clone.
 ///
@@ -156,7 +148,6 @@ impl Hierarchy {
         let stats = Stats::new(&config.machine, config.stats.clone()).map_err(stat_error)?;
         let root_stats = StatGroup::new(&stats, 0, None).map_err(stat_error)?;
         let root = Arc::new(Node::new(
-            0,
             None,
             "/".to_owned(),
             "/".to_owned(),
@@ -170,10 +161,7 @@ impl Hierarchy {
                 bytes: std::sync::OnceLock::new(),
                 stats,
                 root,
-                tree: Mutex::new(Tree {
-                    next_id: 1,
-                    ..Tree::default()
-                }),
+                next_id: std::sync::atomic::AtomicU64::new(1),
                 flusher: std::sync::Mutex::new(None),
                 flush_period_ns: std::sync::atomic::AtomicU64::new(
                     DEFAULT_FLUSH_PERIOD.as_nanos() as u64
@@ -192,19 +180,17 @@ impl Hierarchy {
         Group::new(self.shared.clone(), self.shared.root.clone())
     }
 
-    /// The live group at `path` (`"a/b"`, `"/a/b"`; `""` or `"/"` is the root).
+    /// The live group at `path` (`"a/b"`, `"/a/b"`; `""` or `"/"` is the
+    /// root). Walks the path one group at a time, each child map locked
+    /// only while it is read: lookups of different parts of the tree never
+    /// wait for each other.
     pub fn lookup(&self, path: &str) -> Result<Group, GroupError> {
-        let tree = lock(&self.shared.tree);
         let mut node = self.shared.root.clone();
         for name in components(path) {
-            node = tree
-                .children
-                .get(&node.id)
-                .and_then(|c| c.get(name))
-                .cloned()
-                .ok_or_else(|| GroupError::NotFound {
-                    path: path.to_owned(),
-                })?;
+            let next = node.children().get(name).cloned();
+            node = next.ok_or_else(|| GroupError::NotFound {
+                path: path.to_owned(),
+            })?;
         }
         Ok(Group::new(self.shared.clone(), node))
     }
@@ -307,72 +293,88 @@ impl Shared {
         name: &str,
     ) -> Result<Arc<Node>, GroupError> {
         validate_name(name)?;
-        let mut tree = lock(&self.tree);
+        // Everything that allocates happens before the parent's lock: the
+        // lock covers only the checks and the insertion.
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let stats =
+            StatGroup::new(&self.stats, id, Some(parent.stats.clone())).map_err(stat_error)?;
+        let node = Arc::new(Node::new(
+            Some(parent.clone()),
+            name.to_owned(),
+            child_path(&parent.path, name),
+            UsageCounter::child_of(&parent.usage),
+            stats,
+        ));
+        let key = name.to_owned();
+        let mut siblings = parent.children();
+        // Under the parent's lock: `unlink` marks a node removed under its
+        // own lock, so a removed parent gets no new child.
         if parent.is_removed() {
             return Err(GroupError::Removed {
                 path: parent.path.clone(),
             });
         }
-        let path = child_path(&parent.path, name);
-        let siblings = tree.children.entry(parent.id).or_default();
         if siblings.contains_key(name) {
-            return Err(GroupError::NameTaken { path });
+            return Err(GroupError::NameTaken {
+                path: node.path.clone(),
+            });
         }
-        let id = tree.next_id;
-        let stats =
-            StatGroup::new(&self.stats, id, Some(parent.stats.clone())).map_err(stat_error)?;
-        tree.next_id += 1;
-        let node = Arc::new(Node::new(
-            id,
-            Some(parent.clone()),
-            name.to_owned(),
-            path,
-            UsageCounter::child_of(&parent.usage),
-            stats,
-        ));
-        tree.children
-            .entry(parent.id)
-            .or_default()
-            .insert(name.to_owned(), node.clone());
+        siblings.insert(key, node.clone());
         Ok(node)
     }
 
     pub(crate) fn children_of(&self, node: &Node) -> Vec<Arc<Node>> {
-        lock(&self.tree)
-            .children
-            .get(&node.id)
-            .map(|c| c.values().cloned().collect())
-            .unwrap_or_default()
+        node.children().values().cloned().collect()
     }
 
     /// Unlink `node` (which must have no live children) from the tree and
     /// mark it removed. Its stocks are drained by the caller.
+    ///
+    /// Locks the node's own child map (to check it is empty and mark it
+    /// removed, so that no child can be created after), then its parent's
+    /// (to take it out, by name: `O(log siblings)`). Creation takes only
+    /// the parent's lock; locks are always taken child before parent.
     pub(crate) fn unlink(&self, node: &Arc<Node>) -> Result<(), GroupError> {
         let Some(parent) = node.parent.as_ref() else {
             return Err(GroupError::RootCannotBeRemoved);
         };
-        let mut tree = lock(&self.tree);
-        if node.is_removed() {
-            return Err(GroupError::Removed {
-                path: node.path.clone(),
-            });
-        }
-        let live_children = tree.children.get(&node.id).map_or(0, |c| c.len());
-        if live_children > 0 {
-            return Err(GroupError::HasChildren {
-                path: node.path.clone(),
-                children: live_children,
-            });
-        }
-        node.mark_removed();
-        tree.children.remove(&node.id);
-        // By name: O(log siblings), not a scan of every sibling.
-        if let Some(siblings) = tree.children.get_mut(&parent.id) {
-            siblings.remove(&node.name);
-            if siblings.is_empty() {
-                tree.children.remove(&parent.id);
+        {
+            let children = node.children();
+            if node.is_removed() {
+                return Err(GroupError::Removed {
+                    path: node.path.clone(),
+                });
             }
+            if !children.is_empty() {
+                return Err(GroupError::HasChildren {
+                    path: node.path.clone(),
+                    children: children.len(),
+                });
+            }
+            node.mark_removed();
+        }
+        let mut siblings = parent.children();
+        if siblings
+            .get(node.name.as_str())
+            .is_some_and(|n| Arc::ptr_eq(n, node))
+        {
+            siblings.remove(node.name.as_str());
         }
         Ok(())
+    }
+}
+
+impl Drop for Shared {
+    /// Parents hold their children and children their parents: break the
+    /// tree's links, iteratively (a deep tree must not recurse), so that
+    /// every group no handle keeps goes with the hierarchy.
+    fn drop(&mut self) {
+        let mut stack = vec![self.root.clone()];
+        while let Some(n) = stack.pop() {
+            let children = std::mem::take(&mut *n.children());
+            stack.extend(children.into_values());
+        }
     }
 }

@@ -24,6 +24,7 @@ use crate::sync::{
     Ordering::{Acquire, Relaxed, Release},
 };
 use crossbeam_utils::CachePadded;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Read-mostly: read by every charge.
@@ -36,7 +37,6 @@ pub(crate) struct Hot {
 
 pub(crate) struct Node {
     read: CachePadded<Hot>,
-    pub(crate) id: u64,
     pub(crate) name: String,
     pub(crate) path: String,
     pub(crate) hooks: Mutex<Arc<Hooks>>,
@@ -45,6 +45,8 @@ pub(crate) struct Node {
     /// A cooperative over-charge happened here (see [`OverLimit`]).
     breached: std::sync::atomic::AtomicBool,
     breach: Mutex<Option<OverLimit>>,
+    /// Live children, by name (see `Shared::create_child`, `unlink`).
+    children: Mutex<BTreeMap<String, Arc<Node>>>,
 }
 
 impl std::ops::Deref for Node {
@@ -56,7 +58,6 @@ impl std::ops::Deref for Node {
 
 impl Node {
     pub(crate) fn new(
-        id: u64,
         parent: Option<Arc<Node>>,
         name: String,
         path: String,
@@ -70,14 +71,19 @@ impl Node {
                 parent,
                 removed: AtomicBool::new(false),
             }),
-            id,
             name,
             path,
             hooks: Mutex::new(Arc::default()),
             account: OnceLock::new(),
             breached: std::sync::atomic::AtomicBool::new(false),
             breach: Mutex::new(None),
+            children: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// The live children, locked (never across a user callback).
+    pub(crate) fn children(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Node>>> {
+        self.children.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     #[inline]

@@ -71,9 +71,9 @@ pub struct StatGroup {
     /// Per CPU: slots `0..k` hold the running total of each item's updates
     /// on that CPU; slots `k..2k` the same as of the last flush (written by
     /// the flusher only). Side by side, so a fold reads one line per CPU.
-    pub(crate) values: PerCpu,
+    pub(crate) values: Option<PerCpu>,
     /// Per CPU: |delta| not yet moved to `stats_updates` (rseq arena).
-    pub(crate) unflushed: PerCpu,
+    pub(crate) unflushed: Option<PerCpu>,
     pub(crate) nodes: Box<[UpdateNode]>,
     /// Updates (|delta|) in this subtree since its last flush, moved here in
     /// batches of [`STAT_BATCH`] per CPU.
@@ -109,8 +109,17 @@ impl StatGroup {
         if parent.as_ref().is_some_and(|p| !stats.owns(p)) {
             return Err(StatError::ForeignGroup);
         }
-        let values = alloc(stats.values_arena(), 2 * k)?;
-        let unflushed = alloc(stats.count_arena(), 1)?;
+        // A schema without items needs no per-CPU state at all (no arena
+        // lock, no memory): such a group is never updated nor flushed.
+        let (values, unflushed, cpus) = if k == 0 {
+            (None, None, 0)
+        } else {
+            (
+                Some(alloc(stats.values_arena(), 2 * k)?),
+                Some(alloc(stats.count_arena(), 1)?),
+                cpus,
+            )
+        };
         let zeros = |n: usize| (0..n).map(|_| AtomicI64::new(0)).collect::<Box<[_]>>();
         let depth = parent.as_ref().map_or(0, |p| p.depth + 1);
         Ok(Arc::new_cyclic(|me: &std::sync::Weak<StatGroup>| {
@@ -194,9 +203,12 @@ impl StatGroup {
         // flusher's SeqCst clear-then-read, one of the two always sees the
         // other (see `mark_updated`). On x86 both are the same instructions
         // as their relaxed forms (`lock xadd`, `mov`).
+        let Some(values) = &self.values else {
+            return; // no items: nothing to update (the caller checked)
+        };
         // SAFETY: this group's values have `stats.cpus()` regions and
         // `2·items` slots (the caller's bounds).
-        unsafe { self.values.slot(cpu, item) }.fetch_add(delta, SeqCst);
+        unsafe { values.slot(cpu, item) }.fetch_add(delta, SeqCst);
         self.mark_updated(stats, cpu);
         self.count_update(delta.unsigned_abs());
     }
@@ -250,11 +262,12 @@ impl StatGroup {
         let abs = abs.min(i64::MAX as u64) as i64;
         let mut g = Some(self);
         while let Some(x) = g {
-            // SAFETY: slot 0 of a one-slot allocation.
-            unsafe {
-                x.unflushed
-                    .add_spill_current(0, abs, STAT_BATCH, &UpdateCount(&x.stats_updates))
-            };
+            if let Some(unflushed) = &x.unflushed {
+                // SAFETY: slot 0 of a one-slot allocation.
+                unsafe {
+                    unflushed.add_spill_current(0, abs, STAT_BATCH, &UpdateCount(&x.stats_updates))
+                };
+            }
             g = x.parent.as_deref();
         }
     }
@@ -284,6 +297,9 @@ impl StatGroup {
         // instruction per item. Readers load `local`/`hier` relaxed.
         let add = |a: &AtomicI64, d: i64| a.store(a.load(Relaxed).wrapping_add(d), Relaxed);
         let k = self.items;
+        let Some(values) = &self.values else {
+            return; // no items: nothing is ever queued
+        };
         let own = self.nodes[cpu].own.load(Relaxed);
         if own {
             self.nodes[cpu].own.store(false, Relaxed);
@@ -295,8 +311,8 @@ impl StatGroup {
                 // (`cpu < regions`); `item < k` and `k + item < 2k` slots.
                 let (now, prev) = unsafe {
                     (
-                        self.values.slot(cpu, item).load(SeqCst),
-                        self.values.slot(cpu, k + item),
+                        values.slot(cpu, item).load(SeqCst),
+                        values.slot(cpu, k + item),
                     )
                 };
                 delta_cpu = now.wrapping_sub(prev.load(Relaxed));

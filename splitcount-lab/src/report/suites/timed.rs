@@ -93,6 +93,36 @@ pub fn alloc(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
     Ok(out)
 }
 
+/// `groups`: the per-request cycle at 1 and 2 threads, and the memory a
+/// removed group leaves behind.
+pub fn groups(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
+    let cycles = if s.quick {
+        20_000
+    } else {
+        bench::groups::RSS_CYCLES
+    };
+    let b = counted(progress, || bench::groups::run(&[1, 2], &s.plan(), cycles))?;
+    let mut out = outcome("groups", &b, "cycle")?;
+    out.settings["rss_cycles"] = json!(cycles);
+    out.plots = vec![plots::bar_chart(
+        "groups: ns per request cycle",
+        "ns per cycle",
+        Axis::Linear,
+        &time_bars(&b.records)
+            .into_iter()
+            .zip(&b.records)
+            .map(|(mut bar, r)| {
+                bar.label = format!("{} ({}t)", r.case, r.threads);
+                bar.note = r
+                    .retained_bytes_per_group
+                    .map_or_else(String::new, |x| format!("{x:.2} B retained"));
+                bar
+            })
+            .collect::<Vec<_>>(),
+    )?];
+    Ok(out)
+}
+
 /// `layout`: packed vs padded fields, two threads in two roles.
 pub fn layout(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
     let b = counted(progress, || bench::layout::run(&s.plan()))?;
@@ -357,6 +387,7 @@ mod tests {
             overlap: 1.0,
             pinned: true,
             round_ratios: Vec::new(),
+            retained_bytes_per_group: None,
         }
     }
 
