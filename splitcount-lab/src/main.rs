@@ -234,7 +234,12 @@ fn run(cli: Cli) -> Result<(), String> {
                 "charge" => bench::charge::run(&threads, &plan),
                 "stats" => bench::stats::run(stats_groups(groups)?, &plan),
                 "alloc" => bench::alloc::run(&exe, &threads, &plan),
-                "groups" => bench::groups::run(&threads, &plan, bench::groups::RSS_CYCLES),
+                "groups" => bench::groups::run(
+                    &threads,
+                    &plan,
+                    bench::groups::RSS_CYCLES,
+                    bench::groups::SIBLINGS,
+                ),
                 "layout" => bench::layout::run(&plan),
                 other => {
                     return Err(format!(

@@ -10,7 +10,10 @@
 //! would.
 //!
 //! - `request-cycle`: the whole cycle with one 1,000-byte allocation;
-//! - `request-cycle-no-alloc`: the same without it (group bookkeeping only).
+//! - `request-cycle-no-alloc`: the same without it (group bookkeeping only);
+//! - `crowded-cycle`: the same again under a parent with [`SIBLINGS`] live
+//!   children (10,000 in a quick report): creation and removal must not
+//!   scan the siblings.
 //!
 //! Then `retained_bytes_per_group`: RSS growth over [`RSS_CYCLES`] cycles
 //! (after a warm-up), divided by the cycles — 0 means removed groups leave
@@ -32,6 +35,12 @@ pub const CYCLE: &str = "request-cycle";
 /// The cycle without its allocation.
 pub const NO_ALLOC: &str = "request-cycle-no-alloc";
 
+/// The cycle without its allocation, under a crowded parent.
+pub const CROWDED: &str = "crowded-cycle";
+
+/// Live siblings in [`CROWDED`].
+pub const SIBLINGS: usize = 100_000;
+
 /// The name of the retained-memory figure.
 pub const RETAINED: &str = "retained_bytes_per_group";
 
@@ -44,12 +53,14 @@ const REQUEST_BYTES: usize = 1_000;
 /// The hierarchy the cycles run in, with its allocator.
 struct Server {
     requests: Group,
+    /// A parent with [`SIBLINGS`] live children.
+    crowded: Group,
     alloc: &'static Accounted<System>,
     next: AtomicU64,
 }
 
 impl Server {
-    fn new() -> Result<Server, String> {
+    fn new(siblings: usize) -> Result<Server, String> {
         let hierarchy = Hierarchy::default();
         // One allocator per suite run, attached to this hierarchy alone.
         let alloc: &'static Accounted<System> = Box::leak(Box::new(Accounted::new(System)));
@@ -59,18 +70,27 @@ impl Server {
             .child("requests")
             .map_err(|e| e.to_string())?;
         requests.set_max(1 << 30).map_err(|e| e.to_string())?;
+        let crowded = hierarchy
+            .root()
+            .child("crowded")
+            .map_err(|e| e.to_string())?;
+        for i in 0..siblings {
+            crowded
+                .child(&format!("resident-{i}"))
+                .map_err(|e| e.to_string())?;
+        }
         Ok(Server {
             requests,
+            crowded,
             alloc,
             next: AtomicU64::new(0),
         })
     }
 
     /// One request: its group, a limit, the work, the removal.
-    fn cycle(&self, allocate: bool) {
+    fn cycle(&self, parent: &Group, allocate: bool) {
         let id = self.next.fetch_add(1, Relaxed);
-        let g = self
-            .requests
+        let g = parent
             .child(&format!("request-{id}"))
             .expect("unique names");
         g.set_max(1 << 20).expect("a fresh group");
@@ -107,7 +127,7 @@ fn retained(server: &Server, threads: usize, cycles: u64) -> Option<f64> {
             for _ in 0..threads {
                 s.spawn(|| {
                     for _ in 0..n {
-                        server.cycle(true);
+                        server.cycle(&server.requests, true);
                     }
                     splitcount::alloc::drain_thread();
                 });
@@ -121,14 +141,31 @@ fn retained(server: &Server, threads: usize, cycles: u64) -> Option<f64> {
     Some(after.saturating_sub(before) as f64 / (per_thread * threads as u64) as f64)
 }
 
-/// Time both cycles at each thread count, then the memory retained.
-pub fn run(threads: &[usize], plan: &Plan, rss_cycles: u64) -> Result<Bench, String> {
-    let server = Server::new()?;
+/// Time the cycles at each thread count (the crowded one under `siblings`
+/// live children), then the memory retained over `rss_cycles` cycles.
+pub fn run(
+    threads: &[usize],
+    plan: &Plan,
+    rss_cycles: u64,
+    siblings: usize,
+) -> Result<Bench, String> {
+    let server = Server::new(siblings)?;
     let mut entries = Vec::new();
     for &t in threads {
-        for (case, allocate) in [(CYCLE, true), (NO_ALLOC, false)] {
+        for (case, crowded, allocate) in [
+            (CYCLE, false, true),
+            (NO_ALLOC, false, false),
+            (CROWDED, true, false),
+        ] {
             let server = &server;
-            entries.push(Entry::new(case, t, move |_| move || server.cycle(allocate)));
+            let parent = if crowded {
+                &server.crowded
+            } else {
+                &server.requests
+            };
+            entries.push(Entry::new(case, t, move |_| {
+                move || server.cycle(parent, allocate)
+            }));
         }
     }
     let mut measured = measure(SUITE, plan, entries)?;

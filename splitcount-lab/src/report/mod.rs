@@ -74,10 +74,12 @@ pub fn run(options: &Options) -> Result<(), String> {
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let start = Instant::now();
     let machine = MachineInfo::detect();
-    println!("{}\n", machine_table(&machine, None).to_text());
     let settings = Settings {
         quick: options.quick,
     };
+    // While suites run, only their progress shows; the report itself is
+    // printed at the end, in reading order: the summary of verdicts first,
+    // then the machine, then every suite's tables.
     let mut ran = Vec::new();
     for suite in selected {
         let progress = progress_bar(suite.name);
@@ -86,11 +88,7 @@ pub fn run(options: &Options) -> Result<(), String> {
         progress.finish_and_clear();
         let outcome = outcome.map_err(|e| format!("suite {}: {e}", suite.name))?;
         let seconds = t0.elapsed().as_secs_f64();
-        println!("== {} ({seconds:.1} s)", suite.title);
-        println!("  {}", suite.about);
-        for t in &outcome.tables {
-            println!("{}\n", t.to_text());
-        }
+        eprintln!("measured {} ({seconds:.1} s)", suite.name);
         ran.push(Ran {
             suite,
             seconds,
@@ -106,6 +104,24 @@ pub fn run(options: &Options) -> Result<(), String> {
     if !verdicts.is_empty() {
         println!("== Summary: the targets, measured here\n");
         println!("{}\n", verdict_table.to_text());
+    }
+    println!("{}\n", machine_table.to_text());
+    for r in &ran {
+        println!("== {} ({:.1} s)", r.suite.title, r.seconds);
+        println!("  {}", r.suite.about);
+        for t in &r.outcome.tables {
+            println!("{}\n", t.to_text());
+        }
+    }
+    if !verdicts.is_empty() {
+        let count = |s: targets::Status| verdicts.iter().filter(|v| v.status == s).count();
+        println!(
+            "verdicts (summary at the top): {} met, {} not met, {} unstable, {} not measured",
+            count(targets::Status::Met),
+            count(targets::Status::NotMet),
+            count(targets::Status::Unstable),
+            count(targets::Status::NotMeasured)
+        );
     }
     let seconds = start.elapsed().as_secs_f64();
     let page = Page {

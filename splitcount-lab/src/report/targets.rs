@@ -427,7 +427,9 @@ impl Target {
                 } else if f.left_out > 0 {
                     notes.push(format!("{} poor-overlap round(s) left out", f.left_out));
                 }
-                if !f.spread.stable() {
+                if f.once {
+                    notes.push("measured once, after the rounds".to_owned());
+                } else if !f.spread.stable() {
                     notes.push(format!(
                         "halves of the rounds differ by {:.0}%",
                         f.spread.halves_apart() * 100.0
@@ -664,10 +666,15 @@ mod tests {
                 .iter()
                 .flat_map(|&w| [case(w, Allocator::System), case(w, Allocator::Accounted)])
                 .collect(),
-            "groups" => [groups::CYCLE, groups::NO_ALLOC, groups::RETAINED]
-                .iter()
-                .map(|c| c.to_string())
-                .collect(),
+            "groups" => [
+                groups::CYCLE,
+                groups::NO_ALLOC,
+                groups::CROWDED,
+                groups::RETAINED,
+            ]
+            .iter()
+            .map(|c| c.to_string())
+            .collect(),
             other => panic!("no targets expected in {other}"),
         };
         names

@@ -86,12 +86,16 @@ pub struct Figure {
     /// Too few rounds had good overlap: every round was used, and the
     /// figure is not to be trusted.
     pub poor_overlap: bool,
+    /// Measured once, not per round (a suite's extra measurement): there
+    /// are no halves to compare, and it counts as stable.
+    pub once: bool,
 }
 
 impl Figure {
-    /// Stable halves, and enough rounds where the threads ran together.
+    /// Stable halves, and enough rounds where the threads ran together (or
+    /// a figure measured once).
     pub fn stable(&self) -> bool {
-        !self.poor_overlap && self.spread.stable()
+        !self.poor_overlap && (self.once || self.spread.stable())
     }
 
     /// The figure with every per-round value `x` replaced by `1 / x`
@@ -168,6 +172,7 @@ impl Measured {
             values: vec![*v],
             left_out: 0,
             poor_overlap: false,
+            once: true,
         })
     }
 
@@ -204,6 +209,7 @@ impl Measured {
             values,
             left_out,
             poor_overlap,
+            once: false,
         })
     }
 

@@ -101,7 +101,14 @@ pub fn groups(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
     } else {
         bench::groups::RSS_CYCLES
     };
-    let b = counted(progress, || bench::groups::run(&[1, 2], &s.plan(), cycles))?;
+    let siblings = if s.quick {
+        10_000
+    } else {
+        bench::groups::SIBLINGS
+    };
+    let b = counted(progress, || {
+        bench::groups::run(&[1, 2], &s.plan(), cycles, siblings)
+    })?;
     let mut out = outcome("groups", &b, "cycle")?;
     out.settings["rss_cycles"] = json!(cycles);
     out.plots = vec![plots::bar_chart(
