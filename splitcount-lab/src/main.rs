@@ -35,11 +35,12 @@ enum Command {
         json: bool,
     },
     /// Run a benchmark suite in interleaved rounds: `cpu-id`, `percpu`,
-    /// `counters`, `charge`, `stats`, `alloc`, `groups` or `layout`.
+    /// `counters`, `charge`, `stats`, `alloc`, `async`, `groups` or `layout`.
     Bench {
         /// The suite: `cpu-id`, `percpu`, `counters`, `charge`, `stats`,
-        /// `alloc`, `groups` or `layout` (`layout` always runs two threads
-        /// and `stats` one; both ignore `--threads`).
+        /// `alloc`, `async`, `groups` or `layout` (`layout` always runs two
+        /// threads and `stats` one; both ignore `--threads`; for `async` a
+        /// thread count is the runtime's worker threads).
         suite: String,
         /// JSON lines instead of a table.
         #[arg(long)]
@@ -104,7 +105,8 @@ enum Command {
         #[arg(long, default_value = "target/splitcount-report")]
         out: PathBuf,
     },
-    /// A worker process of `bench alloc` (started by the lab itself).
+    /// A worker process of `bench alloc` and `bench async` (started by the
+    /// lab itself).
     #[command(hide = true)]
     AllocWorker,
 }
@@ -234,6 +236,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 "charge" => bench::charge::run(&threads, &plan),
                 "stats" => bench::stats::run(stats_groups(groups)?, &plan),
                 "alloc" => bench::alloc::run(&exe, &threads, &plan),
+                "async" => bench::requests::run(&exe, &threads, &plan),
                 "groups" => bench::groups::run(
                     &threads,
                     &plan,

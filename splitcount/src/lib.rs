@@ -27,6 +27,7 @@
 //! assert_eq!(slot.sum(0), Some(3));
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -38,6 +39,7 @@ pub mod group;
 pub mod percpu;
 pub mod stat;
 pub(crate) mod sync;
+pub mod task;
 
 /// The README's examples, compiled and run as doctests so they stay true.
 #[cfg(doctest)]

@@ -5,26 +5,16 @@
 
 #![cfg(not(loom))]
 
+#[macro_use]
 mod common;
 
 use common::Rng;
 use splitcount::alloc::{take_last_refusal, Accounted};
 use splitcount::charge::Enforcement;
-use splitcount::group::{Group, Hierarchy};
+use splitcount::group::Group;
 use std::alloc::System;
-use std::sync::OnceLock;
 
-#[global_allocator]
-static ALLOC: Accounted<System> = Accounted::new(System);
-
-fn memory() -> &'static Hierarchy {
-    static H: OnceLock<Hierarchy> = OnceLock::new();
-    H.get_or_init(|| {
-        let h = Hierarchy::default();
-        ALLOC.attach(&h).unwrap();
-        h
-    })
-}
+accounted_heap!();
 
 fn fresh(name: &str) -> Group {
     memory().root().child(name).unwrap()
@@ -377,7 +367,10 @@ fn forked_children_start_with_usable_stocks() {
             let (g, stop) = (g.clone(), stop.clone());
             std::thread::spawn(move || {
                 let mut rng = Rng::new(t + 1);
-                let mut held: Vec<Vec<u8>> = Vec::new();
+                // Room for every block it holds, allocated outside the
+                // group: growing it in the scope at the limit would be a
+                // plain allocation refused (and Rust aborts on that).
+                let mut held: Vec<Vec<u8>> = Vec::with_capacity(8);
                 while !stop.load(Relaxed) {
                     g.scope(|| {
                         let mut v = Vec::new();

@@ -39,3 +39,27 @@ fn consume_and_refill_racing_a_drain_keep_usage_exact() {
         assert_eq!(c.events().underflow, 0);
     });
 }
+
+/// A group's removal retires its counter and then drains the stocks, while
+/// another thread returns units of that group through its CPU's stock (a
+/// free that found the group still live). Whatever the interleaving, no
+/// unit stays in a stock after both are done: either the drain takes it,
+/// or the stash sees the counter retired (under the CPU's lock) and hands
+/// it back to be uncharged.
+#[test]
+fn a_stash_racing_a_removal_never_leaves_units_behind() {
+    loom::model(|| {
+        let stock = Arc::new(Stock::new(1, 2, 8).unwrap());
+        let c = UsageCounter::root();
+        c.charge(5);
+        let (s, counter) = (stock.clone(), c.clone());
+        let freer = thread::spawn(move || {
+            let _ = s.stash(0, &counter, 5).uncharge();
+        });
+        c.retire();
+        stock.drain_all(&|x| std::ptr::eq(x, &*c));
+        freer.join().unwrap();
+        assert_eq!(stock.stocked(&c), 0, "units left in a stock");
+        assert_eq!(c.usage(), 0);
+    });
+}

@@ -15,7 +15,7 @@
 //! The README shows the same table: [`readme_table`] generates it, and a
 //! test checks the README holds exactly that.
 
-use crate::bench::{charge, counters, groups, percpu, stats};
+use crate::bench::{charge, counters, groups, percpu, requests, stats};
 use crate::timing::{Figure, Measured};
 use serde::Serialize;
 
@@ -196,6 +196,22 @@ pub const TARGETS: &[Target] = &[
         "json-system",
         1,
         1.10,
+    ),
+    cost(
+        "async: instrument, 1 worker",
+        "async",
+        "instrumented",
+        requests::BASELINE,
+        1,
+        1.05,
+    ),
+    cost(
+        "async: instrument, 2 workers",
+        "async",
+        "instrumented",
+        requests::BASELINE,
+        2,
+        1.05,
     ),
     Target {
         name: "Tree: 2-thread scaling",
@@ -666,6 +682,7 @@ mod tests {
                 .iter()
                 .flat_map(|&w| [case(w, Allocator::System), case(w, Allocator::Accounted)])
                 .collect(),
+            "async" => requests::CASES.iter().map(|c| c.to_string()).collect(),
             "groups" => [
                 groups::CYCLE,
                 groups::NO_ALLOC,

@@ -78,6 +78,7 @@ mod wrapper;
 pub use crate::group::{AllocRefusalHook, OverLimit, Refusal};
 pub use reserve::{drain_thread, MAX_THREAD_RESERVE, RESERVE_BATCH};
 pub use scope::AllocScope;
+pub(crate) use scope::{current, enter_held};
 pub use wrapper::{
     take_last_refusal, Accounted, AttachError, BYTE_BATCH, REPORTING_GRACE,
     REPORTING_GRACE_ALLOCATION,

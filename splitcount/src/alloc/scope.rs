@@ -63,6 +63,27 @@ pub(crate) fn set_grace(bytes: u64) {
     GRACE.with(|g| g.set(bytes));
 }
 
+/// Make `account` current until the guard drops, without touching its
+/// reference count: for a caller that holds a reference of its own for
+/// longer (an instrumented future, per poll). Restores the previous account
+/// also on unwind.
+pub(crate) fn enter_held(account: AccountKey) -> HeldScope {
+    HeldScope {
+        previous: CURRENT.with(|c| c.replace(account.as_ptr())),
+    }
+}
+
+/// See [`enter_held`].
+pub(crate) struct HeldScope {
+    previous: *const u8,
+}
+
+impl Drop for HeldScope {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.set(self.previous));
+    }
+}
+
 /// While alive, the thread's allocations are charged to one group; dropping
 /// it (also during unwinding) restores the previous group. Not `Send`: it
 /// belongs to the thread that entered.
@@ -103,7 +124,7 @@ impl Group {
     /// }
     /// ```
     pub fn enter(&self) -> AllocScope {
-        let account = self.node().account();
+        let account = self.account();
         account.retain(1);
         let previous = CURRENT.with(|c| c.replace(account.as_ptr()));
         AllocScope {

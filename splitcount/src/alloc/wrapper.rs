@@ -141,7 +141,7 @@ impl<A> Accounted<A> {
             })
             .map_err(|_| AttachError::AlreadyAttached)?;
         let attached = Box::into_raw(Box::new(Attached {
-            root: hierarchy.root().node().account(),
+            root: hierarchy.root().account(),
             hierarchy: hierarchy.clone(),
             machine,
         }));

@@ -339,6 +339,13 @@ impl<K: StockKey> Stock<K> {
     }
 
     fn stash_locked(&self, s: &mut Slots<K>, key: &K, n: u64, left: &mut Leftovers<K>) {
+        // Under the lock: a drain that followed `retire` has either passed
+        // this CPU (and released the lock we now hold: we see the flag) or
+        // has yet to come (and will take what we stock).
+        if key.counter().is_retired() {
+            left.push(key.clone(), n);
+            return;
+        }
         let i = match s.find(self.slots, key) {
             Some(i) => i,
             None => {

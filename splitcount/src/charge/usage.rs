@@ -69,6 +69,9 @@ struct Hot {
 struct Limits {
     max: AtomicU64,
     high: AtomicU64,
+    /// Set once by [`UsageCounter::retire`]: stocks no longer hold units
+    /// for this counter.
+    retired: AtomicBool,
 }
 
 /// Slow-path counts and settings, on their own line so they never disturb
@@ -198,6 +201,7 @@ impl UsageCounter {
             limits: CachePadded::new(Limits {
                 max: AtomicU64::new(UNLIMITED),
                 high: AtomicU64::new(UNLIMITED),
+                retired: AtomicBool::new(false),
             }),
             parent,
             events: CachePadded::new(EventCounts::default()),
@@ -232,6 +236,27 @@ impl UsageCounter {
     /// Current usage (stocked units included).
     pub fn usage(&self) -> u64 {
         self.hot.usage.load(Relaxed)
+    }
+
+    /// Mark the counter as going away (its group was removed): from now on
+    /// a [`Stock`](super::Stock) refuses to hold units for it and hands
+    /// them back to be uncharged at once. Call it *before* draining the
+    /// stocks of the counter: a stash racing the drain then either lands
+    /// before the drain reaches its CPU (and is drained) or sees the flag
+    /// under the CPU's lock (and is not stocked) — no unit stays behind,
+    /// charged, until some other counter happens to evict it.
+    pub fn retire(&self) {
+        // Relaxed: the caller's drain that follows takes and releases each
+        // CPU's stock lock after this store; a stash that takes the lock
+        // after that release sees the flag (lock ordering, not this one).
+        self.limits.retired.store(true, Relaxed);
+    }
+
+    /// Whether [`UsageCounter::retire`] was called.
+    pub fn is_retired(&self) -> bool {
+        // Relaxed: read under a stock's lock, which orders it after the
+        // drain that followed the store (see `retire`).
+        self.limits.retired.load(Relaxed)
     }
 
     /// The hard limit ([`UNLIMITED`] when none).

@@ -30,6 +30,7 @@
 //! on one charges the nearest live ancestor's account instead (its reserve
 //! may still hand out the few bytes already charged).
 
+use super::hierarchy::Shared;
 use super::node::Node;
 use crate::charge::{StockKey, UsageCounter};
 use crate::sync::{
@@ -45,6 +46,8 @@ const LIVE: u64 = 1 << 62;
 pub(crate) struct Account {
     counter: crate::sync::Arc<UsageCounter>,
     node: Weak<Node>,
+    /// The hierarchy, to hand out `Group`s (`Group::current`).
+    shared: Weak<Shared>,
     /// The group's parent (none for the root): where charges go once this
     /// group is removed. A strong reference — the parent cannot go while a
     /// child's account lives, and its account lives as long as it does.
@@ -66,10 +69,11 @@ unsafe impl Sync for AccountKey {}
 
 impl Account {
     /// A new account for `node`, holding `LIVE` for it.
-    pub(crate) fn create(node: &Arc<Node>) -> AccountKey {
+    pub(crate) fn create(node: &Arc<Node>, shared: &Arc<Shared>) -> AccountKey {
         let account = Box::new(Account {
             counter: node.usage.clone(),
             node: Arc::downgrade(node),
+            shared: Arc::downgrade(shared),
             parent: node.parent.clone(),
             refs: AtomicU64::new(LIVE),
             removed: AtomicBool::new(false),
@@ -111,6 +115,14 @@ impl AccountKey {
     /// The group, while its node exists.
     pub(crate) fn node(&self) -> Option<Arc<Node>> {
         self.get().node.upgrade()
+    }
+
+    /// A handle on the group, while it and its hierarchy exist.
+    pub(crate) fn group(&self) -> Option<super::Group> {
+        Some(super::Group::new(
+            self.get().shared.upgrade()?,
+            self.node()?,
+        ))
     }
 
     /// Whether the group was removed: new charges go elsewhere.

@@ -32,8 +32,10 @@ impl Group {
         self.node.live()
     }
 
-    pub(crate) fn node(&self) -> &Arc<Node> {
-        &self.node
+    /// The allocator's account of this group (made on first use, with its
+    /// ancestors').
+    pub(crate) fn account(&self) -> super::AccountKey {
+        self.node.account(&self.shared)
     }
 
     /// The group's path, `"/"` for the root.
@@ -69,6 +71,31 @@ impl Group {
     pub fn child(&self, name: &str) -> Result<Group, GroupError> {
         let node = self.shared.create_child(&self.node, name)?;
         Ok(Group::new(self.shared.clone(), node))
+    }
+
+    /// The live child named `name`, created if there is none: the
+    /// get-or-create a server wants for a tenant's group (names are unique
+    /// among live siblings, so racing callers get the same group).
+    ///
+    /// ```
+    /// use splitcount::group::Hierarchy;
+    /// let h = Hierarchy::default();
+    /// let a = h.root().child_or_create("tenant-a").unwrap();
+    /// let again = h.root().child_or_create("tenant-a").unwrap();
+    /// assert_eq!(a, again);
+    /// ```
+    pub fn child_or_create(&self, name: &str) -> Result<Group, GroupError> {
+        loop {
+            match self.child(name) {
+                Err(GroupError::NameTaken { .. }) => {
+                    // Taken a moment ago; gone again if it was removed since.
+                    if let Some(n) = self.node.children().get(name).cloned() {
+                        return Ok(Group::new(self.shared.clone(), n));
+                    }
+                }
+                other => return other,
+            }
+        }
     }
 
     /// The live children, by name.
@@ -473,6 +500,23 @@ impl Group {
             stats: named(&|i| self.node.stats.hier(i)),
             local: named(&|i| self.node.stats.local(i)),
         }
+    }
+}
+
+/// Groups are equal when they are the same group (identity, not contents):
+/// two handles on one group compare equal, two groups with equal numbers do
+/// not.
+impl PartialEq for Group {
+    fn eq(&self, other: &Group) -> bool {
+        Arc::ptr_eq(&self.node, &other.node)
+    }
+}
+
+impl Eq for Group {}
+
+impl std::hash::Hash for Group {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        Arc::as_ptr(&self.node).hash(state);
     }
 }
 

@@ -16,6 +16,7 @@
 
 use super::account::{Account, AccountKey};
 use super::error::OverLimit;
+use super::hierarchy::Shared;
 use super::hooks::Hooks;
 use crate::charge::UsageCounter;
 use crate::stat::StatGroup;
@@ -95,6 +96,8 @@ impl Node {
 
     pub(crate) fn mark_removed(&self) {
         self.removed.store(true, Release);
+        // Before the removal drains the stocks (see `UsageCounter::retire`).
+        self.usage.retire();
         if let Some(account) = self.account.get() {
             account.mark_removed();
         }
@@ -128,17 +131,31 @@ impl Node {
     /// The allocator's account of this group and of every ancestor (made
     /// here, outside the allocator, so that the allocator only ever finds
     /// existing ones).
-    pub(crate) fn account(self: &Arc<Self>) -> AccountKey {
-        if let Some(parent) = &self.parent {
-            parent.account();
+    ///
+    /// One load once it exists; the first time, the missing accounts are
+    /// made from the top down, without recursion (a deep chain must not
+    /// recurse).
+    pub(crate) fn account(self: &Arc<Self>, shared: &Arc<Shared>) -> AccountKey {
+        if let Some(a) = self.account.get() {
+            return *a;
         }
-        *self.account.get_or_init(|| {
-            let a = Account::create(self);
-            if self.is_removed() {
-                a.mark_removed();
+        let mut missing = vec![self.clone()];
+        while let Some(p) = missing.last().and_then(|n| n.parent.clone()) {
+            if p.account.get().is_some() {
+                break;
             }
-            a
-        })
+            missing.push(p);
+        }
+        for n in missing.iter().rev() {
+            n.account.get_or_init(|| {
+                let a = Account::create(n, shared);
+                if n.is_removed() {
+                    a.mark_removed();
+                }
+                a
+            });
+        }
+        *self.account.get().expect("made above")
     }
 
     /// The account, if one was made.

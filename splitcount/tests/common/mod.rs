@@ -3,6 +3,28 @@
 
 #![allow(dead_code, unsafe_code)]
 
+/// Make `Accounted<System>` this test binary's global allocator (`ALLOC`)
+/// and define `memory()`: the hierarchy it is attached to, made on first
+/// use. Use it with `#[macro_use] mod common;`.
+#[allow(unused_macros)]
+macro_rules! accounted_heap {
+    () => {
+        #[global_allocator]
+        static ALLOC: splitcount::alloc::Accounted<std::alloc::System> =
+            splitcount::alloc::Accounted::new(std::alloc::System);
+
+        fn memory() -> &'static splitcount::group::Hierarchy {
+            static H: std::sync::OnceLock<splitcount::group::Hierarchy> =
+                std::sync::OnceLock::new();
+            H.get_or_init(|| {
+                let h = splitcount::group::Hierarchy::default();
+                ALLOC.attach(&h).unwrap();
+                h
+            })
+        }
+    };
+}
+
 /// Pin the calling thread to kernel CPU `cpu`. Returns false where the
 /// system refuses (e.g. the CPU is not in our cpuset).
 pub fn pin_to(cpu: u32) -> bool {

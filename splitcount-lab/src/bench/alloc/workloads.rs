@@ -17,6 +17,7 @@
 //!   wrote: `serde_json` parses a generated 2 MB document into a `Value`
 //!   tree and serializes it back.
 
+use crate::bench::requests::{self, Mode};
 use crate::timing::slice::{self, SliceRun, SliceSpec};
 use crossbeam_utils::CachePadded;
 use serde::{Deserialize, Serialize};
@@ -37,6 +38,11 @@ pub enum Workload {
     CrossThread,
     /// serde_json parse and serialize of a 2 MB document.
     Json,
+    /// `bench async`'s request loop on a tokio runtime (not in [`ALL`]:
+    /// its own suite, [`crate::bench::requests`]).
+    ///
+    /// [`ALL`]: Workload::ALL
+    Requests(Mode),
 }
 
 impl Workload {
@@ -55,6 +61,7 @@ impl Workload {
             Workload::Small => "small",
             Workload::CrossThread => "cross-thread",
             Workload::Json => "json",
+            Workload::Requests(_) => "requests",
         }
     }
 
@@ -62,7 +69,7 @@ impl Workload {
     /// always at 2, `json` at 1, the rings at each.
     pub fn thread_counts(self, threads: &[usize]) -> Vec<usize> {
         match self {
-            Workload::Mixed | Workload::Small => threads.to_vec(),
+            Workload::Mixed | Workload::Small | Workload::Requests(_) => threads.to_vec(),
             Workload::CrossThread => vec![2],
             Workload::Json => vec![1],
         }
@@ -269,7 +276,8 @@ fn json_round_trip(doc: &str) {
 }
 
 /// Run one slice of `workload` on `threads` threads, thread `t` in
-/// `groups[t]`'s scope. `doc` is the JSON workload's document.
+/// `groups[t]`'s scope (`requests`: its groups under `groups[0]`). `doc`
+/// is the JSON workload's document.
 pub fn run_slice(
     workload: Workload,
     threads: usize,
@@ -277,6 +285,10 @@ pub fn run_slice(
     groups: &[Group],
     doc: &str,
 ) -> Result<SliceRun, String> {
+    if let Workload::Requests(mode) = workload {
+        let parent = groups.first().ok_or("no group for the requests")?;
+        return requests::run_slice(mode, threads, spec, parent);
+    }
     if groups.len() < threads {
         return Err(format!("{} groups for {threads} threads", groups.len()));
     }
@@ -327,6 +339,7 @@ pub fn run_slice(
                 json_round_trip(doc)
             }
         }),
+        Workload::Requests(_) => unreachable!("returned above"),
     })
 }
 

@@ -169,6 +169,20 @@ pub const SUITES: &[Suite] = &[
         run: timed::alloc,
     },
     Suite {
+        name: "async",
+        title: "Async: a request loop on tokio, with and without instrument",
+        about: "In the Accounted<System> worker process, 8 client tasks on a tokio \
+                multi-thread runtime (1 or 2 pinned workers, draining their reserve when they \
+                park) each spawn one handler task after another and await it; the handler \
+                formats 16 fields, yields, indexes them in a map, yields and serializes the \
+                map (about 60 allocations held across two awaits). plain (the baseline): \
+                tokio::spawn(handler); instrumented: tokio::spawn(group.instrument(handler)), \
+                a group per client — the wrapper's own cost on top of the allocator's; \
+                per-request: a group per request (child, set_max, instrument, remove). Cells: \
+                CPU time of the workers per request, and × plain in the same round.",
+        run: timed::requests,
+    },
+    Suite {
         name: "groups",
         title: "Groups: a group per request",
         about: "What a group per request costs a server: the cycle child → set_max → a \

@@ -1,5 +1,5 @@
 //! The timed suites (`counters`, `layout`, `charge`, `stats`, `alloc`,
-//! `percpu`, `cpu-id`): each runs its `bench` module (interleaved rounds,
+//! `async`, `groups`, `percpu`, `cpu-id`): each runs its `bench` module (interleaved rounds,
 //! [`crate::timing`]) and shows the records as one table — a row per case,
 //! a column per thread count, each cell the time per operation beside the
 //! median ratio to the suite's baseline and its range over the rounds —
@@ -89,6 +89,29 @@ pub fn alloc(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
         "× System",
         Axis::Linear,
         &bars,
+    )?];
+    Ok(out)
+}
+
+/// `async`: a request loop on a tokio runtime, with and without
+/// `instrument`, in the accounted worker process.
+pub fn requests(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("the lab binary: {e}"))?;
+    let b = counted(progress, || bench::requests::run(&exe, &[1, 2], &s.plan()))?;
+    let mut out = outcome("async", &b, "request")?;
+    out.plots = vec![plots::bar_chart(
+        "async: CPU per request ÷ the plain request loop (median of rounds)",
+        "× plain",
+        Axis::Linear,
+        &time_bars(&b.records)
+            .into_iter()
+            .zip(&b.records)
+            .map(|(mut bar, r)| {
+                bar.label = format!("{} ({}w)", r.case, r.threads);
+                bar.value = r.ratio.unwrap_or(f64::NAN);
+                bar
+            })
+            .collect::<Vec<_>>(),
     )?];
     Ok(out)
 }

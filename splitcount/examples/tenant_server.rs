@@ -1,0 +1,152 @@
+//! A multi-tenant HTTP server with memory limits per tenant and per
+//! request: axum on a tokio multi-thread runtime, `Accounted` as the global
+//! allocator, and [`GroupLayer`] giving every request a group.
+//!
+//! - `GET /work?mib=N` with a header `x-tenant: NAME`: builds N MiB of
+//!   buffers, one MiB at a time with an `.await` between them (the task may
+//!   move between workers), half of them in a sub-task spawned in the
+//!   request's group, and answers with what it built.
+//! - `GET /usage`: every tenant's usage, peak, limit and `max` events.
+//!
+//! Each tenant gets `/tenants/NAME` (64 MiB) on its first request; each
+//! request `/tenants/NAME/req-ID` (16 MiB), removed when it is answered. A
+//! request over its limit is stopped at its next `.await` and answered
+//! `507 Insufficient Storage` with the numbers; other requests — of the same
+//! tenant too — carry on, and the process never aborts. Idle workers return
+//! their allocator reserves when they park.
+//!
+//! Run: `cargo run --release -p splitcount --example tenant_server --features tokio,tower -- --port 3000`
+//! (`--port 0` picks a free port); then e.g.
+//! `curl -H 'x-tenant: acme' 'http://127.0.0.1:3000/work?mib=4'`.
+
+use axum::extract::{Query, State};
+use axum::http::{Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use splitcount::alloc::Accounted;
+use splitcount::group::{Group, Hierarchy, OverLimit};
+use splitcount::task::{drain_on_park, spawn_in_current, GroupLayer};
+use std::alloc::System;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The process's allocator: every allocation charged to the current group.
+#[global_allocator]
+pub static ALLOC: Accounted<System> = Accounted::new(System);
+
+/// A tenant's limit.
+pub const TENANT_MAX: u64 = 64 << 20;
+/// A request's limit.
+pub const REQUEST_MAX: u64 = 16 << 20;
+
+/// The server: routes, with a group per request.
+pub fn app(memory: Hierarchy) -> Router {
+    let tenants = memory
+        .root()
+        .child_or_create("tenants")
+        .expect("a fresh hierarchy");
+    let next = AtomicU64::new(0);
+    let per_request = GroupLayer::new(
+        move |req: &Request<axum::body::Body>| -> Option<Group> {
+            let tenant = req.headers().get("x-tenant")?.to_str().ok()?;
+            let t = tenants.child_or_create(tenant).ok()?;
+            if t.max() == splitcount::charge::UNLIMITED {
+                t.set_max(TENANT_MAX).ok()?;
+            }
+            let id = next.fetch_add(1, Ordering::Relaxed);
+            let g = t.child(&format!("req-{id}")).ok()?;
+            g.set_max(REQUEST_MAX).ok()?;
+            Some(g)
+        },
+        |over: OverLimit| -> Response {
+            (StatusCode::INSUFFICIENT_STORAGE, format!("{over}\n")).into_response()
+        },
+    );
+    Router::new()
+        .route("/work", get(work))
+        .route("/usage", get(usage))
+        .layer(per_request)
+        .with_state(memory)
+}
+
+/// `GET /work?mib=N`: N MiB built a MiB at a time, half in a sub-task.
+async fn work(Query(q): Query<HashMap<String, String>>) -> Response {
+    let mib: usize = match q.get("mib").map(|m| m.parse()) {
+        Some(Ok(m)) if m <= 1024 => m,
+        _ => return (StatusCode::BAD_REQUEST, "mib=N (0..=1024)\n").into_response(),
+    };
+    // Half in a sub-task, charged to this request's group too.
+    let helper = spawn_in_current(build(mib / 2));
+    let mine = build(mib - mib / 2).await;
+    let theirs = match helper.await {
+        Ok(Ok(b)) => b,
+        Ok(Err(over)) => {
+            return (StatusCode::INSUFFICIENT_STORAGE, format!("{over}\n")).into_response()
+        }
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    };
+    format!("built {} MiB\n", (mine + theirs) >> 20).into_response()
+}
+
+/// `mib` buffers of 1 MiB, with an `.await` after each.
+async fn build(mib: usize) -> usize {
+    let mut chunks = Vec::new();
+    for i in 0..mib {
+        chunks.push(vec![i as u8; 1 << 20]);
+        tokio::task::yield_now().await;
+    }
+    chunks.iter().map(Vec::len).sum()
+}
+
+/// `GET /usage`: a line per tenant.
+async fn usage(State(memory): State<Hierarchy>) -> String {
+    let Ok(tenants) = memory.lookup("tenants") else {
+        return String::new();
+    };
+    // Bytes pre-charged in the per-CPU stocks go back to the counters
+    // first, so that the usage is what the tenants' live blocks hold.
+    memory.drain_stocks();
+    tenants
+        .children()
+        .iter()
+        .map(|t| {
+            format!(
+                "{} usage={} peak={} max={} refusals={} requests={}\n",
+                t.name(),
+                t.usage(),
+                t.peak(),
+                t.max(),
+                t.events().max,
+                t.children().len()
+            )
+        })
+        .collect()
+}
+
+/// Serve `app(memory)` on `listener` until the process ends.
+pub async fn serve(listener: tokio::net::TcpListener, memory: Hierarchy) -> std::io::Result<()> {
+    axum::serve(listener, app(memory)).await
+}
+
+#[allow(dead_code)] // the end-to-end test includes this file as a module
+fn main() -> std::io::Result<()> {
+    let port: u16 = std::env::args()
+        .skip_while(|a| a != "--port")
+        .nth(1)
+        .map_or(Ok(3000), |p| p.parse())
+        .map_err(|e| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("--port: {e}"))
+        })?;
+    let memory = Hierarchy::default();
+    ALLOC.attach(&memory).expect("attached once");
+    let runtime = drain_on_park(&mut tokio::runtime::Builder::new_multi_thread())
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+        println!("listening on http://{}", listener.local_addr()?);
+        serve(listener, memory).await
+    })
+}
