@@ -17,6 +17,7 @@ pub mod cpu_id;
 pub mod groups;
 pub mod layout;
 pub mod percpu;
+pub mod recorders;
 pub mod requests;
 pub mod stats;
 pub mod striped;
@@ -28,8 +29,9 @@ use std::time::Duration;
 pub use crate::timing::Entry;
 
 /// The suites of `bench`, in the order the CLI lists them.
-pub const SUITES: [&str; 9] = [
-    "cpu-id", "percpu", "counters", "charge", "stats", "alloc", "async", "groups", "layout",
+pub const SUITES: [&str; 10] = [
+    "cpu-id", "percpu", "counters", "charge", "stats", "alloc", "async", "groups", "metrics",
+    "layout",
 ];
 
 /// One case of a suite at a thread count, over all rounds.

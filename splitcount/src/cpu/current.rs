@@ -36,8 +36,9 @@ use super::rseq;
 pub use super::rseq::RseqOwner;
 
 /// Where the current CPU id comes from. See the module docs for the order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum CpuIdSource {
     /// The rseq area glibc registered for the thread.
     GlibcRseq,
