@@ -136,8 +136,13 @@ impl<A> Accounted<A> {
             machine.current_cpu(),
             take_last_refusal(),
         );
-        let stock = crate::charge::Stock::new(machine.cpus(), MAX_STOCK_SLOTS, BYTE_BATCH)
-            .map_err(AttachError::Stock)?;
+        let make = if machine.is_simulated() {
+            crate::charge::Stock::new
+        } else {
+            crate::charge::Stock::for_host
+        };
+        let stock =
+            make(machine.cpus(), MAX_STOCK_SLOTS, BYTE_BATCH).map_err(AttachError::Stock)?;
         hierarchy
             .shared()
             .bytes
@@ -342,14 +347,16 @@ impl<A> Accounted<A> {
         n: u64,
     ) -> Result<bool, *const UsageCounter> {
         let stock = &st.bytes().stock;
-        let cpu = st.machine.current_cpu();
-        if stock.consume(cpu, &acc, n) == Consumed::Hit {
+        let cpu = || st.machine.current_cpu();
+        if stock.consume_with(cpu, &acc, n) == Consumed::Hit {
             return Ok(false);
         }
         let batch = stock.batch();
         if n < batch {
             if let Ok(crossed) = acc.try_charge(batch) {
-                let _ = stock.stash(cpu, &acc, batch - n).uncharge();
+                if !stock.stash_hit(&acc, batch - n, batch) {
+                    let _ = stock.stash_with(cpu, &acc, batch - n).uncharge();
+                }
                 return Ok(crossed);
             }
         }
@@ -516,8 +523,13 @@ impl<A> Accounted<A> {
             acc.uncharge_bytes(n);
             return;
         }
-        let cpu = st.machine.current_cpu();
-        let _ = st.bytes().stock.stash(cpu, &acc, n).uncharge();
+        let stock = &st.bytes().stock;
+        if stock.stash_hit(&acc, n, stock.batch()) {
+            return;
+        }
+        let _ = stock
+            .stash_with(|| st.machine.current_cpu(), &acc, n)
+            .uncharge();
     }
 }
 

@@ -169,7 +169,7 @@ pub fn rseq_owner() -> RseqOwner {
 /// thread's area is then at this offset from its thread pointer (`fs`), so
 /// a critical section can address it as `fs:[offset + field]` with the
 /// offset kept beside the data (no global load on the hot path).
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
 pub(crate) fn glibc_fs_offset() -> Option<isize> {
     if mode() != GLIBC {
         return None;

@@ -55,6 +55,7 @@
 #![allow(unsafe_code)]
 
 use super::chunk::REGION_BYTES;
+use crate::rseq_section::rseq_section;
 
 const _: () = assert!(REGION_BYTES == 4096, "the critical sections shift by 12");
 const _: () = assert!(
@@ -136,52 +137,6 @@ pub(crate) unsafe fn add_return(
     (cpu, new)
 }
 
-/// The sequence of [`add_return_fs`], with the lines that read the id
-/// (`$id`) spliced in after the arming.
-macro_rules! add_return_fs_asm {
-    ($offset:ident, $slot0:ident, $regions:ident, $delta:ident, $cpu:ident, $new:ident; $($id:literal),+) => {
-        std::arch::asm!(
-            ".pushsection __rseq_cs, \"aw\"",
-            ".balign 32",
-            "20:",
-            ".long 0, 0",
-            ".quad 22f, (23f - 22f), 24f",
-            ".popsection",
-            "21:",
-            "lea {tmp}, [rip + 20b]",
-            "mov qword ptr fs:[{off} + 8], {tmp}",
-            "22:",
-            $($id,)+
-            "cmp {cpu}, {regions}",
-            "jae 25f",
-            "mov {tmp}, {cpu}",
-            "shl {tmp}, 12",
-            "mov {new}, qword ptr [{tmp} + {slot0}]",
-            "add {new}, {delta}",
-            "mov qword ptr [{tmp} + {slot0}], {new}",
-            "23:",
-            // The abort handler out of line, so that the commit falls
-            // through to the disarm.
-            ".pushsection __rseq_failure, \"ax\"",
-            ".byte 0x0f, 0xb9, 0x3d",
-            ".long 0x53053053",
-            "24:",
-            "jmp 21b",
-            ".popsection",
-            "25:",
-            "mov qword ptr fs:[{off} + 8], 0",
-            off = in(reg) $offset,
-            slot0 = in(reg) $slot0,
-            regions = in(reg) $regions,
-            delta = in(reg) $delta,
-            cpu = out(reg) $cpu,
-            new = out(reg) $new,
-            tmp = out(reg) _,
-            options(nostack),
-        )
-    };
-}
-
 /// [`add_return`] for glibc's areas, addressed through the thread pointer:
 /// the area is `fs:[offset]` in every thread, so nothing is loaded to find
 /// it. With `MM_CID = false` the id is `cpu_id` itself, and one comparison
@@ -206,14 +161,50 @@ pub(crate) unsafe fn add_return_fs<const MM_CID: bool>(
     // `slot0 + cpu·4096` for `cpu < regions`, and the area's `rseq_cs`.
     unsafe {
         if MM_CID {
-            add_return_fs_asm!(offset, slot0, regions, delta, cpu, new;
-                "mov {cpu:e}, dword ptr fs:[{off} + 4]",
-                "cmp {cpu:e}, -2",
-                "jae 25f",
-                "mov {cpu:e}, dword ptr fs:[{off} + 24]");
+            rseq_section!(
+                off = offset;
+                body = [
+                    "mov {cpu:e}, dword ptr fs:[{off} + 4]",
+                    "cmp {cpu:e}, -2",
+                    "jae 25f",
+                    "mov {cpu:e}, dword ptr fs:[{off} + 24]",
+                    "cmp {cpu}, {regions}",
+                    "jae 25f",
+                    "mov {tmp}, {cpu}",
+                    "shl {tmp}, 12",
+                    "mov {new}, qword ptr [{tmp} + {slot0}]",
+                    "add {new}, {delta}",
+                    "mov qword ptr [{tmp} + {slot0}], {new}",
+                ];
+                after = [];
+                slot0 = in(reg) slot0,
+                regions = in(reg) regions,
+                delta = in(reg) delta,
+                cpu = out(reg) cpu,
+                new = out(reg) new,
+                options(nostack),
+            );
         } else {
-            add_return_fs_asm!(offset, slot0, regions, delta, cpu, new;
-                "mov {cpu:e}, dword ptr fs:[{off} + 4]");
+            rseq_section!(
+                off = offset;
+                body = [
+                    "mov {cpu:e}, dword ptr fs:[{off} + 4]",
+                    "cmp {cpu}, {regions}",
+                    "jae 25f",
+                    "mov {tmp}, {cpu}",
+                    "shl {tmp}, 12",
+                    "mov {new}, qword ptr [{tmp} + {slot0}]",
+                    "add {new}, {delta}",
+                    "mov qword ptr [{tmp} + {slot0}], {new}",
+                ];
+                after = [];
+                slot0 = in(reg) slot0,
+                regions = in(reg) regions,
+                delta = in(reg) delta,
+                cpu = out(reg) cpu,
+                new = out(reg) new,
+                options(nostack),
+            );
         }
     }
     (cpu, new)
