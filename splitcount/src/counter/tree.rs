@@ -32,10 +32,11 @@
 //! carry in flight is missing from the upper levels, never from `precise()`.
 
 use super::tree_shape::TreeShape;
-use super::{Accuracy, Config, ConfigError, CounterError, Design, Side, SplitCounter, Step};
-use crate::percpu::PerCpu;
+use super::{
+    Accuracy, Config, ConfigError, CounterError, Design, Footprint, Side, SplitCounter, Step,
+};
+use crate::percpu::{Arena, PerCpu, Stripe, StripeKind};
 use crate::sync::{AtomicI64, Ordering::Relaxed};
-use crossbeam_utils::CachePadded;
 
 /// The hierarchical split counter. See the module docs.
 ///
@@ -56,32 +57,79 @@ use crossbeam_utils::CachePadded;
 pub struct Tree {
     /// Level 0: one slot per CPU.
     slots: PerCpu,
-    /// Levels `1..L` (the intermediate ones), one padded item each.
+    /// Levels `1..L` (the intermediate ones): each a stripe, item `i` in
+    /// region `i·2^sₗ` — with the items of other trees that the same CPUs
+    /// write, 8 bytes each (see `percpu/stripe.rs`).
     levels: Box<[Level]>,
-    /// The root, split: one accumulator (on its own line) per child of the
-    /// root, at most [`MAX_ROOT_PARTS`]; `approximate()` sums them.
-    root: Box<[CachePadded<AtomicI64>]>,
+    /// The root, split: one accumulator per child of the root, at most
+    /// [`MAX_ROOT_PARTS`], part `j` in region `j << root_shift` of this
+    /// stripe; `approximate()` sums them.
+    root: Stripe,
+    /// Root accumulators.
+    root_parts: usize,
     /// Position shift from a CPU's position to its root accumulator.
     root_shift: u32,
     /// What could not go on a CPU's slot (`add_on` from elsewhere, a thread
     /// without rseq) and `set()`'s correction: in `precise()` and
-    /// `approximate()` alike.
-    bias: CachePadded<AtomicI64>,
+    /// `approximate()` alike. Region 0 of its stripe.
+    bias: Stripe,
     shape: TreeShape,
 }
 
-/// The most accumulators the root is split into: `approximate()` reads at
-/// most this many lines (and the bias's).
+/// The most root accumulators: `approximate()` reads at most this many
+/// slots (and the bias).
 pub const MAX_ROOT_PARTS: usize = 16;
+
+/// The bias's stripe: region 0 only, in chunks of slots any CPU writes.
+const BIAS_KIND: StripeKind = StripeKind {
+    stride: u32::MAX,
+    order: 2,
+};
 
 struct Level {
     /// `Bₗ − 1`.
     mask: i64,
-    /// Position shift to this level's item.
+    /// Position shift to this level's item (`sₗ`).
     shift: u32,
-    items: Box<[CachePadded<AtomicI64>]>,
+    /// The items: the one of position `pos` is in region
+    /// `(pos >> shift) << shift`.
+    items: Stripe,
 }
 
+/// The stripes of a tree under construction: given back if a later one
+/// cannot be had.
+struct Stripes<'a> {
+    arena: &'a Arena,
+    made: Vec<(Stripe, StripeKind)>,
+}
+
+impl Stripes<'_> {
+    fn take(&mut self, kind: StripeKind) -> Result<Stripe, ConfigError> {
+        let stripe = self.arena.alloc_stripe(kind)?;
+        self.made.push((stripe, kind));
+        Ok(stripe)
+    }
+
+    /// Keep every stripe made (the tree owns them now).
+    fn keep(mut self) {
+        self.made.clear();
+    }
+}
+
+impl Drop for Stripes<'_> {
+    fn drop(&mut self) {
+        for &(stripe, kind) in &self.made {
+            // SAFETY: made by this arena with this kind, not handed to a
+            // tree, freed once.
+            unsafe { self.arena.free_stripe(stripe, kind) };
+        }
+    }
+}
+
+// SAFETY (for every `Stripe::at` in this file): a tree's stripes come from
+// its own arena (`slots.arena()`), which the tree keeps alive, are freed
+// only by its `Drop`, and are read only at regions their kinds use:
+// `(pos >> s) << s` for a position below the CPUs (= the arena's regions).
 impl Tree {
     /// A zero counter on the host: batch 32, fan-outs from the table.
     pub fn new() -> Tree {
@@ -98,31 +146,52 @@ impl Tree {
             &config.arity,
             config.sharing,
         )?;
+        let slots = config.arena_for()?.alloc(1)?;
+        let mut stripes = Stripes {
+            arena: slots.arena(),
+            made: Vec::new(),
+        };
+        let order = shape.order_kind();
         let levels = (1..shape.levels())
-            .map(|l| Level {
-                mask: shape.level_batch(l) as i64 - 1,
-                shift: shape.shift(l),
-                items: (0..shape.items_at(l))
-                    .map(|_| CachePadded::new(AtomicI64::new(0)))
-                    .collect(),
+            .map(|l| {
+                let shift = shape.shift(l);
+                Ok(Level {
+                    mask: shape.level_batch(l) as i64 - 1,
+                    shift,
+                    items: stripes.take(StripeKind {
+                        stride: shift,
+                        order,
+                    })?,
+                })
             })
-            .collect();
+            .collect::<Result<Box<[Level]>, ConfigError>>()?;
         // The root's children are the items of level L − 1 (the slots when
         // L = 1): one accumulator each, grouped by position beyond 16.
         let top = shape.levels().saturating_sub(1);
         let children = shape.items_at(top).max(1);
         let grouping = children.div_ceil(MAX_ROOT_PARTS).next_power_of_two();
         let root_shift = shape.shift(top) + grouping.trailing_zeros();
+        let root = stripes.take(StripeKind {
+            stride: root_shift,
+            order,
+        })?;
+        let bias = stripes.take(BIAS_KIND)?;
+        stripes.keep();
         Ok(Tree {
-            slots: config.arena_for()?.alloc(1)?,
+            slots,
             levels,
-            root: (0..children.div_ceil(grouping))
-                .map(|_| CachePadded::new(AtomicI64::new(0)))
-                .collect(),
+            root,
+            root_parts: children.div_ceil(grouping),
             root_shift,
-            bias: CachePadded::new(AtomicI64::new(0)),
+            bias,
             shape,
         })
+    }
+
+    #[inline(always)]
+    fn bias(&self) -> &AtomicI64 {
+        // SAFETY: see the comment above `impl Tree`.
+        unsafe { self.bias.at(0) }
     }
 
     /// The tree's shape: fan-outs, level batches, items.
@@ -146,7 +215,7 @@ impl Tree {
     /// which both `precise()` and `approximate()` include: exact, and the
     /// bound is unchanged.
     fn add_to_bias(&self, delta: i64) {
-        self.bias.fetch_add(delta, Relaxed);
+        self.bias().fetch_add(delta, Relaxed);
     }
 
     /// Propagate `carry` (a multiple of `B₀`) from CPU `cpu`'s slot upwards.
@@ -160,7 +229,8 @@ impl Tree {
             let keep = carry & level.mask;
             carry = carry.wrapping_sub(keep);
             if keep != 0 {
-                let item = &level.items[pos >> level.shift];
+                // SAFETY: see the comment above `impl Tree`.
+                let item = unsafe { level.items.at((pos >> level.shift) << level.shift) };
                 let new = item.fetch_add(keep, Relaxed).wrapping_add(keep);
                 let old = new.wrapping_sub(keep);
                 carry = carry.wrapping_add((new & !level.mask).wrapping_sub(old & !level.mask));
@@ -169,7 +239,34 @@ impl Tree {
                 return;
             }
         }
-        self.root[pos >> self.root_shift].fetch_add(carry, Relaxed);
+        // SAFETY: see the comment above `impl Tree`.
+        let part = (pos >> self.root_shift) << self.root_shift;
+        // SAFETY: see the comment above `impl Tree`.
+        unsafe { self.root.at(part) }.fetch_add(carry, Relaxed);
+    }
+}
+
+impl Drop for Tree {
+    /// The stripes go back to the arena (zeroed where written).
+    fn drop(&mut self) {
+        let arena = self.slots.arena();
+        let order = self.shape.order_kind();
+        let levels = self.levels.iter().map(|l| {
+            let kind = StripeKind {
+                stride: l.shift,
+                order,
+            };
+            (l.items, kind)
+        });
+        let root = StripeKind {
+            stride: self.root_shift,
+            order,
+        };
+        for (stripe, kind) in levels.chain([(self.root, root), (self.bias, BIAS_KIND)]) {
+            // SAFETY: allocated by this arena with this kind in
+            // `with_config`, freed once, and nothing borrows the tree now.
+            unsafe { arena.free_stripe(stripe, kind) };
+        }
     }
 }
 
@@ -191,6 +288,31 @@ impl std::fmt::Debug for Tree {
 }
 
 impl SplitCounter for Tree {
+    /// Its slot on every CPU (and the arena's overflow copy); 8 bytes per
+    /// intermediate item, root accumulator and the bias, in stripes shared
+    /// with other trees (`percpu/stripe.rs`); its handle and heap.
+    ///
+    /// ```
+    /// use splitcount::counter::{Config, Design, SplitCounter, Tree};
+    /// use splitcount::cpu::Machine;
+    /// let m = Machine::simulated(256, 4).unwrap();
+    /// let t = Tree::with_config(&Config::new(Design::Tree).machine(&m)).unwrap();
+    /// assert!(t.footprint().per_cpu_bytes(256) <= 12.0);
+    /// ```
+    fn footprint(&self) -> Footprint {
+        let items: usize = (1..self.shape.levels())
+            .map(|l| self.shape.items_at(l))
+            .sum();
+        let slot = std::mem::size_of::<i64>();
+        Footprint {
+            per_cpu: slot * (self.slots.cpus() + 1),
+            shared: slot * (items + self.root_parts + 1),
+            heap: std::mem::size_of::<Tree>()
+                + std::mem::size_of::<Level>() * self.levels.len()
+                + self.shape.heap_bytes(),
+        }
+    }
+
     fn design(&self) -> Design {
         Design::Tree
     }
@@ -228,14 +350,15 @@ impl SplitCounter for Tree {
     /// The root's accumulators (at most [`MAX_ROOT_PARTS`] lines) and the
     /// bias.
     fn approximate(&self) -> i64 {
-        self.root.iter().fold(self.bias.load(Relaxed), |sum, part| {
-            sum.wrapping_add(part.load(Relaxed))
+        (0..self.root_parts).fold(self.bias().load(Relaxed), |sum, j| {
+            // SAFETY: see the comment above `impl Tree`.
+            sum.wrapping_add(unsafe { self.root.at(j << self.root_shift) }.load(Relaxed))
         })
     }
 
     fn precise(&self) -> i64 {
         // SAFETY: slot 0 of a one-slot allocation.
-        unsafe { self.slots.sum_unchecked(0) }.wrapping_add(self.bias.load(Relaxed))
+        unsafe { self.slots.sum_unchecked(0) }.wrapping_add(self.bias().load(Relaxed))
     }
 
     /// `(under, 0)`: see [`TreeShape::under`].
@@ -247,7 +370,8 @@ impl SplitCounter for Tree {
     }
 
     fn set(&self, v: i64) {
-        self.bias.fetch_add(v.wrapping_sub(self.precise()), Relaxed);
+        self.bias()
+            .fetch_add(v.wrapping_sub(self.precise()), Relaxed);
     }
 
     /// Top level first, each intermediate item gets `(aₗ − 1)·Bₗ₋₁` from a

@@ -5,6 +5,7 @@
 
 use super::chunk::{Chunk, REGION_SLOTS};
 use super::path::{self, AddPath, ArenaOptions, SlotIndex};
+use super::stripe::{Stripe, StripeAlloc, StripeKind};
 use crate::cpu::{self, Machine};
 use crate::sync::{
     lock, Arc, AtomicI64, Mutex,
@@ -122,6 +123,8 @@ pub struct Arena {
 struct Inner {
     machine: Machine,
     alloc: Mutex<Allocator>,
+    /// Stripes for counters' shared items (see `stripe.rs`).
+    stripes: Mutex<StripeAlloc>,
     /// Per-CPU (or per-concurrency-id) regions, the overflow region excluded.
     regions: usize,
     index: SlotIndex,
@@ -173,6 +176,7 @@ impl Arena {
             inner: Arc::new(Inner {
                 machine: machine.clone(),
                 alloc: Mutex::new(Allocator::default()),
+                stripes: Mutex::new(StripeAlloc::default()),
                 regions,
                 index: options.index,
                 rseq: path::resolve(machine, options),
@@ -303,6 +307,36 @@ impl Arena {
                 NO_FS_OFFSET
             },
         })
+    }
+
+    /// A zeroed stripe of `kind`: one slot at the same index in regions
+    /// `0, 2^s, 2·2^s, …` of a chunk of stripes of that kind, for the shared
+    /// items of a counter (see `stripe.rs`). Freed with
+    /// [`Arena::free_stripe`] (same kind) by its owner, which must keep the
+    /// arena alive while it uses the stripe.
+    pub(crate) fn alloc_stripe(&self, kind: StripeKind) -> Result<Stripe, ArenaError> {
+        let inner = &self.inner;
+        lock(&inner.stripes)
+            .alloc(inner.regions, &inner.machine, kind)
+            .ok_or(ArenaError::OutOfMemory {
+                bytes: (inner.regions + 1).saturating_mul(super::REGION_BYTES),
+            })
+    }
+
+    /// Free a stripe.
+    ///
+    /// # Safety
+    /// `stripe` came from this arena's [`Arena::alloc_stripe`] with `kind`,
+    /// is freed once, and no reference into it remains.
+    pub(crate) unsafe fn free_stripe(&self, stripe: Stripe, kind: StripeKind) {
+        // SAFETY: forwarded.
+        unsafe { lock(&self.inner.stripes).free(self.inner.regions, stripe, kind) }
+    }
+
+    /// Slots that counters' shared items (tree items, root accumulators)
+    /// hold, 8 bytes each: a stripe counts one per region it uses.
+    pub fn stripe_slots_in_use(&self) -> usize {
+        lock(&self.inner.stripes).slots
     }
 
     /// Slots currently allocated (per CPU).

@@ -7,6 +7,7 @@
 
 mod accuracy;
 mod drift;
+mod footprint;
 mod timed;
 mod watchdog;
 
@@ -204,6 +205,16 @@ pub const SUITES: &[Suite] = &[
                 Accounted::reconcile: what the groups account, the headers, glibc's in-use \
                 bytes (mallinfo2) and the resident set, as growth while the set is held.",
         run: drift::run,
+    },
+    Suite {
+        name: "footprint",
+        title: "Footprint: bytes per counter vs CPUs",
+        about: "What one counter of each design takes on simulated machines of 2 to 4096 \
+                CPUs, default batches and fan-outs, computed from its layout: per-CPU slots \
+                (and the arena's overflow copy), shared items in the arena, handle and heap. \
+                tree-padded is the tree with each shared item on a 128-byte line of its own, \
+                as it was laid out before stripes.",
+        run: footprint::run,
     },
     Suite {
         name: "groups",
