@@ -83,3 +83,5 @@ pub use wrapper::{
     take_last_refusal, Accounted, AttachError, BYTE_BATCH, REPORTING_GRACE,
     REPORTING_GRACE_ALLOCATION,
 };
+#[doc(hidden)]
+pub use wrapper::raw_account;
