@@ -26,9 +26,11 @@ thread_local! {
 #[no_mangle]
 pub extern "C" fn splitcount_enter(group: *mut splitcount_group) -> c_int {
     run("splitcount_enter", || {
-        let scope = live(group)?.group.enter();
+        let group = &live(group)?.group;
+        // The thread-local first, then the scope: registering its
+        // destructor may allocate, which is not the group's.
         SCOPES
-            .try_with(|s| s.borrow_mut().push(scope))
+            .try_with(|s| s.borrow_mut().push(group.enter()))
             .map_err(|_| Error::new(SPLITCOUNT_E_STATE, "the thread is exiting"))
     })
 }

@@ -166,24 +166,14 @@ impl Block {
     /// # Safety
     /// The block is live; `size` > 0.
     pub(crate) unsafe fn realloc(self, size: usize) -> *mut c_void {
-        if self.header != HEADER {
-            // An aligned block: realloc need not keep the alignment (nor
-            // does glibc's); a new ordinary block, the bytes copied.
-            // SAFETY: as malloc and free.
-            unsafe {
-                let new = crate::malloc(size);
-                if !new.is_null() {
-                    let n = self.usable().min(size);
-                    std::ptr::copy_nonoverlapping(self.user, new.cast::<u8>(), n);
-                    crate::free(self.user.cast());
-                }
-                return new;
-            }
-        }
         let Some(total) = crate::with_header(size, HEADER) else {
             crate::set_errno(libc::ENOMEM);
             return std::ptr::null_mut();
         };
+        if self.header != HEADER {
+            // SAFETY: live.
+            unsafe { return self.move_to_new_block(total, size) };
+        }
         // SAFETY: live.
         let old = unsafe { self.usable() };
         let account = self.account;
@@ -218,5 +208,34 @@ impl Block {
         }
         // SAFETY: the new block, 16-aligned, with the header's room.
         unsafe { Block::write(base, HEADER, account) }.cast()
+    }
+
+    /// `realloc` of an aligned block: realloc need not keep the alignment
+    /// (glibc's does not), so a new ordinary block of `total` bytes,
+    /// charged to the same account, the bytes copied, the old one freed.
+    ///
+    /// # Safety
+    /// The block is live; `total` is `size` plus [`HEADER`].
+    unsafe fn move_to_new_block(self, total: usize, size: usize) -> *mut c_void {
+        // SAFETY: glibc's allocator.
+        let base = unsafe { libc_heap::malloc(total) };
+        if base.is_null() {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: a live glibc block.
+        if !crate::grow(self.account, unsafe { real_usable(base) } - HEADER) {
+            // SAFETY: ours, never handed out.
+            unsafe { libc_heap::free(base) };
+            crate::set_errno(libc::ENOMEM);
+            return std::ptr::null_mut();
+        }
+        // SAFETY: the new block has `size` bytes after its header, the old
+        // one `usable`; then the old one goes (uncharged) as in `free`.
+        unsafe {
+            let new = Block::write(base, HEADER, self.account);
+            std::ptr::copy_nonoverlapping(self.user, new, self.usable().min(size));
+            crate::free(self.user.cast());
+            new.cast()
+        }
     }
 }
