@@ -107,6 +107,17 @@ pub(crate) fn run(function: &str, body: impl FnOnce() -> Result<()>) -> c_int {
     }
 }
 
+/// The hot-path form of [`run`] for a body that cannot fail but must not
+/// unwind into C: `SPLITCOUNT_OK`, or `SPLITCOUNT_E_PANIC` (with the
+/// message) if it panicked.
+#[inline(always)]
+pub(crate) fn run_infallible(function: &str, body: impl FnOnce()) -> c_int {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(()) => SPLITCOUNT_OK,
+        Err(_) => run(function, || panic!("{function} panicked")),
+    }
+}
+
 /// Store `value` through the out-pointer `out`.
 ///
 /// # Safety

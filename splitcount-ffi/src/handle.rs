@@ -82,6 +82,8 @@ impl<T> Registry<T> {
         }
     }
 
+    #[cold]
+    #[inline(never)]
     fn stale(&self, handle: u64) -> Error {
         Error::new(
             SPLITCOUNT_E_HANDLE,
@@ -97,6 +99,7 @@ impl<T> Registry<T> {
         )
     }
 
+    #[inline(always)]
     fn decode(&self, handle: u64) -> Option<(usize, u32)> {
         let kind = (handle >> 56) as u8;
         let index = (handle & 0xFFFF_FFFF) as usize;
@@ -106,6 +109,7 @@ impl<T> Registry<T> {
         Some((index - 1, ((handle >> 32) as u32) & GENERATION_MASK))
     }
 
+    #[inline(always)]
     fn slot(&self, index: usize) -> Option<&Slot<T>> {
         // Acquire: the chunk's slots were initialized before it was
         // published.
@@ -115,21 +119,28 @@ impl<T> Registry<T> {
     }
 
     /// The object a handle names, if it is live.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn get(&self, handle: u64) -> Result<&T> {
-        let found = self.decode(handle).and_then(|(index, generation)| {
-            let slot = self.slot(index)?;
-            // Acquire: pairs with the Release store that published the
-            // value.
-            let g = slot.generation.load(Ordering::Acquire);
-            if g & 1 == 0 || g & GENERATION_MASK != generation {
-                return None;
-            }
-            // SAFETY: live (checked above); the value is not written until
-            // the handle is released, which must not race with this call.
-            unsafe { (*slot.value.get()).as_ref() }
-        });
-        found.ok_or_else(|| self.stale(handle))
+        match self.find(handle) {
+            Some(v) => Ok(v),
+            None => Err(self.stale(handle)),
+        }
+    }
+
+    /// [`Registry::get`] without the error: for hot paths that build it
+    /// out of line.
+    #[inline(always)]
+    pub(crate) fn find(&self, handle: u64) -> Option<&T> {
+        let (index, generation) = self.decode(handle)?;
+        let slot = self.slot(index)?;
+        // Acquire: pairs with the Release store that published the value.
+        let g = slot.generation.load(Ordering::Acquire);
+        if g & 1 == 0 || g & GENERATION_MASK != generation {
+            return None;
+        }
+        // SAFETY: live (checked above); the value is not written until the
+        // handle is released, which must not race with this call.
+        unsafe { (*slot.value.get()).as_ref() }
     }
 
     /// Store `value` in a free slot and its handle, disguised as a pointer

@@ -244,6 +244,7 @@ fn run(cli: Cli) -> Result<(), String> {
                     bench::groups::SIBLINGS,
                 ),
                 "layout" => bench::layout::run(&plan),
+                "ffi" => bench::ffi::run(&exe, &threads, &plan),
                 other => {
                     return Err(format!(
                         "unknown suite {other:?} (known: {})",

@@ -14,6 +14,7 @@ pub mod bare_rseq;
 pub mod charge;
 pub mod counters;
 pub mod cpu_id;
+pub mod ffi;
 pub mod groups;
 pub mod layout;
 pub mod percpu;
@@ -28,8 +29,8 @@ use std::time::Duration;
 pub use crate::timing::Entry;
 
 /// The suites of `bench`, in the order the CLI lists them.
-pub const SUITES: [&str; 9] = [
-    "cpu-id", "percpu", "counters", "charge", "stats", "alloc", "async", "groups", "layout",
+pub const SUITES: [&str; 10] = [
+    "cpu-id", "percpu", "counters", "charge", "stats", "alloc", "async", "groups", "layout", "ffi",
 ];
 
 /// One case of a suite at a thread count, over all rounds.
