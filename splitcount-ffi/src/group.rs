@@ -8,8 +8,8 @@
 //! live ancestor, whose usage holds the group's) and reads still work.
 
 use crate::error::{
-    put, run, text, Error, Result, SPLITCOUNT_E_BUFFER, SPLITCOUNT_E_INVALID,
-    SPLITCOUNT_E_LIMIT, SPLITCOUNT_E_OVER_LIMIT, SPLITCOUNT_E_REMOVED,
+    put, run, text, Error, Result, SPLITCOUNT_E_BUFFER, SPLITCOUNT_E_INVALID, SPLITCOUNT_E_LIMIT,
+    SPLITCOUNT_E_OVER_LIMIT, SPLITCOUNT_E_REMOVED,
 };
 use crate::handle::{id, Registry};
 use crate::hierarchy::HierarchyEntry;
@@ -275,7 +275,10 @@ pub extern "C" fn splitcount_group_set_enforcement(
 ///
 /// Thread-safe.
 #[no_mangle]
-pub extern "C" fn splitcount_group_set_ceiling(group: *mut splitcount_group, ceiling: u64) -> c_int {
+pub extern "C" fn splitcount_group_set_ceiling(
+    group: *mut splitcount_group,
+    ceiling: u64,
+) -> c_int {
     run("splitcount_group_set_ceiling", || {
         live(group)?.group.set_ceiling(ceiling);
         Ok(())
@@ -289,7 +292,10 @@ pub extern "C" fn splitcount_group_set_ceiling(group: *mut splitcount_group, cei
 /// # Safety
 /// `out` is valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn splitcount_group_max(group: *mut splitcount_group, out: *mut u64) -> c_int {
+pub unsafe extern "C" fn splitcount_group_max(
+    group: *mut splitcount_group,
+    out: *mut u64,
+) -> c_int {
     // SAFETY: the caller's contract.
     unsafe { read("splitcount_group_max", group, out, Group::max) }
 }

@@ -198,9 +198,11 @@ impl<T> Registry<T> {
         let g = slot.generation.load(Ordering::Relaxed).wrapping_add(1);
         // Release: publishes the value to lookups.
         slot.generation.store(g, Ordering::Release);
-        Ok(((self.kind as u64) << 56)
-            | (((g & GENERATION_MASK) as u64) << 32)
-            | (index as u64 + 1))
+        Ok(
+            ((self.kind as u64) << 56)
+                | (((g & GENERATION_MASK) as u64) << 32)
+                | (index as u64 + 1),
+        )
     }
 
     /// Release a handle: its object, or the stale-handle error (a second

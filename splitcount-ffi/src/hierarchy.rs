@@ -2,8 +2,7 @@
 //! draining the stocks.
 
 use crate::error::{
-    put, run, text, Error, Result, SPLITCOUNT_E_INVALID, SPLITCOUNT_E_NOT_FOUND,
-    SPLITCOUNT_E_NULL,
+    put, run, text, Error, Result, SPLITCOUNT_E_INVALID, SPLITCOUNT_E_NOT_FOUND, SPLITCOUNT_E_NULL,
 };
 use crate::group::{GroupEntry, GROUPS};
 use crate::handle::{id, Registry};

@@ -39,7 +39,9 @@ fn preload() -> Result<&'static (Hierarchy, Group), Error> {
 /// # Safety
 /// `out` is valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn splitcount_preload_hierarchy(out: *mut *mut splitcount_hierarchy) -> c_int {
+pub unsafe extern "C" fn splitcount_preload_hierarchy(
+    out: *mut *mut splitcount_hierarchy,
+) -> c_int {
     run("splitcount_preload_hierarchy", || {
         let (h, _) = preload()?;
         // SAFETY: the caller's contract.

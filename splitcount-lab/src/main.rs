@@ -35,10 +35,11 @@ enum Command {
         json: bool,
     },
     /// Run a benchmark suite in interleaved rounds: `cpu-id`, `percpu`,
-    /// `counters`, `charge`, `stats`, `alloc`, `async`, `groups` or `layout`.
+    /// `counters`, `charge`, `stats`, `alloc`, `async`, `groups`, `layout` or
+    /// `ffi`.
     Bench {
         /// The suite: `cpu-id`, `percpu`, `counters`, `charge`, `stats`,
-        /// `alloc`, `async`, `groups` or `layout` (`layout` always runs two
+        /// `alloc`, `async`, `groups`, `layout` or `ffi` (`layout` always runs two
         /// threads and `stats` one; both ignore `--threads`; for `async` a
         /// thread count is the runtime's worker threads).
         suite: String,

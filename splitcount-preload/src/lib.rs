@@ -31,7 +31,7 @@
 //!
 //! How a block is recognized as ours (and one glibc made without us as
 //! not), why the first allocations of a process and of a thread are safe,
-//! and what `fork` does: see `IMPLEMENTATION.md`, §10, and [`header`].
+//! and what `fork` does: see `IMPLEMENTATION.md`, §10, and `src/header.rs`.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -161,15 +161,22 @@ fn setup() -> Result<(), String> {
     Ok(())
 }
 
-/// Charge a new block of `usable` bytes to the thread's group; the account
-/// for its header (null: unaccounted), `Err` if a limit refused it.
+/// Whether this allocation is to be accounted: the accounting is ready,
+/// and this thread is not running it.
 #[inline]
-fn charge(usable: usize) -> Result<*const u8, ()> {
-    if !ready() || BUSY.with(|b| b.get()) {
-        return Ok(std::ptr::null());
-    }
+fn accounting() -> bool {
+    ready() && !BUSY.with(|b| b.get())
+}
+
+/// Charge a new block of `usable` bytes to the thread's group (when
+/// [`accounting`]); the account for its header (null: unaccounted), `None`
+/// if a limit refused it.
+#[inline]
+fn charge(usable: usize) -> Option<*const u8> {
     let fallback = DEFAULT_ACCOUNT.load(Ordering::Relaxed);
-    busy(|| ACCOUNTED.charge_raw(usable as u64, fallback))
+    // SAFETY: the fallback is `/preload`'s account, whose group `PRELOAD`
+    // holds for the life of the process.
+    busy(|| unsafe { ACCOUNTED.charge_raw(usable as u64, fallback) })
 }
 
 /// Uncharge `n` bytes of a block charged to `account`.
@@ -208,12 +215,12 @@ unsafe fn finish(base: *mut u8, header: usize) -> *mut c_void {
     if base.is_null() {
         return std::ptr::null_mut();
     }
-    let account = if ready() && !BUSY.with(|b| b.get()) {
+    let account = if accounting() {
         // SAFETY: a live glibc block.
         let usable = unsafe { real_usable(base) } - header;
         match charge(usable) {
-            Ok(a) => a,
-            Err(()) => {
+            Some(a) => a,
+            None => {
                 // SAFETY: ours, never handed out.
                 unsafe { libc_heap::free(base) };
                 set_errno(libc::ENOMEM);
@@ -252,10 +259,7 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 /// The C contract of `calloc`.
 #[no_mangle]
 pub unsafe extern "C" fn calloc(count: usize, size: usize) -> *mut c_void {
-    let Some(total) = count
-        .checked_mul(size)
-        .and_then(|n| with_header(n, HEADER))
-    else {
+    let Some(total) = count.checked_mul(size).and_then(|n| with_header(n, HEADER)) else {
         set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };

@@ -23,7 +23,11 @@ fn var(name: &std::ffi::CStr) -> Option<String> {
     // NUL-terminated string, copied at once.
     let v = unsafe { libc::getenv(name.as_ptr()) };
     // SAFETY: see above.
-    (!v.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(v) }.to_string_lossy().into_owned())
+    (!v.is_null()).then(|| {
+        unsafe { std::ffi::CStr::from_ptr(v) }
+            .to_string_lossy()
+            .into_owned()
+    })
 }
 
 /// A size in bytes: digits, optionally followed by one of K, M, G, T
@@ -110,7 +114,17 @@ mod tests {
         assert_eq!(parse_bytes("512M"), Ok(512 << 20));
         assert_eq!(parse_bytes("2G"), Ok(2 << 30));
         assert_eq!(parse_bytes("0"), Ok(0));
-        for bad in ["", "M", "-1", "1.5G", " 10", "10 ", "10MB", "0x10", "99999999999999999999"] {
+        for bad in [
+            "",
+            "M",
+            "-1",
+            "1.5G",
+            " 10",
+            "10 ",
+            "10MB",
+            "0x10",
+            "99999999999999999999",
+        ] {
             assert!(parse_bytes(bad).is_err(), "{bad:?}");
         }
         assert!(parse_bytes("16777216T").is_err(), "overflows u64");
@@ -118,7 +132,11 @@ mod tests {
 
     #[test]
     fn bad_values_are_named_and_ignored() {
-        let s = Settings::parse(Some("lots".into()), Some("maybe".into()), Some("yes".into()));
+        let s = Settings::parse(
+            Some("lots".into()),
+            Some("maybe".into()),
+            Some("yes".into()),
+        );
         assert_eq!(s.max, None);
         assert_eq!(s.enforcement, Enforcement::Refuse);
         assert!(!s.report);
@@ -129,7 +147,10 @@ mod tests {
     #[test]
     fn refusal_is_the_default_and_cooperative_is_asked_for() {
         let s = Settings::parse(Some("64M".into()), None, Some("1".into()));
-        assert_eq!((s.max, s.enforcement, s.report), (Some(64 << 20), Enforcement::Refuse, true));
+        assert_eq!(
+            (s.max, s.enforcement, s.report),
+            (Some(64 << 20), Enforcement::Refuse, true)
+        );
         let c = Settings::parse(None, Some("cooperative".into()), None);
         assert_eq!(c.enforcement, Enforcement::Cooperative);
         assert!(c.warnings.is_empty());

@@ -78,7 +78,10 @@ fn the_c_heap_test_passes_under_the_preload() {
         .args(["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o"])
         .arg(&exe)
         .arg(dir.join("tests/c/heap_test.c"))
-        .arg(format!("-I{}", dir.join("../splitcount-ffi/include").display()))
+        .arg(format!(
+            "-I{}",
+            dir.join("../splitcount-ffi/include").display()
+        ))
         .arg(format!("-L{}", deps.display()))
         .arg("-lsplitcount_preload")
         .arg(format!("-Wl,-rpath,{}", deps.display()))
@@ -94,10 +97,7 @@ fn the_c_heap_test_passes_under_the_preload() {
         out.status,
         text(&out.stderr)
     );
-    assert!(
-        stdout.trim_end().ends_with("checks passed"),
-        "{stdout}"
-    );
+    assert!(stdout.trim_end().ends_with("checks passed"), "{stdout}");
     println!("{stdout}");
 }
 
@@ -137,7 +137,15 @@ fn sqlite_max(stdout: &str, label: &str) -> u64 {
     stdout
         .lines()
         .filter(|l| l.starts_with(label))
-        .filter_map(|l| l.split("(max ").nth(1)?.split(')').next()?.trim().parse().ok())
+        .filter_map(|l| {
+            l.split("(max ")
+                .nth(1)?
+                .split(')')
+                .next()?
+                .trim()
+                .parse()
+                .ok()
+        })
         .max()
         .unwrap_or_else(|| panic!("no {label:?} in sqlite's output:\n{stdout}"))
 }
@@ -198,7 +206,10 @@ fn sqlite_is_told_out_of_memory_at_the_limit_and_exits_cleanly() {
     assert_eq!(ours["max"], (8u64 << 20).to_string());
     assert_eq!(ours["enforcement"], "refuse");
     assert!(number(&ours, "events.max") >= 1);
-    assert!(number(&ours, "peak") <= 8 << 20, "a refusing limit is never passed");
+    assert!(
+        number(&ours, "peak") <= 8 << 20,
+        "a refusing limit is never passed"
+    );
 }
 
 #[test]
@@ -228,7 +239,10 @@ except MemoryError:
 ";
     let out = preloaded(
         &program("python3", "python3"),
-        &[("SPLITCOUNT_PRELOAD_MAX", "100M"), ("SPLITCOUNT_PRELOAD_REPORT", "1")],
+        &[
+            ("SPLITCOUNT_PRELOAD_MAX", "100M"),
+            ("SPLITCOUNT_PRELOAD_REPORT", "1"),
+        ],
     )
     .args(["-c", script])
     .output()
@@ -255,5 +269,8 @@ fn a_bad_environment_is_named_and_ignored() {
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("SPLITCOUNT_PRELOAD_MAX=lots"), "{stderr}");
-    assert!(stderr.contains("SPLITCOUNT_PRELOAD_ENFORCE=sometimes"), "{stderr}");
+    assert!(
+        stderr.contains("SPLITCOUNT_PRELOAD_ENFORCE=sometimes"),
+        "{stderr}"
+    );
 }

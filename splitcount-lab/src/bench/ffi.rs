@@ -48,7 +48,10 @@ pub const PRELOAD_SO: &str = "libsplitcount_preload.so";
 
 /// The baseline of a case: `-c` → `-rust`, `-preload` → `-glibc`.
 pub fn baseline_of(case: &str) -> Option<String> {
-    if let Some(op) = case.strip_suffix("-c").or_else(|| case.strip_suffix("-rust")) {
+    if let Some(op) = case
+        .strip_suffix("-c")
+        .or_else(|| case.strip_suffix("-rust"))
+    {
         return Some(format!("{op}-rust"));
     }
     let workload = case.rsplit_once('-')?.0;
@@ -113,10 +116,7 @@ impl Drop for CHandles {
 pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> {
     let tree = Tree::with_config(&Config::new(Design::Tree)).map_err(|e| e.to_string())?;
     let memory = Hierarchy::default();
-    let group = memory
-        .root()
-        .child("bench")
-        .map_err(|e| e.to_string())?;
+    let group = memory.root().child("bench").map_err(|e| e.to_string())?;
     let c = CHandles::new()?;
     // Function pointers the optimizer cannot see through, as a C caller's.
     let add: AddFn = black_box(splitcount_ffi::splitcount_counter_add);
@@ -184,7 +184,10 @@ mod tests {
     #[test]
     fn each_c_case_is_compared_with_rust_and_the_preload_with_glibc() {
         assert_eq!(baseline_of("counter-add-c").unwrap(), "counter-add-rust");
-        assert_eq!(baseline_of("group-charge-rust").unwrap(), "group-charge-rust");
+        assert_eq!(
+            baseline_of("group-charge-rust").unwrap(),
+            "group-charge-rust"
+        );
         assert_eq!(baseline_of("mixed-preload").unwrap(), "mixed-glibc");
     }
 }

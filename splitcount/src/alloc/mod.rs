@@ -79,9 +79,9 @@ pub use crate::group::{AllocRefusalHook, OverLimit, Refusal};
 pub use reserve::{drain_thread, MAX_THREAD_RESERVE, RESERVE_BATCH};
 pub use scope::AllocScope;
 pub(crate) use scope::{current, enter_held};
+#[doc(hidden)]
+pub use wrapper::raw_account;
 pub use wrapper::{
     take_last_refusal, Accounted, AttachError, BYTE_BATCH, REPORTING_GRACE,
     REPORTING_GRACE_ALLOCATION,
 };
-#[doc(hidden)]
-pub use wrapper::raw_account;

@@ -23,26 +23,30 @@ pub fn raw_account(group: &Group) -> *const u8 {
 impl<A> Accounted<A> {
     /// Charge `n` bytes as an allocation would: to the thread's current
     /// account, or to `fallback` (from [`raw_account`], null for the root)
-    /// when the thread entered no group. `Ok` with the account to store in
+    /// when the thread entered no group. `Some` with the account to store in
     /// the block's header (null: nothing was charged — not attached, inside
-    /// a hook, or in the reporting grace), `Err` when refused.
+    /// a hook, or in the reporting grace), `None` when refused.
+    ///
+    /// # Safety
+    /// `fallback` is null or from [`raw_account`] of a group that a handle
+    /// still holds.
     #[doc(hidden)]
     #[inline]
-    pub fn charge_raw(&self, n: u64, fallback: *const u8) -> Result<*const u8, ()> {
+    pub unsafe fn charge_raw(&self, n: u64, fallback: *const u8) -> Option<*const u8> {
         let Some(st) = self.attached() else {
-            return Ok(std::ptr::null());
+            return Some(std::ptr::null());
         };
         if in_hook() {
-            return Ok(std::ptr::null());
+            return Some(std::ptr::null());
         }
-        // SAFETY: the caller's fallback is an account kept alive by a
-        // handle on its group.
+        // SAFETY: the caller's contract: kept alive by a handle.
         let fallback = unsafe { AccountKey::from_ptr(fallback) };
         let acc = current().or(fallback).unwrap_or(st.root);
         if RESERVE.try_with(|r| r.take(acc, n)) == Ok(true) {
-            return Ok(acc.as_ptr());
+            return Some(acc.as_ptr());
         }
         self.charge_slow(st, acc, n, true)
+            .ok()
             .map(|a| a.map_or(std::ptr::null(), AccountKey::as_ptr))
     }
 
