@@ -77,6 +77,14 @@ static void counters(void) {
         SPLITCOUNT_E_HANDLE);
   FAILS(splitcount_counter_add((splitcount_counter *)UINTPTR_MAX, 1),
         SPLITCOUNT_E_HANDLE);
+  /* A stale handle whose slot now holds another counter. */
+  splitcount_counter *again = NULL;
+  OK(splitcount_counter_create(SPLITCOUNT_DESIGN_ATOMIC, 0, &again));
+  CHECK(((uintptr_t)again & 0xFFFFFFFF) == ((uintptr_t)c & 0xFFFFFFFF));
+  FAILS(splitcount_counter_add(c, 1), SPLITCOUNT_E_HANDLE);
+  FAILS(splitcount_counter_destroy(c), SPLITCOUNT_E_HANDLE);
+  OK(splitcount_counter_add(again, 1));
+  OK(splitcount_counter_destroy(again));
 }
 
 struct adder {
