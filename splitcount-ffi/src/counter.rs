@@ -68,6 +68,20 @@ fn counter(c: *mut splitcount_counter) -> Result<&'static Counter> {
     COUNTERS.get(id(c))
 }
 
+/// Read a value of a counter into `*out`.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+unsafe fn read(
+    function: &str,
+    c: *mut splitcount_counter,
+    out: *mut i64,
+    f: impl FnOnce(&dyn SplitCounter) -> i64,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    run(function, || unsafe { put(out, f(counter(c)?.get())) })
+}
+
 fn invalid(e: impl std::fmt::Display) -> Error {
     Error::new(SPLITCOUNT_E_INVALID, e.to_string())
 }
@@ -157,9 +171,11 @@ pub unsafe extern "C" fn splitcount_counter_approximate(
     out: *mut i64,
 ) -> c_int {
     // SAFETY: the caller's contract.
-    run("splitcount_counter_approximate", || unsafe {
-        put(out, self::counter(counter)?.get().approximate())
-    })
+    unsafe {
+        read("splitcount_counter_approximate", counter, out, |c| {
+            c.approximate()
+        })
+    }
 }
 
 /// The exact value in `*out`: sums every CPU's part (O(CPUs)); every add
@@ -175,9 +191,7 @@ pub unsafe extern "C" fn splitcount_counter_precise(
     out: *mut i64,
 ) -> c_int {
     // SAFETY: the caller's contract.
-    run("splitcount_counter_precise", || unsafe {
-        put(out, self::counter(counter)?.get().precise())
-    })
+    unsafe { read("splitcount_counter_precise", counter, out, |c| c.precise()) }
 }
 
 /// The accuracy bounds: with no add in flight, `precise − *under ≤

@@ -111,6 +111,26 @@ unsafe fn read(
     run(function, || unsafe { put(out, f(&any(g)?.group)) })
 }
 
+/// Read stat item `item` of a group (removed or not) into `*out`.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+unsafe fn read_stat(
+    function: &str,
+    g: *mut splitcount_group,
+    item: u32,
+    out: *mut i64,
+    f: impl FnOnce(&Group, StatId) -> std::result::Result<i64, splitcount::stat::StatError>,
+) -> c_int {
+    run(function, || {
+        let entry = any(g)?;
+        let v = f(&entry.group, entry.stat(item)?)
+            .map_err(|e| Error::new(SPLITCOUNT_E_INVALID, e.to_string()))?;
+        // SAFETY: the caller's contract.
+        unsafe { put(out, v) }
+    })
+}
+
 /// Create a child named `name` (not empty, no '/', at most 255 bytes,
 /// unique among live siblings) of a live group; its handle in `*out`.
 ///
@@ -485,15 +505,8 @@ pub unsafe extern "C" fn splitcount_group_stat(
     item: u32,
     out: *mut i64,
 ) -> c_int {
-    run("splitcount_group_stat", || {
-        let g = any(group)?;
-        let v = g
-            .group
-            .stat(g.stat(item)?)
-            .map_err(|e| Error::new(SPLITCOUNT_E_INVALID, e.to_string()))?;
-        // SAFETY: the caller's contract.
-        unsafe { put(out, v) }
-    })
+    // SAFETY: the caller's contract.
+    unsafe { read_stat("splitcount_group_stat", group, item, out, Group::stat) }
 }
 
 /// The group's own value of stat item `item` (without its children) in
@@ -509,15 +522,16 @@ pub unsafe extern "C" fn splitcount_group_stat_local(
     item: u32,
     out: *mut i64,
 ) -> c_int {
-    run("splitcount_group_stat_local", || {
-        let g = any(group)?;
-        let v = g
-            .group
-            .stat_local(g.stat(item)?)
-            .map_err(|e| Error::new(SPLITCOUNT_E_INVALID, e.to_string()))?;
-        // SAFETY: the caller's contract.
-        unsafe { put(out, v) }
-    })
+    // SAFETY: the caller's contract.
+    unsafe {
+        read_stat(
+            "splitcount_group_stat_local",
+            group,
+            item,
+            out,
+            Group::stat_local,
+        )
+    }
 }
 
 /// Flush the group's subtree's statistics if `force` or if enough changed;

@@ -82,6 +82,10 @@ fn the_c_heap_test_passes_under_the_preload() {
             "-I{}",
             dir.join("../splitcount-ffi/include").display()
         ))
+        .arg(format!(
+            "-I{}",
+            dir.join("../splitcount-ffi/tests/c").display()
+        ))
         .arg(format!("-L{}", deps.display()))
         .arg("-lsplitcount_preload")
         .arg(format!("-Wl,-rpath,{}", deps.display()))

@@ -2,28 +2,11 @@
  * destroyed, released, removed, of another kind, made up) that must give
  * an error code and never a crash. Exits 0 and prints "api_test: N checks
  * passed" when every check holds. */
-#include "splitcount.h"
+#include "check.h"
 
 #include <pthread.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-
-static int checks;
-
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    checks++;                                                                  \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__,   \
-              __LINE__, #cond, splitcount_last_error());                       \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
-
-#define OK(call) CHECK((call) == SPLITCOUNT_OK)
-#define FAILS(call, code) CHECK((call) == (code))
 
 static void counters(void) {
   splitcount_counter *c = NULL;

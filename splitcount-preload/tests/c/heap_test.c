@@ -6,34 +6,19 @@
  * cross-thread frees, fork while other threads allocate. Prints
  * "heap_test: N checks passed" and exits 0. */
 #define _GNU_SOURCE
-#include "splitcount.h"
+#include "check.h"
 
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 extern void *__libc_malloc(size_t);
 extern void *__libc_memalign(size_t, size_t);
-
-static int checks;
-
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    checks++;                                                                  \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__,   \
-              __LINE__, #cond, splitcount_last_error());                       \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
-#define OK(call) CHECK((call) == SPLITCOUNT_OK)
 
 static splitcount_hierarchy *h;
 static splitcount_group *preload_group;
@@ -119,11 +104,17 @@ static void usage_tracks_the_blocks_held(void) {
   OK(splitcount_group_remove(g));
 }
 
-static void refusal_returns_null_with_enomem(void) {
-  splitcount_group *g = child("refuse");
+/* A child of /preload with a limit of 1 MiB, entered. */
+static splitcount_group *enter_limited(const char *name, uint32_t enforcement) {
+  splitcount_group *g = child(name);
   OK(splitcount_group_set_max(g, 1 << 20));
-  OK(splitcount_group_set_enforcement(g, SPLITCOUNT_ENFORCE_REFUSE));
+  OK(splitcount_group_set_enforcement(g, enforcement));
   OK(splitcount_enter(g));
+  return g;
+}
+
+static void refusal_returns_null_with_enomem(void) {
+  splitcount_group *g = enter_limited("refuse", SPLITCOUNT_ENFORCE_REFUSE);
   char *small = malloc(100000);
   errno = 0;
   char *big = malloc(2 << 20);
@@ -150,10 +141,7 @@ static void refusal_returns_null_with_enomem(void) {
 }
 
 static void cooperative_limits_let_it_through_and_say_so(void) {
-  splitcount_group *g = child("cooperative");
-  OK(splitcount_group_set_max(g, 1 << 20));
-  OK(splitcount_group_set_enforcement(g, SPLITCOUNT_ENFORCE_COOPERATIVE));
-  OK(splitcount_enter(g));
+  splitcount_group *g = enter_limited("cooperative", SPLITCOUNT_ENFORCE_COOPERATIVE);
   char *big = malloc(3 << 20);
   OK(splitcount_leave());
   CHECK(big != NULL);

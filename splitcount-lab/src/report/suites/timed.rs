@@ -75,13 +75,9 @@ pub fn alloc(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
         .records
         .iter()
         .filter(|r| r.case.ends_with("-accounted"))
-        .map(|r| Bar {
-            label: format!("{} ({}t)", r.case.trim_end_matches("-accounted"), r.threads),
-            value: r.ratio.unwrap_or(f64::NAN),
-            note: r
-                .ratio
-                .map_or_else(String::new, |x| format!("×{}", ratio(x))),
-            color_of: r.case.clone(),
+        .map(|r| {
+            let label = format!("{} ({}t)", r.case.trim_end_matches("-accounted"), r.threads);
+            ratio_bar(r, label)
         })
         .collect();
     out.plots = vec![plots::bar_chart(
@@ -104,14 +100,7 @@ pub fn ffi(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
         .records
         .iter()
         .filter(|r| r.baseline.as_deref() != Some(&r.case))
-        .map(|r| Bar {
-            label: r.case.clone(),
-            value: r.ratio.unwrap_or(f64::NAN),
-            note: r
-                .ratio
-                .map_or_else(String::new, |x| format!("×{}", ratio(x))),
-            color_of: r.case.clone(),
-        })
+        .map(|r| ratio_bar(r, r.case.clone()))
         .collect();
     out.plots = vec![plots::bar_chart(
         "ffi: a C call ÷ the same from Rust; the preload's malloc+free ÷ glibc's",
@@ -120,6 +109,18 @@ pub fn ffi(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
         &bars,
     )?];
     Ok(out)
+}
+
+/// A bar of a record's ratio to its baseline, labelled `label`.
+fn ratio_bar(r: &Record, label: String) -> Bar {
+    Bar {
+        label,
+        value: r.ratio.unwrap_or(f64::NAN),
+        note: r
+            .ratio
+            .map_or_else(String::new, |x| format!("×{}", ratio(x))),
+        color_of: r.case.clone(),
+    }
 }
 
 /// `async`: a request loop on a tokio runtime, with and without
