@@ -87,6 +87,7 @@ thread_local! {
 }
 
 /// Run `f` with this thread's allocations unaccounted.
+#[inline(always)]
 fn busy<R>(f: impl FnOnce() -> R) -> R {
     let was = BUSY.with(|b| b.replace(true));
     let r = f();

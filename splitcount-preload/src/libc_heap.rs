@@ -1,6 +1,6 @@
 //! glibc's own allocator, reached without going through the interposed
 //! symbols: its `__libc_*` entry points (exported for exactly this), and
-//! `malloc_usable_size` found with `dlsym(RTLD_NEXT)`.
+//! the usable size of its blocks (see [`real_usable`]).
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::c_void;
@@ -54,20 +54,62 @@ pub(crate) unsafe fn memalign(align: usize, size: usize) -> *mut u8 {
     unsafe { __libc_memalign(align, size) }.cast()
 }
 
-/// glibc's `malloc_usable_size` (0: not looked up yet).
-static REAL_USABLE: AtomicUsize = AtomicUsize::new(0);
+/// How [`real_usable`] asks glibc: not decided yet, from the chunk's size
+/// word, or through glibc's `malloc_usable_size`.
+static USABLE_VIA: AtomicUsize = AtomicUsize::new(UNDECIDED);
+const UNDECIDED: usize = 0;
+const SIZE_WORD: usize = 1;
 
 type UsableFn = unsafe extern "C" fn(*mut c_void) -> usize;
 
-/// Look up glibc's `malloc_usable_size` (the one after ours).
-pub(crate) fn resolve() -> usize {
+/// glibc's `malloc_usable_size` (the one after ours), or 0.
+fn glibc_usable_size() -> usize {
     // SAFETY: a NUL-terminated name; RTLD_NEXT is the object after this
     // one in lookup order (glibc). dlsym may allocate: through us, which
     // is safe at any time.
-    let f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) } as usize;
-    // Relaxed: a function address, the same for every thread.
-    REAL_USABLE.store(f, Ordering::Relaxed);
-    f
+    unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) as usize }
+}
+
+/// What glibc's `malloc_usable_size` computes, read straight from the
+/// chunk's size word (the word before the block; low 3 bits are flags, an
+/// mmapped chunk has two words of overhead, an arena chunk one): glibc's
+/// function also checks for `mcheck` and memory tagging, which costs a
+/// sixth of a `malloc`+`free` pair.
+///
+/// # Safety
+/// `base` is a live block of glibc's.
+#[inline]
+unsafe fn from_size_word(base: *mut u8) -> usize {
+    // SAFETY: a glibc block has its size word just before it.
+    let size = unsafe { base.cast::<usize>().sub(1).read() };
+    (size & !7).saturating_sub(if size & 2 != 0 { 16 } else { 8 })
+}
+
+/// Decide how to ask glibc for usable sizes: from the size word if that
+/// agrees with glibc's `malloc_usable_size` on blocks of every kind (small,
+/// large, mmapped, aligned), else through the function.
+pub(crate) fn resolve() -> usize {
+    let f = glibc_usable_size();
+    let agrees = f != 0 && {
+        // SAFETY: glibc's function on glibc's live blocks, freed after.
+        unsafe {
+            let usable = std::mem::transmute::<usize, UsableFn>(f);
+            [1usize, 24, 100, 1000, 70_000, 300_000, 4 << 20]
+                .iter()
+                .all(|&n| {
+                    let blocks = [malloc(n), memalign(64, n), memalign(4096, n)];
+                    let same = blocks
+                        .iter()
+                        .all(|&b| !b.is_null() && usable(b.cast()) == from_size_word(b));
+                    blocks.iter().for_each(|&b| free(b));
+                    same
+                })
+        }
+    };
+    let via = if agrees { SIZE_WORD } else { f };
+    // Relaxed: the same value for every thread.
+    USABLE_VIA.store(via, Ordering::Relaxed);
+    via
 }
 
 /// What glibc says a block of its own can hold.
@@ -77,21 +119,17 @@ pub(crate) fn resolve() -> usize {
 #[inline]
 pub(crate) unsafe fn real_usable(base: *mut u8) -> usize {
     // Relaxed: see `resolve`.
-    let f = match REAL_USABLE.load(Ordering::Relaxed) {
-        0 => resolve(),
-        f => f,
+    let via = match USABLE_VIA.load(Ordering::Relaxed) {
+        UNDECIDED => resolve(),
+        v => v,
     };
-    if f == 0 {
-        // No dlsym (static linking): glibc's chunk header, read as its
-        // `malloc_usable_size` does — the size word before the block, low
-        // 3 bits flags; an mmapped chunk has two words of overhead.
-        // SAFETY: a glibc block has its size word just before it.
-        let size = unsafe { base.cast::<usize>().sub(1).read() };
-        let chunk = size & !7;
-        return chunk.saturating_sub(if size & 2 != 0 { 16 } else { 8 });
+    if via == SIZE_WORD || via == UNDECIDED {
+        // SAFETY: the caller's contract (UNDECIDED: no dlsym; the size
+        // word is all there is).
+        return unsafe { from_size_word(base) };
     }
-    // SAFETY: `f` is glibc's malloc_usable_size.
-    unsafe { std::mem::transmute::<usize, UsableFn>(f)(base.cast()) }
+    // SAFETY: `via` is glibc's malloc_usable_size.
+    unsafe { std::mem::transmute::<usize, UsableFn>(via)(base.cast()) }
 }
 
 /// glibc's allocator as a Rust `GlobalAlloc`: this library's own memory,
