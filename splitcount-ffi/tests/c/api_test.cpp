@@ -114,8 +114,9 @@ int main() {
   Group last = child(tenants.get(), "last");
   CHECK(splitcount_group_remove(last.release()) == SPLITCOUNT_OK);
 
-  // The hierarchy's destroy releases the group handles still open; their
-  // owners then see SPLITCOUNT_E_HANDLE, which is not a crash.
+  // The group handles are released before the hierarchy is destroyed
+  // (which would release them itself: their owners' releases would then
+  // be SPLITCOUNT_E_HANDLE).
   for (auto &g : groups) g.reset();
   tenants.reset();
   root.reset();
