@@ -69,6 +69,15 @@ pub fn attach(hierarchy: &Hierarchy) -> Result<(), String> {
     ACCOUNTED.attach(hierarchy).map_err(|e| e.to_string())
 }
 
+/// The accounted allocator's reconciliation ([`Accounted::reconcile`]):
+/// `None` unless this process runs on it, attached.
+pub fn reconcile() -> Option<splitcount::alloc::Reconciliation> {
+    if current() != Allocator::Accounted {
+        return None;
+    }
+    ACCOUNTED.reconcile()
+}
+
 #[inline(always)]
 fn mode() -> u8 {
     // Relaxed: the mode is decided once from the environment, the same way

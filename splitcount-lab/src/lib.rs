@@ -4,6 +4,7 @@
 pub mod accuracy;
 pub mod alloc_switch;
 pub mod bench;
+pub mod drift;
 pub mod machine;
 pub mod replay;
 pub mod report;

@@ -35,11 +35,11 @@ enum Command {
         json: bool,
     },
     /// Run a benchmark suite in interleaved rounds: `cpu-id`, `percpu`,
-    /// `counters`, `charge`, `stats`, `alloc`, `async`, `groups`, `layout` or
-    /// `ffi`.
+    /// `counters`, `charge`, `stats`, `alloc`, `async`, `groups`, `metrics`,
+    /// `layout` or `ffi`.
     Bench {
         /// The suite: `cpu-id`, `percpu`, `counters`, `charge`, `stats`,
-        /// `alloc`, `async`, `groups`, `layout` or `ffi` (`layout` always runs two
+        /// `alloc`, `async`, `groups`, `metrics`, `layout` or `ffi` (`layout` always runs two
         /// threads and `stats` one; both ignore `--threads`; for `async` a
         /// thread count is the runtime's worker threads).
         suite: String,
@@ -106,6 +106,18 @@ enum Command {
         #[arg(long, default_value = "target/splitcount-report")]
         out: PathBuf,
     },
+    /// Where the bytes the groups account and the memory the process holds
+    /// part ways: each allocator workload's live set held under
+    /// `Accounted<System>`, reconciled with glibc's figures and the
+    /// resident set.
+    Drift {
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The worker process of `drift` (started by the lab itself).
+    #[command(hide = true)]
+    DriftWorker,
     /// A worker process of `bench alloc` and `bench async` (started by the
     /// lab itself).
     #[command(hide = true)]
@@ -238,6 +250,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 "stats" => bench::stats::run(stats_groups(groups)?, &plan),
                 "alloc" => bench::alloc::run(&exe, &threads, &plan),
                 "async" => bench::requests::run(&exe, &threads, &plan),
+                "metrics" => bench::recorders::run(&threads, &plan),
                 "groups" => bench::groups::run(
                     &threads,
                     &plan,
@@ -299,6 +312,18 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Report { quick, suites, out } => {
             report::run(&report::Options { quick, suites, out })?
         }
+        Command::Drift { json } => {
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let rows = splitcount_lab::drift::run(&exe)?;
+            if json {
+                for r in &rows {
+                    println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
+                }
+            } else {
+                splitcount_lab::drift::print_table(&rows);
+            }
+        }
+        Command::DriftWorker => splitcount_lab::drift::serve(std::io::stdout().lock())?,
         Command::AllocWorker => {
             bench::alloc::worker::serve(std::io::stdin().lock(), std::io::stdout().lock())?
         }

@@ -227,7 +227,7 @@ fn bad_flags_are_refused_with_the_valid_values() {
         &["bench", "nope"],
         &[
             "\"nope\"",
-            "cpu-id, percpu, counters, charge, stats, alloc, async, groups, layout",
+            "cpu-id, percpu, counters, charge, stats, alloc, async, groups, metrics, layout",
         ],
     );
     refused(

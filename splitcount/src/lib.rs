@@ -35,6 +35,7 @@ pub mod alloc;
 pub mod charge;
 pub mod counter;
 pub mod cpu;
+pub mod export;
 pub mod group;
 pub mod percpu;
 pub mod stat;

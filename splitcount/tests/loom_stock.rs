@@ -63,3 +63,33 @@ fn a_stash_racing_a_removal_never_leaves_units_behind() {
         assert_eq!(c.usage(), 0);
     });
 }
+
+/// Two charges take the usage above `high` at once, then two uncharges
+/// bring it back: whatever the interleaving, one crossing each way is
+/// counted (the compare-and-swap on the `high` word elects one reporter).
+#[test]
+fn two_charges_crossing_high_at_once_count_one_crossing() {
+    loom::model(|| {
+        let c = UsageCounter::root();
+        c.set_high(5);
+        let other = c.clone();
+        let t = thread::spawn(move || {
+            other.charge(10);
+        });
+        c.charge(10);
+        t.join().unwrap();
+        assert_eq!(c.events().high, 1, "one crossing up");
+        let other = c.clone();
+        let t = thread::spawn(move || {
+            other.uncharge(10);
+        });
+        c.uncharge(10);
+        t.join().unwrap();
+        c.charge(10);
+        assert_eq!(
+            c.events().high,
+            2,
+            "back under once, so the next crossing counts"
+        );
+    });
+}

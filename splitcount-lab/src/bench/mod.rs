@@ -18,6 +18,7 @@ pub mod ffi;
 pub mod groups;
 pub mod layout;
 pub mod percpu;
+pub mod recorders;
 pub mod requests;
 pub mod stats;
 pub mod striped;
@@ -29,8 +30,9 @@ use std::time::Duration;
 pub use crate::timing::Entry;
 
 /// The suites of `bench`, in the order the CLI lists them.
-pub const SUITES: [&str; 10] = [
-    "cpu-id", "percpu", "counters", "charge", "stats", "alloc", "async", "groups", "layout", "ffi",
+pub const SUITES: [&str; 11] = [
+    "cpu-id", "percpu", "counters", "charge", "stats", "alloc", "async", "groups", "metrics",
+    "layout", "ffi",
 ];
 
 /// One case of a suite at a thread count, over all rounds.

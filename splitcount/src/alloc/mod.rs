@@ -71,14 +71,16 @@
 //! with accounting off. Before `attach`, allocations pass through
 //! unaccounted.
 
+mod reconcile;
 mod reserve;
 mod scope;
 mod wrapper;
 
 pub use crate::group::{AllocRefusalHook, OverLimit, Refusal};
+pub use reconcile::Reconciliation;
 pub use reserve::{drain_thread, MAX_THREAD_RESERVE, RESERVE_BATCH};
 pub use scope::AllocScope;
-pub(crate) use scope::{current, enter_held};
+pub(crate) use scope::{current, enter_held, without_accounting};
 #[doc(hidden)]
 pub use wrapper::raw_account;
 pub use wrapper::{

@@ -18,6 +18,31 @@
 
 use crate::group::AccountKey;
 use std::cell::Cell;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering::Relaxed};
+
+/// Header bytes of the blocks alive (flushed from each thread's
+/// [`HEADERS`] at its slow paths and exit): for [`super::Reconciliation`].
+pub(crate) static HEADER_BYTES: AtomicI64 = AtomicI64::new(0);
+
+/// Threads whose reserve names an account (and may hold bytes).
+pub(crate) static RESERVE_HOLDERS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// Header bytes this thread allocated minus those it freed since its
+    /// last flush into [`HEADER_BYTES`]: a plain add per allocation and per
+    /// free. `const` and without a destructor (the reserve's flushes it at
+    /// thread exit).
+    pub(crate) static HEADERS: Cell<i64> = const { Cell::new(0) };
+}
+
+/// Add this thread's header count to [`HEADER_BYTES`]. Slow paths only.
+pub(crate) fn flush_headers() {
+    let delta = HEADERS.try_with(|h| h.replace(0)).unwrap_or(0);
+    if delta != 0 {
+        // Relaxed: a statistic.
+        HEADER_BYTES.fetch_add(delta, Relaxed);
+    }
+}
 
 /// Bytes a thread's reserve is refilled with.
 pub const RESERVE_BATCH: u64 = 16 << 10;
@@ -54,6 +79,10 @@ impl Reserve {
             let keep = total.min(MAX_THREAD_RESERVE);
             self.bytes.set(keep);
             return (total > keep).then_some((acc, total - keep));
+        }
+        if old.is_null() {
+            // Relaxed: a statistic.
+            RESERVE_HOLDERS.fetch_add(1, Relaxed);
         }
         self.account.set(acc.as_ptr());
         self.bytes.set(refill.min(MAX_THREAD_RESERVE));
@@ -94,6 +123,10 @@ impl Reserve {
     /// Empty the reserve: `(account, bytes)` to be uncharged.
     pub(crate) fn take_all(&self) -> Option<(AccountKey, u64)> {
         let acc = self.account.replace(std::ptr::null());
+        if !acc.is_null() {
+            // Relaxed: a statistic.
+            RESERVE_HOLDERS.fetch_sub(1, Relaxed);
+        }
         let bytes = self.bytes.replace(0);
         if bytes == 0 {
             return None;
@@ -105,6 +138,7 @@ impl Reserve {
 
 impl Drop for Reserve {
     fn drop(&mut self) {
+        flush_headers();
         if let Some((acc, bytes)) = self.take_all() {
             acc.uncharge_bytes(bytes);
         }
@@ -134,6 +168,7 @@ thread_local! {
 /// splitcount::alloc::drain_thread();
 /// ```
 pub fn drain_thread() -> u64 {
+    flush_headers();
     match RESERVE.try_with(|r| r.take_all()) {
         Ok(Some((acc, bytes))) => {
             acc.uncharge_bytes(bytes);

@@ -2,13 +2,18 @@
 
 #![allow(unsafe_code)]
 
-use super::reserve::{drain_thread, RESERVE, RESERVE_BATCH};
+use super::reconcile::Reconciliation;
+use super::reserve::{drain_thread, flush_headers, HEADERS, RESERVE, RESERVE_BATCH};
 use super::scope::{current, in_hook, run_unaccounted, set_grace, take_grace, without_accounting};
+use crate::charge::usage::EPISODE_REFUSED;
 use crate::charge::{
     Consumed, Enforcement, StockError, UsageCounter, MAX_REQUEST, MAX_STOCK_SLOTS, UNLIMITED,
 };
 use crate::cpu::{self, Machine};
-use crate::group::{AccountKey, Bytes, Group, Hierarchy, Node, OverLimit, Refusal};
+use crate::group::{
+    emit_event, AccountKey, Bytes, EventKind, Group, Hierarchy, Node, OverLimit, Refusal, Shared,
+    TOP_CONSUMERS,
+};
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::RefCell;
 use std::fmt;
@@ -176,6 +181,19 @@ impl<A> Accounted<A> {
         self.attached().map_or(0, |st| st.hierarchy.drain_stocks())
     }
 
+    /// Where the bytes the groups account and the memory the process holds
+    /// part ways: the groups' usage, the slack in stocks and reserves, the
+    /// headers, what the inner allocator has in use (glibc's `mallinfo2`)
+    /// and the resident set (see [`Reconciliation`]). Drains this thread's
+    /// reserve first. `None` before `attach`.
+    pub fn reconcile(&self) -> Option<Reconciliation> {
+        let st = self.attached()?;
+        Some(without_accounting(|| {
+            drain_thread();
+            Reconciliation::measure(&st.hierarchy.root())
+        }))
+    }
+
     /// The most that usage can run ahead of live bytes (the allocator's
     /// slack), with `threads` threads allocating: every thread's reserve
     /// full ([`super::MAX_THREAD_RESERVE`]) and every CPU's byte stock full
@@ -220,6 +238,7 @@ impl<A> Accounted<A> {
         n: u64,
         redirect: bool,
     ) -> Result<Option<AccountKey>, ()> {
+        flush_headers();
         // A scope on a removed group charges the nearest live ancestor.
         let mut held: Option<Arc<Node>> = None;
         let acc = if redirect && acc.is_removed() {
@@ -312,7 +331,8 @@ impl<A> Accounted<A> {
                     if acc.force_charge(n) {
                         st.hierarchy.shared().pressure(node, run_unaccounted);
                     }
-                    without_accounting(|| record_breach(node, refuser, n));
+                    let shared = st.hierarchy.shared();
+                    without_accounting(|| record_breach(shared, node, refuser, n));
                     set_grace(0);
                     return Ok(Some(acc));
                 }
@@ -351,11 +371,15 @@ impl<A> Accounted<A> {
             } else {
                 by.max()
             };
+            let refuser = node.as_ref().map(|n| n.find(by));
             let refusal = Refusal {
                 request: n,
                 group,
                 limit,
                 usage: by.usage(),
+                top: refuser
+                    .as_ref()
+                    .map_or_else(Vec::new, |r| r.top(TOP_CONSUMERS)),
             };
             let _ = LAST_REFUSAL.try_with(|r| *r.borrow_mut() = Some(refusal.clone()));
             // The charged group's subscribers first, then its ancestors'.
@@ -374,6 +398,19 @@ impl<A> Accounted<A> {
         });
         if retry && self.charge_bytes(st, acc, n).is_ok() {
             return Ok(Some(acc));
+        }
+        if by.begin_episode(EPISODE_REFUSED) {
+            if let Some(refuser) = acc.node().or_else(|| acc.live_node()).map(|n| n.find(by)) {
+                let shared = st.hierarchy.shared();
+                emit_event(
+                    shared,
+                    &refuser,
+                    EventKind::MaxRefused,
+                    by.usage(),
+                    by.max(),
+                    None,
+                );
+            }
         }
         set_grace(REPORTING_GRACE);
         Err(())
@@ -404,6 +441,7 @@ impl<A> Accounted<A> {
         if n == 0 {
             return;
         }
+        flush_headers();
         if acc.is_removed() {
             acc.uncharge_bytes(n);
             return;
@@ -413,19 +451,29 @@ impl<A> Accounted<A> {
     }
 }
 
-/// Mark the groups from `node` up to `refuser` breached (with accounting
-/// off: this formats paths).
-fn record_breach(node: &Arc<Node>, refuser: &Arc<Node>, n: u64) {
-    let over = OverLimit {
-        charged: node.path.clone(),
-        group: refuser.path.clone(),
-        usage: refuser.usage.usage(),
-        max: refuser.usage.max(),
-        request: n,
+/// Mark the groups from `node` up to `refuser` breached, and tell each
+/// newly breached one's subscribers (with accounting off: this formats
+/// paths). The record is made once, by the first over-charge of a breach;
+/// later ones (until the breach is cleared) only load a flag per group.
+fn record_breach(shared: &Arc<Shared>, node: &Arc<Node>, refuser: &Arc<Node>, n: u64) {
+    let mut over: Option<OverLimit> = None;
+    let mut make = || {
+        over.get_or_insert_with(|| OverLimit {
+            charged: node.path.clone(),
+            group: refuser.path.clone(),
+            usage: refuser.usage.usage(),
+            max: refuser.usage.max(),
+            request: n,
+            top: refuser.top(TOP_CONSUMERS),
+        })
+        .clone()
     };
     let mut g = Some(node.clone());
     while let Some(x) = g {
-        x.record_breach(|| over.clone());
+        if x.record_breach(&mut make) {
+            let (usage, max) = (refuser.usage.usage(), refuser.usage.max());
+            emit_event(shared, &x, EventKind::Breached, usage, max, None);
+        }
         if Arc::ptr_eq(&x, refuser) {
             break;
         }
@@ -480,6 +528,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Accounted<A> {
         let ext = unsafe { extended(layout).unwrap_unchecked() };
         // SAFETY: the block was allocated by `inner` with `ext`.
         unsafe { self.inner.dealloc(ptr.sub(h), ext) };
+        let _ = HEADERS.try_with(|c| c.set(c.get() - h as i64));
         self.uncharge(acc, layout.size() as u64);
     }
 
@@ -551,10 +600,12 @@ impl<A> Accounted<A> {
             self.uncharge(header_value, size);
             return base;
         }
+        let h = header(layout.align());
+        let _ = HEADERS.try_with(|c| c.set(c.get() + h as i64));
         // SAFETY: the block has `header + size` bytes; the user part starts
         // at `base + header`, aligned to `layout.align()`.
         unsafe {
-            let user = base.add(header(layout.align()));
+            let user = base.add(h);
             header_slot(user).write(header_value);
             user
         }

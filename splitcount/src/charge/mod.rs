@@ -10,7 +10,7 @@
 //! is [`crate::group::Group::charge`].
 
 mod stock;
-mod usage;
+pub(crate) mod usage;
 
 pub use stock::{
     Consumed, Leftovers, Stock, StockError, StockKey, MAX_STOCK_BATCH, MAX_STOCK_SLOTS,

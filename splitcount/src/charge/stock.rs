@@ -443,15 +443,21 @@ impl<K: StockKey> Stock<K> {
     /// Units stocked for `counter` on every CPU (waits for each lock; for
     /// tests and reports).
     pub fn stocked(&self, counter: &UsageCounter) -> u64 {
+        self.stocked_where(&|c| std::ptr::eq(c, counter))
+    }
+
+    /// Units stocked for `counter` or any counter below it, on every CPU:
+    /// the part of `counter`'s usage that sits in stocks.
+    pub fn stocked_within(&self, counter: &UsageCounter) -> u64 {
+        self.stocked_where(&|c| c.is_within(counter))
+    }
+
+    fn stocked_where(&self, which: &dyn Fn(&UsageCounter) -> bool) -> u64 {
         (0..self.cpus.len())
             .map(|cpu| {
                 self.cpu(cpu).lock().with(|s| {
                     (0..self.slots)
-                        .filter(|&i| {
-                            s.keys[i]
-                                .as_ref()
-                                .is_some_and(|k| std::ptr::eq(k.counter(), counter))
-                        })
+                        .filter(|&i| s.keys[i].as_ref().is_some_and(|k| which(k.counter())))
                         .map(|i| s.units[i] as u64)
                         .sum::<u64>()
                 })

@@ -45,7 +45,8 @@ use crossbeam_utils::CachePadded;
 use std::fmt;
 
 /// Event counts of one counter, as a snapshot.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Events {
     /// Charges refused at this counter (its `max` was in the way).
     pub max: u64,
@@ -57,6 +58,18 @@ pub struct Events {
     pub oom: u64,
     /// Uncharges of more than the counter held (clamped at zero).
     pub underflow: u64,
+}
+
+impl Events {
+    fn of(slots: &[AtomicU64; 4]) -> Events {
+        let at = |k: Kind| slots[k as usize].load(Relaxed);
+        Events {
+            max: at(Kind::Max),
+            high: at(Kind::High),
+            oom: at(Kind::Oom),
+            underflow: at(Kind::Underflow),
+        }
+    }
 }
 
 /// Write-hot: changed by every charge that reaches the counter.
@@ -77,35 +90,80 @@ struct Limits {
 /// Slow-path counts and settings, on their own line so they never disturb
 /// the others: read on refusals and crossings of `high`, not per charge.
 struct EventCounts {
-    max: AtomicU64,
-    high: AtomicU64,
-    oom: AtomicU64,
-    underflow: AtomicU64,
+    /// This counter's own events, by [`Kind`].
+    local: [AtomicU64; 4],
+    /// Events of this counter and every counter below it (the kernel's
+    /// `memory.events` vs `memory.events.local`).
+    subtree: [AtomicU64; 4],
     /// One `set_max` at a time.
     setting: Mutex<()>,
-    /// Usage is above `high` (since the last crossing upwards, until it
-    /// comes back to or below it).
-    above_high: AtomicBool,
+    /// Bit 0: usage is above `high` (since the last crossing upwards, until
+    /// it comes back to or below it). Bits 1…: the number of the next
+    /// event — one word, so that each crossing takes its number in the same
+    /// compare-and-swap that makes it, and the numbers of crossings
+    /// alternate up and down.
+    high_state: AtomicU64,
     /// A crossing of `high` whose pressure hooks have not run yet.
     pressure_pending: AtomicBool,
     /// What an allocation over this counter's `max` does ([`Enforcement`]).
     enforcement: AtomicU8,
     /// Past this usage even a cooperative over-charge is refused.
     ceiling: AtomicU64,
+    /// Which kinds of limit event ([`EPISODE_OOM`], [`EPISODE_REFUSED`])
+    /// were reported since the usage was last below `max`: each is
+    /// reported once per episode at the limit, not once per refused charge.
+    episode: AtomicU8,
+    /// Nanoseconds charges spent stalled at this counter or below it
+    /// (reclaim hooks, drains, retries, OOM hooks).
+    stall_ns: AtomicU64,
+    /// Told of crossings of `high` (both ways), once the group layer asks.
+    listener: std::sync::OnceLock<Listener>,
 }
+
+/// What a counter tells its listener (see [`UsageCounter::set_listener`]).
+pub(crate) type Listener =
+    Box<dyn Fn(CounterEvent) + Send + Sync + std::panic::RefUnwindSafe + std::panic::UnwindSafe>;
+
+/// A crossing of `high` seen by a counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CounterEvent {
+    /// Upwards (`true`: usage went above `high`) or back to or below it.
+    pub(crate) above: bool,
+    /// The usage that made the crossing.
+    pub(crate) usage: u64,
+    /// `high` when it was crossed.
+    pub(crate) high: u64,
+    /// Its number among the counter's events.
+    pub(crate) seq: u64,
+}
+
+/// Which event an [`EventCounts`] slot counts.
+#[derive(Clone, Copy)]
+enum Kind {
+    Max = 0,
+    High = 1,
+    Oom = 2,
+    Underflow = 3,
+}
+
+/// Episode bit: the charge path reached the OOM stage at this counter.
+pub(crate) const EPISODE_OOM: u8 = 1;
+/// Episode bit: a charge was refused by this counter's `max`.
+pub(crate) const EPISODE_REFUSED: u8 = 2;
 
 impl Default for EventCounts {
     fn default() -> Self {
         EventCounts {
-            max: AtomicU64::new(0),
-            high: AtomicU64::new(0),
-            oom: AtomicU64::new(0),
-            underflow: AtomicU64::new(0),
+            local: Default::default(),
+            subtree: Default::default(),
             setting: Mutex::new(()),
-            above_high: AtomicBool::new(false),
+            high_state: AtomicU64::new(0),
             pressure_pending: AtomicBool::new(false),
             enforcement: AtomicU8::new(Enforcement::Cooperative as u8),
             ceiling: AtomicU64::new(UNLIMITED),
+            episode: AtomicU8::new(0),
+            stall_ns: AtomicU64::new(0),
+            listener: std::sync::OnceLock::new(),
         }
     }
 }
@@ -279,14 +337,24 @@ impl UsageCounter {
         self.hot.watermark.store(self.usage(), Relaxed);
     }
 
-    /// The event counts.
+    /// This counter's own event counts (`memory.events.local`).
     pub fn events(&self) -> Events {
-        let e = &self.events;
-        Events {
-            max: e.max.load(Relaxed),
-            high: e.high.load(Relaxed),
-            oom: e.oom.load(Relaxed),
-            underflow: e.underflow.load(Relaxed),
+        Events::of(&self.events.local)
+    }
+
+    /// Event counts of this counter and every counter below it
+    /// (`memory.events`).
+    pub fn subtree_events(&self) -> Events {
+        Events::of(&self.events.subtree)
+    }
+
+    /// Count an event here (local) and here and at every ancestor
+    /// (subtree). Slow paths only.
+    #[cold]
+    fn count(&self, kind: Kind) {
+        self.events.local[kind as usize].fetch_add(1, Relaxed);
+        for c in self.chain() {
+            c.events.subtree[kind as usize].fetch_add(1, Relaxed);
         }
     }
 
@@ -311,6 +379,79 @@ impl UsageCounter {
         self.events.ceiling.store(ceiling, Relaxed);
     }
 
+    /// Time charges spent stalled here or below: in reclaim hooks, drains,
+    /// retries and OOM hooks after a refusal (the kernel's PSI "some" time,
+    /// summed over charges rather than wall time).
+    pub fn stall(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.events.stall_ns.load(Relaxed))
+    }
+
+    /// Add a stall of `ns` nanoseconds here and at every ancestor.
+    pub(crate) fn add_stall(&self, ns: u64) {
+        for c in self.chain() {
+            c.events.stall_ns.fetch_add(ns, Relaxed);
+        }
+    }
+
+    /// Start reporting an episode at the limit: true the first time `kind`
+    /// ([`EPISODE_OOM`] or [`EPISODE_REFUSED`]) is asked for since the
+    /// usage was last below `max` (an uncharge below it re-arms both).
+    pub(crate) fn begin_episode(&self, kind: u8) -> bool {
+        // Relaxed: a once-per-episode flag that orders nothing.
+        self.events.episode.load(Relaxed) & kind == 0
+            && self.events.episode.fetch_or(kind, Relaxed) & kind == 0
+    }
+
+    /// The next number in this counter's sequence of events.
+    pub(crate) fn next_seq(&self) -> u64 {
+        // Relaxed: a number, ordered by this read-modify-write alone.
+        self.events.high_state.fetch_add(2, Relaxed) >> 1
+    }
+
+    /// Flip the above-`high` bit to `above` if it is not set so; the
+    /// crossing's number, or `None` if another thread made it.
+    fn flip_high(&self, above: bool) -> Option<u64> {
+        let mut s = self.events.high_state.load(Relaxed);
+        loop {
+            if (s & 1 == 1) == above {
+                return None;
+            }
+            let next = ((s >> 1) + 1) << 1 | above as u64;
+            // Relaxed: the word orders nothing else; the CAS elects one
+            // reporter per crossing and numbers it.
+            match self
+                .events
+                .high_state
+                .compare_exchange_weak(s, next, Relaxed, Relaxed)
+            {
+                Ok(_) => return Some(s >> 1),
+                Err(seen) => s = seen,
+            }
+        }
+    }
+
+    fn above_high(&self) -> bool {
+        self.events.high_state.load(Relaxed) & 1 == 1
+    }
+
+    /// Install the listener told of crossings of `high` (once; later calls
+    /// keep the first).
+    pub(crate) fn set_listener(&self, listener: Listener) {
+        let _ = self.events.listener.set(listener);
+    }
+
+    #[cold]
+    fn tell(&self, above: bool, usage: u64, high: u64, seq: u64) {
+        if let Some(l) = self.events.listener.get() {
+            l(CounterEvent {
+                above,
+                usage,
+                high,
+                seq,
+            });
+        }
+    }
+
     /// Whether a crossing of `high` is waiting for its pressure hooks;
     /// clears it (each crossing is delivered once).
     pub(crate) fn take_pressure(&self) -> bool {
@@ -320,7 +461,7 @@ impl UsageCounter {
 
     /// Count an out-of-memory event (the charge path gave up here).
     pub fn record_oom(&self) {
-        self.events.oom.fetch_add(1, Relaxed);
+        self.count(Kind::Oom);
     }
 
     /// Set the soft limit. Crossing it records `high` events; it never
@@ -350,38 +491,56 @@ impl UsageCounter {
     }
 
     /// A charge left this counter at `new`: raise the peak, and if `new`
-    /// crossed `high` (from at or below it), count a `high` event and mark
-    /// the crossing for the pressure hooks. Returns whether it crossed.
+    /// crossed `high` (from at or below it), count a `high` event, mark
+    /// the crossing for the pressure hooks and tell the listener. Returns
+    /// whether it crossed.
     #[inline]
     fn note_usage(&self, new: u64) -> bool {
         if new > self.hot.watermark.load(Relaxed) {
             self.hot.watermark.fetch_max(new, Relaxed);
         }
-        if new > self.limits.high.load(Relaxed) && !self.events.above_high.load(Relaxed) {
-            return self.cross_high();
+        let high = self.limits.high.load(Relaxed);
+        if new > high && !self.above_high() {
+            return self.cross_high(new, high);
         }
         false
     }
 
     #[cold]
-    fn cross_high(&self) -> bool {
-        // Relaxed: a flag that orders nothing; two charges crossing at once
-        // agree through the swap on who counts the crossing.
-        if self.events.above_high.swap(true, Relaxed) {
+    fn cross_high(&self, new: u64, high: u64) -> bool {
+        // Two charges crossing at once agree through the CAS on who counts
+        // the crossing.
+        let Some(seq) = self.flip_high(true) else {
             return false;
-        }
-        self.events.high.fetch_add(1, Relaxed);
+        };
+        self.count(Kind::High);
         self.events.pressure_pending.store(true, Relaxed);
+        self.tell(true, new, high, seq);
         true
     }
 
     /// An uncharge left this counter at `new`: back at or below `high`, the
-    /// next crossing counts again. (A charge and an uncharge racing around
-    /// `high` may count one crossing twice; none is ever missed.)
+    /// next crossing counts again (and the listener hears of the way back);
+    /// below `max`, the next episode at the limit is reported again. (A
+    /// charge and an uncharge racing around `high` may count one crossing
+    /// twice; none is ever missed.)
     #[inline]
     fn note_lower(&self, new: u64) {
-        if self.events.above_high.load(Relaxed) && new <= self.limits.high.load(Relaxed) {
-            self.events.above_high.store(false, Relaxed);
+        if self.above_high() {
+            self.lower_high(new);
+        }
+        if self.events.episode.load(Relaxed) != 0 && new < self.limits.max.load(Relaxed) {
+            self.events.episode.store(0, Relaxed);
+        }
+    }
+
+    #[cold]
+    fn lower_high(&self, new: u64) {
+        let high = self.limits.high.load(Relaxed);
+        if new <= high {
+            if let Some(seq) = self.flip_high(false) {
+                self.tell(false, new, high, seq);
+            }
         }
     }
 
@@ -416,12 +575,12 @@ impl UsageCounter {
 
     /// Count an uncharge of more than this counter held (clamped elsewhere).
     pub(crate) fn record_underflow(&self) {
-        self.events.underflow.fetch_add(1, Relaxed);
+        self.count(Kind::Underflow);
     }
 
     /// Count a refusal at this counter (a `max` event).
     pub(crate) fn record_max(&self) {
-        self.events.max.fetch_add(1, Relaxed);
+        self.count(Kind::Max);
     }
 
     /// [`UsageCounter::try_charge`] without counting the refusal: for the
@@ -506,7 +665,7 @@ impl UsageCounter {
             {
                 Ok(_) => {
                     if take < n {
-                        self.events.underflow.fetch_add(1, Relaxed);
+                        self.count(Kind::Underflow);
                     }
                     self.note_lower(cur - take);
                     return take;

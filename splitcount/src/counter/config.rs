@@ -11,8 +11,9 @@ use std::str::FromStr;
 pub const MAX_BATCH: u64 = 1 << 32;
 
 /// The counter designs. See [`crate::counter`] for what each one is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Design {
     /// One shared atomic.
     Atomic,

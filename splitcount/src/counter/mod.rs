@@ -56,7 +56,7 @@ pub use atomic::Atomic;
 pub use batched::Batched;
 pub use config::{Arity, Config, ConfigError, Design, Sharing, MAX_BATCH};
 pub use pernode::{PerNode, MAX_NODE_SLOTS};
-pub use tree::Tree;
+pub use tree::{Tree, MAX_ROOT_PARTS};
 pub use tree_shape::{fanout_orders_for, TreeShape};
 
 use std::cmp::Ordering;
@@ -64,7 +64,8 @@ use std::fmt;
 
 /// How far a settled counter's `approximate()` may be from `precise()`:
 /// `precise − under ≤ approximate ≤ precise + over`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Accuracy {
     /// How far `approximate()` may lag *below* `precise()`.
     pub under: u64,
@@ -92,7 +93,8 @@ impl Accuracy {
 }
 
 /// The answer of [`SplitCounter::approximate_compare`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum ApproxOrdering {
     /// The precise value is certainly below the argument.
     Less,
@@ -107,8 +109,9 @@ pub enum ApproxOrdering {
 }
 
 /// Which side of its accuracy band a worst-case schedule drives a counter to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Side {
     /// `approximate()` as far *below* `precise()` as the design allows.
     Under,
@@ -117,7 +120,8 @@ pub enum Side {
 }
 
 /// A counter update made "on" a given (simulated) CPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Step {
     /// Dense CPU index.
     pub cpu: usize,

@@ -2,8 +2,10 @@
 //! `percpu_counter_tree`), the default design.
 //!
 //! Level 0 is one slot per CPU in the per-CPU arena; above it, levels of
-//! shared items, each on its own cache line; the top is a single root (see
-//! [`TreeShape`] for the picture). Level `l` has the batch
+//! shared items, each on its own cache line; the top is the root (see
+//! [`TreeShape`] for the picture), split into one accumulator per child
+//! (at most [`MAX_ROOT_PARTS`], each on its own line) so that carries from
+//! different parts of the machine never meet on one line. Level `l` has the batch
 //! `Bₗ = batch · Π fan-outs below l`.
 //!
 //! **The carry rule.** Slots and items are *never reset*. An add changes the
@@ -17,7 +19,8 @@
 //! without touching its cache line. The root takes everything that reaches it.
 //!
 //! Because slots are never reset, `precise() = Σ slots + bias` needs no upper
-//! level, and `approximate() = root + bias` is one cache line. Everything a
+//! level, and `approximate() = Σ root accumulators + bias` reads at most 17
+//! lines. The root holds nothing back, so splitting it changes no bound. Everything a
 //! level holds back is a residue in `[0, Bₗ)`, so the approximate value never
 //! runs above the precise one: accuracy is `(under, 0)` with `under` from
 //! [`TreeShape::under`].
@@ -55,9 +58,21 @@ pub struct Tree {
     slots: PerCpu,
     /// Levels `1..L` (the intermediate ones), one padded item each.
     levels: Box<[Level]>,
-    root: CachePadded<Root>,
+    /// The root, split: one accumulator (on its own line) per child of the
+    /// root, at most [`MAX_ROOT_PARTS`]; `approximate()` sums them.
+    root: Box<[CachePadded<AtomicI64>]>,
+    /// Position shift from a CPU's position to its root accumulator.
+    root_shift: u32,
+    /// What could not go on a CPU's slot (`add_on` from elsewhere, a thread
+    /// without rseq) and `set()`'s correction: in `precise()` and
+    /// `approximate()` alike.
+    bias: CachePadded<AtomicI64>,
     shape: TreeShape,
 }
+
+/// The most accumulators the root is split into: `approximate()` reads at
+/// most this many lines (and the bias's).
+pub const MAX_ROOT_PARTS: usize = 16;
 
 struct Level {
     /// `Bₗ − 1`.
@@ -65,13 +80,6 @@ struct Level {
     /// Position shift to this level's item.
     shift: u32,
     items: Box<[CachePadded<AtomicI64>]>,
-}
-
-/// The approximate value and the bias share one line: `approximate()` reads
-/// one cache line.
-struct Root {
-    value: AtomicI64,
-    bias: AtomicI64,
 }
 
 impl Tree {
@@ -99,13 +107,20 @@ impl Tree {
                     .collect(),
             })
             .collect();
+        // The root's children are the items of level L − 1 (the slots when
+        // L = 1): one accumulator each, grouped by position beyond 16.
+        let top = shape.levels().saturating_sub(1);
+        let children = shape.items_at(top).max(1);
+        let grouping = children.div_ceil(MAX_ROOT_PARTS).next_power_of_two();
+        let root_shift = shape.shift(top) + grouping.trailing_zeros();
         Ok(Tree {
             slots: config.arena_for()?.alloc(1)?,
             levels,
-            root: CachePadded::new(Root {
-                value: AtomicI64::new(0),
-                bias: AtomicI64::new(0),
-            }),
+            root: (0..children.div_ceil(grouping))
+                .map(|_| CachePadded::new(AtomicI64::new(0)))
+                .collect(),
+            root_shift,
+            bias: CachePadded::new(AtomicI64::new(0)),
             shape,
         })
     }
@@ -117,7 +132,7 @@ impl Tree {
 
     /// Carry what CPU `cpu`'s slot crossed when it went from `new − delta`
     /// to `new`.
-    #[inline]
+    #[inline(always)]
     fn after_slot_add(&self, cpu: usize, new: i64, delta: i64) {
         let floor = !(self.shape.batch() as i64 - 1);
         let old = new.wrapping_sub(delta);
@@ -131,10 +146,12 @@ impl Tree {
     /// which both `precise()` and `approximate()` include: exact, and the
     /// bound is unchanged.
     fn add_to_bias(&self, delta: i64) {
-        self.root.bias.fetch_add(delta, Relaxed);
+        self.bias.fetch_add(delta, Relaxed);
     }
 
     /// Propagate `carry` (a multiple of `B₀`) from CPU `cpu`'s slot upwards.
+    /// Out of line: one add in `B₀` on average comes here.
+    #[inline(never)]
     fn carry(&self, cpu: usize, mut carry: i64) {
         let pos = self.shape.item_of(cpu, 0);
         for level in self.levels.iter() {
@@ -152,7 +169,7 @@ impl Tree {
                 return;
             }
         }
-        self.root.value.fetch_add(carry, Relaxed);
+        self.root[pos >> self.root_shift].fetch_add(carry, Relaxed);
     }
 }
 
@@ -208,16 +225,17 @@ impl SplitCounter for Tree {
         Ok(())
     }
 
+    /// The root's accumulators (at most [`MAX_ROOT_PARTS`] lines) and the
+    /// bias.
     fn approximate(&self) -> i64 {
-        self.root
-            .value
-            .load(Relaxed)
-            .wrapping_add(self.root.bias.load(Relaxed))
+        self.root.iter().fold(self.bias.load(Relaxed), |sum, part| {
+            sum.wrapping_add(part.load(Relaxed))
+        })
     }
 
     fn precise(&self) -> i64 {
         // SAFETY: slot 0 of a one-slot allocation.
-        unsafe { self.slots.sum_unchecked(0) }.wrapping_add(self.root.bias.load(Relaxed))
+        unsafe { self.slots.sum_unchecked(0) }.wrapping_add(self.bias.load(Relaxed))
     }
 
     /// `(under, 0)`: see [`TreeShape::under`].
@@ -229,9 +247,7 @@ impl SplitCounter for Tree {
     }
 
     fn set(&self, v: i64) {
-        self.root
-            .bias
-            .fetch_add(v.wrapping_sub(self.precise()), Relaxed);
+        self.bias.fetch_add(v.wrapping_sub(self.precise()), Relaxed);
     }
 
     /// Top level first, each intermediate item gets `(aₗ − 1)·Bₗ₋₁` from a

@@ -36,8 +36,9 @@ use super::rseq;
 pub use super::rseq::RseqOwner;
 
 /// Where the current CPU id comes from. See the module docs for the order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum CpuIdSource {
     /// The rseq area glibc registered for the thread.
     GlibcRseq,
@@ -161,6 +162,21 @@ pub fn rseq_owner() -> RseqOwner {
         GLIBC => RseqOwner::Glibc,
         OWN => RseqOwner::Splitcount,
         _ => RseqOwner::None,
+    }
+}
+
+/// glibc's `__rseq_offset` when glibc's areas are the source: every
+/// thread's area is then at this offset from its thread pointer (`fs`), so
+/// a critical section can address it as `fs:[offset + field]` with the
+/// offset kept beside the data (no global load on the hot path).
+#[cfg(target_os = "linux")]
+pub(crate) fn glibc_fs_offset() -> Option<isize> {
+    if mode() != GLIBC {
+        return None;
+    }
+    match GLIBC_OFFSET.load(Relaxed) {
+        NO_OFFSET => None,
+        offset => Some(offset),
     }
 }
 

@@ -50,8 +50,9 @@ pub(crate) const RSEQ_SIG: u32 = 0x5305_3053;
 const AT_RSEQ_FEATURE_SIZE: libc::c_ulong = 27;
 
 /// Who registered the rseq area this process reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum RseqOwner {
     /// glibc registered it for every thread; we read its area.
     Glibc,

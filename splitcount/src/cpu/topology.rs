@@ -23,8 +23,9 @@ pub const MAX_CPUS: usize = 1 << 20;
 pub const MAX_NODES: usize = 1 << 16;
 
 /// Where a [`Topology`] came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum TopologySource {
     /// Read from sysfs.
     Sysfs,
@@ -35,7 +36,8 @@ pub enum TopologySource {
 }
 
 /// One level of cache and how the CPUs share it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct CacheLevel {
     /// Cache level as the kernel numbers it (1, 2, 3, ...).
     pub level: u32,
@@ -98,7 +100,8 @@ impl From<CpuListError> for TopologyError {
 /// assert_eq!(t.nodes(), 2);
 /// assert_eq!(t.node_of(5), 1);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Topology {
     /// Kernel ids of the possible CPUs, ascending; position = dense index.
     possible: Vec<u32>,
@@ -113,7 +116,7 @@ pub struct Topology {
     /// Cache sharing, one entry per (level, kind).
     caches: Vec<CacheLevel>,
     /// Kernel id -> dense index (`u32::MAX` for an id that is not possible).
-    #[serde(skip)]
+    #[cfg_attr(feature = "serde", serde(skip))]
     dense_of_id: Vec<u32>,
     source: TopologySource,
 }

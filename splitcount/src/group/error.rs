@@ -3,6 +3,40 @@
 
 use std::fmt;
 
+/// How many of the largest consumers an error names ([`ChargeError::top`],
+/// [`OverLimit::top`], [`Refusal::top`]).
+pub const TOP_CONSUMERS: usize = 3;
+
+/// A child group and its usage: one of the largest consumers under a limit
+/// ([`crate::group::Group::top`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Consumer {
+    /// The group's path.
+    pub group: String,
+    /// Its usage (its subtree's, stocked units included).
+    pub usage: u64,
+}
+
+/// `; largest under /tenants: /tenants/a 300, /tenants/b 200` (nothing
+/// without consumers).
+fn write_top(f: &mut fmt::Formatter<'_>, under: &str, top: &[Consumer]) -> fmt::Result {
+    if top.is_empty() {
+        return Ok(());
+    }
+    write!(f, "; largest under {under}:")?;
+    for (i, c) in top.iter().enumerate() {
+        write!(
+            f,
+            "{} {} {}",
+            if i == 0 { "" } else { "," },
+            c.group,
+            c.usage
+        )?;
+    }
+    Ok(())
+}
+
 /// Why a group operation was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GroupError {
@@ -104,16 +138,22 @@ pub struct ChargeError {
     pub usage: u64,
     /// The units requested.
     pub request: u64,
+    /// The largest children of the refusing group, largest first (at most
+    /// [`TOP_CONSUMERS`]; empty for a leaf).
+    pub top: Vec<Consumer>,
 }
 
 impl fmt::Display for ChargeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.kind {
-            ChargeErrorKind::Limit => write!(
-                f,
-                "charge of {} units to {} refused by the limit of {}: limit {}, usage {}, request {}",
-                self.request, self.charged, self.group, self.limit, self.usage, self.request
-            ),
+            ChargeErrorKind::Limit => {
+                write!(
+                    f,
+                    "charge of {} units to {} refused by the limit of {}: limit {}, usage {}, request {}",
+                    self.request, self.charged, self.group, self.limit, self.usage, self.request
+                )?;
+                write_top(f, &self.group, &self.top)
+            }
             ChargeErrorKind::TooLarge => write!(
                 f,
                 "charge of {} units to {} refused: a single request may be at most {} units",
@@ -152,6 +192,9 @@ pub struct OverLimit {
     pub max: u64,
     /// The bytes requested.
     pub request: u64,
+    /// The largest children of the group over its limit, largest first (at
+    /// most [`TOP_CONSUMERS`]; empty for a leaf).
+    pub top: Vec<Consumer>,
 }
 
 impl fmt::Display for OverLimit {
@@ -160,7 +203,8 @@ impl fmt::Display for OverLimit {
             f,
             "{} went over the limit of {}: usage {} of {} after an allocation of {} bytes",
             self.charged, self.group, self.usage, self.max, self.request
-        )
+        )?;
+        write_top(f, &self.group, &self.top)
     }
 }
 
@@ -179,6 +223,9 @@ pub struct Refusal {
     pub limit: u64,
     /// Its usage when it refused.
     pub usage: u64,
+    /// The largest children of the refusing group, largest first (at most
+    /// [`TOP_CONSUMERS`]; empty for a leaf).
+    pub top: Vec<Consumer>,
 }
 
 impl fmt::Display for Refusal {
@@ -187,7 +234,8 @@ impl fmt::Display for Refusal {
             f,
             "allocation of {} bytes refused by {}: limit {}, usage {}",
             self.request, self.group, self.limit, self.usage
-        )
+        )?;
+        write_top(f, &self.group, &self.top)
     }
 }
 

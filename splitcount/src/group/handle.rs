@@ -1,11 +1,15 @@
 //! [`Group`]: a cheap handle on one group, and the charge path.
 
+use super::events::{self, EventHook, EventKind, EventReceiver, GroupEvent};
 use super::hierarchy::Shared;
 use super::hooks::{AllocRefusalHook, Hooks, OomHook, PressureHook, ReclaimHook};
 use super::node::Node;
 use super::reclaim;
-use super::snapshot::{limit, GroupSnapshot, Snapshot};
-use super::{ChargeError, ChargeErrorKind, GroupError, OverLimit, Refusal};
+use super::snapshot::{limit, GroupSnapshot, Snapshot, SnapshotOptions};
+use super::{
+    ChargeError, ChargeErrorKind, Consumer, GroupError, OverLimit, Refusal, TOP_CONSUMERS,
+};
+use crate::charge::usage::EPISODE_REFUSED;
 use crate::charge::{Consumed, Enforcement, Events, UsageCounter, MAX_REQUEST};
 use crate::stat::{StatError, StatId};
 use std::fmt;
@@ -36,6 +40,19 @@ impl Group {
     /// ancestors').
     pub(crate) fn account(&self) -> super::AccountKey {
         self.node.account(&self.shared)
+    }
+
+    /// The stat items of the group's hierarchy.
+    #[cfg_attr(not(feature = "prometheus"), allow(dead_code))]
+    pub(crate) fn stat_items(&self) -> &[crate::stat::StatItem] {
+        self.shared.stats.items()
+    }
+
+    /// Whether the group's hierarchy counts bytes (an allocator is
+    /// attached).
+    #[cfg_attr(not(feature = "prometheus"), allow(dead_code))]
+    pub(crate) fn counts_bytes(&self) -> bool {
+        self.shared.bytes.get().is_some()
     }
 
     /// The group's path, `"/"` for the root.
@@ -138,14 +155,52 @@ impl Group {
         self.node.usage.reset_peak()
     }
 
-    /// Event counts (max refusals at this group, high, oom, underflow).
+    /// This group's own event counts (max refusals at this group, high,
+    /// oom, underflow): the kernel's `memory.events.local`.
     pub fn events(&self) -> Events {
         self.node.usage.events()
     }
 
-    /// Units stocked for this group on all CPUs (takes each CPU's lock).
+    /// Event counts of this group and every group below it: the kernel's
+    /// `memory.events`.
+    pub fn subtree_events(&self) -> Events {
+        self.node.usage.subtree_events()
+    }
+
+    /// Time charges to this group or below it spent stalled after a
+    /// refusal — in reclaim hooks, drains, retries and OOM hooks — summed
+    /// over the charges (the kernel's pressure-stall "some" total).
+    pub fn stall(&self) -> std::time::Duration {
+        self.node.usage.stall()
+    }
+
+    /// Units pre-charged to this group and held in the per-CPU stocks (the
+    /// charge stock's and, with an allocator attached, the byte stock's) on
+    /// all CPUs: part of [`Group::usage`] that nothing uses yet. Takes each
+    /// CPU's lock.
     pub fn stocked(&self) -> u64 {
-        self.shared.stock.stocked(&self.node.usage)
+        let bytes = self
+            .shared
+            .bytes
+            .get()
+            .map_or(0, |b| b.stock.stocked(&self.node.usage));
+        self.shared.stock.stocked(&self.node.usage) + bytes
+    }
+
+    /// Units pre-charged to this group or any group below it and held in
+    /// the per-CPU stocks: the part of [`Group::usage`] (a subtree's) that
+    /// nothing uses yet — what is in use lies in `[usage − this, usage]`
+    /// (with an allocator attached, thread reserves add at most
+    /// [`crate::alloc::MAX_THREAD_RESERVE`] per thread). Takes each CPU's
+    /// lock.
+    pub fn stocked_subtree(&self) -> u64 {
+        let u = &self.node.usage;
+        let bytes = self
+            .shared
+            .bytes
+            .get()
+            .map_or(0, |b| b.stock.stocked_within(u));
+        self.shared.stock.stocked_within(u) + bytes
     }
 
     /// Set the hard limit. If the usage is above it, this group's subtree's
@@ -247,6 +302,50 @@ impl Group {
         self.subscribe(|h| h.alloc_refusal.push(Arc::new(f) as AllocRefusalHook));
     }
 
+    /// Add a subscriber to this group's events (see [`GroupEvent`]): called
+    /// once per crossing, with accounting off, on the thread that made it.
+    ///
+    /// ```
+    /// use splitcount::group::{EventKind, Hierarchy};
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// let h = Hierarchy::default();
+    /// let q = h.root().child("query").unwrap();
+    /// q.set_max(100).unwrap();
+    /// let refusals = Arc::new(AtomicU64::new(0));
+    /// let seen = refusals.clone();
+    /// q.on_event(move |e| {
+    ///     if e.kind == EventKind::MaxRefused {
+    ///         seen.fetch_add(1, Ordering::Relaxed);
+    ///     }
+    /// });
+    /// for _ in 0..10 {
+    ///     assert!(q.charge(1000).is_err());   // one episode at the limit …
+    /// }
+    /// assert_eq!(refusals.load(Ordering::Relaxed), 1); // … one event
+    /// ```
+    pub fn on_event(&self, f: impl Fn(&GroupEvent) + Send + Sync + 'static) {
+        self.subscribe(|h| h.events.push(Arc::new(f) as EventHook));
+        events::listen(&self.shared, &self.node);
+    }
+
+    /// Subscribe to this group's events through a bounded queue of
+    /// `capacity` events (at least 1): read it from any thread; when it is
+    /// full, new events are dropped and counted
+    /// ([`EventReceiver::dropped`]).
+    pub fn event_channel(&self, capacity: usize) -> Result<EventReceiver, GroupError> {
+        if capacity == 0 {
+            return Err(GroupError::Config(
+                "an event channel needs a capacity of at least 1".into(),
+            ));
+        }
+        let (hook, rx) = events::channel(capacity);
+        self.subscribe(|h| h.events.push(hook));
+        events::listen(&self.shared, &self.node);
+        Ok(rx)
+    }
+
     /// Remove every hook of this group.
     pub fn clear_hooks(&self) {
         self.subscribe(|h| *h = Hooks::default());
@@ -341,7 +440,20 @@ impl Group {
                 }
                 Ok(())
             }
-            Err(refuser) => Err(self.error(ChargeErrorKind::Limit, &refuser, n)),
+            Err(refuser) => {
+                if refuser.usage.begin_episode(EPISODE_REFUSED) {
+                    let (usage, max) = (refuser.usage.usage(), refuser.usage.max());
+                    events::emit(
+                        &self.shared,
+                        &refuser,
+                        EventKind::MaxRefused,
+                        usage,
+                        max,
+                        None,
+                    );
+                }
+                Err(self.error(ChargeErrorKind::Limit, &refuser, n))
+            }
         }
     }
 
@@ -353,7 +465,29 @@ impl Group {
             limit: refuser.usage.max(),
             usage: refuser.usage.usage(),
             request: n,
+            top: match kind {
+                ChargeErrorKind::Limit => refuser.top(TOP_CONSUMERS),
+                ChargeErrorKind::TooLarge => Vec::new(),
+            },
         }
+    }
+
+    /// The `k` children with the largest usage, largest first (ties by
+    /// name): who is using the memory under this group. One pass over the
+    /// children, keeping `k` candidates.
+    ///
+    /// ```
+    /// use splitcount::group::Hierarchy;
+    /// let h = Hierarchy::default();
+    /// let tenants = h.root().child("tenants").unwrap();
+    /// for (name, units) in [("a", 300), ("b", 100), ("c", 200)] {
+    ///     tenants.child(name).unwrap().force_charge(units).unwrap();
+    /// }
+    /// let top: Vec<_> = tenants.top(2).into_iter().map(|c| (c.group, c.usage)).collect();
+    /// assert_eq!(top, [("/tenants/a".to_string(), 300), ("/tenants/c".to_string(), 200)]);
+    /// ```
+    pub fn top(&self, k: usize) -> Vec<Consumer> {
+        self.node.top(k)
     }
 
     /// Return `n` units: into this CPU's stock (whose excess above the batch
@@ -441,13 +575,22 @@ impl Group {
         Ok(self.node.stats.hier(i))
     }
 
-    /// A `memory.stat`-like dump: one `name value` line per item
-    /// (hierarchical values), then `local_name value` lines (this group's
-    /// own), after a flush if enough changed.
+    /// A `memory.stat`-like dump, `name value` lines: first `usage` and
+    /// `stocked` (always there, also without stat items), then one line per
+    /// stat item (hierarchical values), then `local_name value` lines (this
+    /// group's own), after a flush if enough changed.
+    ///
+    /// ```
+    /// use splitcount::group::Hierarchy;
+    /// let h = Hierarchy::default();
+    /// let g = h.root().child("g").unwrap();
+    /// g.force_charge(10).unwrap();
+    /// assert_eq!(g.memory_stat(), "usage 10\nstocked 0\n");
+    /// ```
     pub fn memory_stat(&self) -> String {
         self.flush(false);
         let items = self.shared.stats.items();
-        let mut out = String::new();
+        let mut out = format!("usage {}\nstocked {}\n", self.usage(), self.stocked());
         for (i, item) in items.iter().enumerate() {
             out.push_str(&format!("{} {}\n", item.name, self.node.stats.hier(i)));
         }
@@ -465,17 +608,65 @@ impl Group {
     /// forcing a flush: flat, in pre-order (see [`Snapshot`]). Taken
     /// without recursion, whatever the tree's depth.
     pub fn snapshot(&self) -> Snapshot {
+        self.snapshot_with(&SnapshotOptions::default())
+    }
+
+    /// A snapshot of at most `options.max_groups` groups at most
+    /// `options.max_depth` levels below this one: the levels closest to
+    /// this group first (a whole level before any group of the next), so
+    /// that a cap keeps the tenants and drops the requests. Still in
+    /// pre-order. For exporters that must bound their cardinality.
+    ///
+    /// ```
+    /// use splitcount::group::{Hierarchy, SnapshotOptions};
+    /// let h = Hierarchy::default();
+    /// for t in ["a", "b"] {
+    ///     let tenant = h.root().child(t).unwrap();
+    ///     for r in 0..3 {
+    ///         tenant.child(&format!("req-{r}")).unwrap();
+    ///     }
+    /// }
+    /// let tenants_only = h.root().snapshot_with(&SnapshotOptions::default().max_depth(1));
+    /// let paths: Vec<_> = tenants_only.groups.iter().map(|g| g.path.as_str()).collect();
+    /// assert_eq!(paths, ["/", "/a", "/b"]);
+    /// let capped = h.root().snapshot_with(&SnapshotOptions::default().max_groups(4));
+    /// assert_eq!(capped.groups.len(), 4); // the root, both tenants, one request
+    /// ```
+    pub fn snapshot_with(&self, options: &SnapshotOptions) -> Snapshot {
         self.flush(true);
-        let mut groups = Vec::new();
-        // Depth first with an explicit stack: (group, its parent's index);
-        // children pushed in reverse so that they come out by name.
-        let mut stack = vec![(self.clone(), None)];
-        while let Some((g, parent)) = stack.pop() {
+        let max_groups = options.max_groups.max(1);
+        // Breadth first, to choose the groups: (group, depth, parent's
+        // index in `chosen`), children by name.
+        let mut chosen: Vec<(Group, Option<usize>)> = vec![(self.clone(), None)];
+        let mut depth_of = vec![0usize];
+        let mut next = 0;
+        while next < chosen.len() && chosen.len() < max_groups {
+            let depth = depth_of[next];
+            if depth < options.max_depth {
+                for c in chosen[next].0.children() {
+                    if chosen.len() == max_groups {
+                        break;
+                    }
+                    chosen.push((c, Some(next)));
+                    depth_of.push(depth + 1);
+                }
+            }
+            next += 1;
+        }
+        // Then pre-order over the chosen ones, with an explicit stack
+        // (children pushed in reverse so that they come out by name).
+        let mut kids: Vec<Vec<usize>> = vec![Vec::new(); chosen.len()];
+        for (i, (_, parent)) in chosen.iter().enumerate() {
+            if let Some(p) = parent {
+                kids[*p].push(i);
+            }
+        }
+        let mut groups = Vec::with_capacity(chosen.len());
+        let mut stack = vec![(0usize, None)];
+        while let Some((i, parent)) = stack.pop() {
             let at = groups.len();
-            groups.push(g.group_snapshot(parent));
-            let mut children = g.children();
-            children.reverse();
-            stack.extend(children.into_iter().map(|c| (c, Some(at))));
+            groups.push(chosen[i].0.group_snapshot(parent));
+            stack.extend(kids[i].iter().rev().map(|&c| (c, Some(at))));
         }
         Snapshot { groups }
     }
@@ -496,7 +687,10 @@ impl Group {
             max: limit(self.max()),
             high: limit(self.high()),
             peak: self.peak(),
+            stocked: self.stocked_subtree(),
             events: self.events(),
+            subtree_events: self.subtree_events(),
+            stall_ns: self.stall().as_nanos() as u64,
             stats: named(&|i| self.node.stats.hier(i)),
             local: named(&|i| self.node.stats.local(i)),
         }

@@ -175,6 +175,17 @@ impl Hierarchy {
         &self.shared.config
     }
 
+    /// Whether an [`crate::alloc::Accounted`] allocator is attached to this
+    /// hierarchy (its usage then counts bytes).
+    pub fn counts_bytes(&self) -> bool {
+        self.shared.bytes.get().is_some()
+    }
+
+    /// The stat items of this hierarchy, in [`crate::stat::StatId`] order.
+    pub fn stat_items(&self) -> &[crate::stat::StatItem] {
+        self.shared.stats.items()
+    }
+
     /// The root group.
     pub fn root(&self) -> Group {
         Group::new(self.shared.clone(), self.shared.root.clone())

@@ -42,6 +42,7 @@ pub(crate) struct Hooks {
     pub(crate) oom: Vec<OomHook>,
     pub(crate) pressure: Vec<PressureHook>,
     pub(crate) alloc_refusal: Vec<AllocRefusalHook>,
+    pub(crate) events: Vec<super::events::EventHook>,
 }
 
 /// Run a user hook, returning `declined` if it panics (see the module docs).

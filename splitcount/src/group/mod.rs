@@ -21,7 +21,9 @@
 //! ```
 
 mod account;
+pub mod cgroup;
 mod error;
+mod events;
 mod flusher;
 mod handle;
 mod hierarchy;
@@ -32,13 +34,17 @@ mod reclaim;
 mod snapshot;
 
 pub(crate) use account::AccountKey;
-pub use error::{ChargeError, ChargeErrorKind, GroupError, OverLimit, Refusal};
+pub use error::{
+    ChargeError, ChargeErrorKind, Consumer, GroupError, OverLimit, Refusal, TOP_CONSUMERS,
+};
+pub(crate) use events::emit as emit_event;
+pub use events::{EventHook, EventKind, EventReceiver, GroupEvent};
 pub use handle::Group;
-pub(crate) use hierarchy::Bytes;
+pub(crate) use hierarchy::{Bytes, Shared};
 pub use hierarchy::{Hierarchy, HierarchyConfig, DEFAULT_FLUSH_PERIOD};
 pub(crate) use hooks::run as run_hook;
 pub use hooks::{AllocRefusalHook, OomHook, PressureHook, ReclaimHook};
 pub use name::{validate_name, MAX_NAME_LEN};
 pub(crate) use node::Node;
 pub use reclaim::MAX_RECLAIM_RETRIES;
-pub use snapshot::{GroupSnapshot, Snapshot};
+pub use snapshot::{GroupSnapshot, Snapshot, SnapshotOptions};

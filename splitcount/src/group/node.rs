@@ -15,7 +15,7 @@
 //! suite shows what the packed alternative costs.
 
 use super::account::{Account, AccountKey};
-use super::error::OverLimit;
+use super::error::{Consumer, OverLimit};
 use super::hierarchy::Shared;
 use super::hooks::Hooks;
 use crate::charge::UsageCounter;
@@ -163,6 +163,41 @@ impl Node {
         self.account.get().copied()
     }
 
+    /// The `k` live children with the largest usage, largest first (ties by
+    /// name). One pass over the children under their lock, keeping `k`
+    /// candidates; nothing if the lock stays busy (see `hooks`).
+    pub(crate) fn top(&self, k: usize) -> Vec<Consumer> {
+        if k == 0 {
+            return Vec::new();
+        }
+        let Some(children) = try_lock_a_while(&self.children) else {
+            return Vec::new();
+        };
+        // Ascending by (usage, then reversed name order): the first is the
+        // one to evict.
+        let mut best: Vec<(u64, &Arc<Node>)> = Vec::with_capacity(k + 1);
+        for child in children.values() {
+            let usage = child.usage.usage();
+            let worse =
+                |a: &(u64, &Arc<Node>)| a.0 < usage || (a.0 == usage && a.1.name > child.name);
+            if best.len() == k && !worse(&best[0]) {
+                continue;
+            }
+            let at = best.partition_point(|a| worse(a));
+            best.insert(at, (usage, child));
+            if best.len() > k {
+                best.remove(0);
+            }
+        }
+        best.iter()
+            .rev()
+            .map(|(usage, n)| Consumer {
+                group: n.path.clone(),
+                usage: *usage,
+            })
+            .collect()
+    }
+
     /// The hooks, cloned out of the mutex (never held while a hook runs).
     /// Waits only a little for a subscriber being added; gives up (no
     /// hooks) if the mutex stays held — after a `fork` that caught a thread
@@ -172,18 +207,22 @@ impl Node {
     }
 
     /// Record a cooperative over-charge (the first one's numbers are kept
-    /// until the breach is cleared).
-    pub(crate) fn record_breach(&self, make: impl FnOnce() -> OverLimit) {
+    /// until the breach is cleared). Returns whether this call made the
+    /// record (the breach is new).
+    pub(crate) fn record_breach(&self, make: impl FnOnce() -> OverLimit) -> bool {
         if self.breached.load(Relaxed) {
-            return;
+            return false;
         }
-        if let Some(mut b) = try_lock_a_while(&self.breach) {
-            if b.is_none() {
-                *b = Some(make());
-            }
-            // Release: a checker that sees the flag sees the record.
-            self.breached.store(true, Release);
+        let Some(mut b) = try_lock_a_while(&self.breach) else {
+            return false;
+        };
+        let new = b.is_none();
+        if new {
+            *b = Some(make());
         }
+        // Release: a checker that sees the flag sees the record.
+        self.breached.store(true, Release);
+        new
     }
 
     /// The breach recorded here, if any.

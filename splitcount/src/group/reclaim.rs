@@ -13,12 +13,15 @@
 //! accounting off inside the allocator (a hook's own allocations must not be
 //! charged to the group that is full).
 
+use super::events::{self, EventKind};
 use super::hierarchy::Shared;
 use super::hooks;
 use super::node::Node;
 use super::Group;
+use crate::charge::usage::EPISODE_OOM;
 use crate::charge::UsageCounter;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// How many times the charge path retries after reclaim while it makes
 /// progress (the kernel's `MAX_RECLAIM_RETRIES`).
@@ -49,11 +52,23 @@ impl Shared {
         // this may run inside the allocator.
         let mut drained = [std::ptr::null::<UsageCounter>(); MAX_RECLAIM_RETRIES];
         let mut refuser = node.clone();
+        // From the first refusal on, the charge is stalled: its time is
+        // added to the charged group and its ancestors (`stall()`).
+        let mut stalled: Option<Instant> = None;
+        let stall_ends = |since: Option<Instant>| {
+            if let Some(t) = since {
+                node.usage.add_stall(t.elapsed().as_nanos() as u64);
+            }
+        };
         for _ in 0..MAX_RECLAIM_RETRIES {
             let refused = match try_charge() {
-                Ok(crossed) => return Ok(crossed),
+                Ok(crossed) => {
+                    stall_ends(stalled);
+                    return Ok(crossed);
+                }
                 Err(r) => r,
             };
+            stalled.get_or_insert_with(Instant::now);
             // SAFETY: the refuser is `node`'s counter or an ancestor's, all
             // kept alive by `node`.
             refuser = node.find(unsafe { &*refused });
@@ -81,6 +96,10 @@ impl Shared {
         }
         refuser.usage.record_oom();
         refuser.usage.record_max();
+        if refuser.usage.begin_episode(EPISODE_OOM) {
+            let (usage, max) = (refuser.usage.usage(), refuser.usage.max());
+            events::emit(self, &refuser, EventKind::Oom, usage, max, None);
+        }
         let short = short_by(&refuser.usage, n);
         if let Some(h) = refuser.hooks() {
             let group = Group::new(self.clone(), refuser.clone());
@@ -92,10 +111,12 @@ impl Shared {
             }
             if retry {
                 if let Ok(crossed) = try_charge() {
+                    stall_ends(stalled);
                     return Ok(crossed);
                 }
             }
         }
+        stall_ends(stalled);
         Err(refuser)
     }
 

@@ -24,14 +24,16 @@ use std::collections::BTreeMap;
 /// assert_eq!(kids, ["/a/b"]);
 /// assert_eq!(snap.groups[a_at].usage, h.root().usage());
 /// ```
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Snapshot {
     /// The groups, in pre-order.
     pub groups: Vec<GroupSnapshot>,
 }
 
 /// One group of a [`Snapshot`]: usage, limits, events and statistics.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct GroupSnapshot {
     /// The group's path.
     pub path: String,
@@ -46,12 +48,55 @@ pub struct GroupSnapshot {
     pub high: Option<u64>,
     /// Peak usage.
     pub peak: u64,
-    /// Event counts.
+    /// Units pre-charged to it or below it and held in the per-CPU stocks:
+    /// the part of `usage` that nothing uses yet
+    /// ([`crate::group::Group::stocked_subtree`]).
+    pub stocked: u64,
+    /// Its own event counts (`memory.events.local`).
     pub events: Events,
+    /// Event counts of its subtree (`memory.events`).
+    pub subtree_events: Events,
+    /// Nanoseconds its charges (and its subtree's) spent stalled after a
+    /// refusal ([`crate::group::Group::stall`]).
+    pub stall_ns: u64,
     /// Hierarchical statistics (this group's subtree), by item name.
     pub stats: BTreeMap<String, i64>,
     /// This group's own statistics, by item name.
     pub local: BTreeMap<String, i64>,
+}
+
+/// Bounds on a snapshot's size ([`crate::group::Group::snapshot_with`]):
+/// by default, every group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SnapshotOptions {
+    /// Levels below the snapshot's root (0: the root alone).
+    pub max_depth: usize,
+    /// Groups in all (at least 1: the root).
+    pub max_groups: usize,
+}
+
+impl Default for SnapshotOptions {
+    fn default() -> Self {
+        SnapshotOptions {
+            max_depth: usize::MAX,
+            max_groups: usize::MAX,
+        }
+    }
+}
+
+impl SnapshotOptions {
+    /// At most `depth` levels below the root.
+    pub fn max_depth(mut self, depth: usize) -> Self {
+        self.max_depth = depth;
+        self
+    }
+
+    /// At most `groups` groups (the root counts).
+    pub fn max_groups(mut self, groups: usize) -> Self {
+        self.max_groups = groups;
+        self
+    }
 }
 
 impl Snapshot {

@@ -18,8 +18,9 @@ use crate::cpu::{self, Machine, Topology};
 use std::sync::OnceLock;
 
 /// How current-CPU adds are made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum AddPath {
     /// rseq where available, else atomic (also honours
     /// `SPLITCOUNT_PERCPU_ADD`).
@@ -32,8 +33,9 @@ pub enum AddPath {
 }
 
 /// Which id selects the current CPU's copy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum SlotIndex {
     /// The CPU the thread runs on: one region per possible CPU.
     #[default]

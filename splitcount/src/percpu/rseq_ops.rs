@@ -61,6 +61,10 @@ const _: () = assert!(
     crate::cpu::CPU_ID_OFFSET == 4,
     "the sequences check registration at rseq->cpu_id (offset 4)"
 );
+const _: () = assert!(
+    crate::cpu::MM_CID_OFFSET == 24,
+    "add_return_fs reads mm_cid at offset 24"
+);
 
 /// Add `delta` to the calling CPU's copy of a slot and return
 /// `(cpu, new value)`; `cpu ≥ regions` means the id was out of range and
@@ -128,6 +132,89 @@ pub(crate) unsafe fn add_return(
             tmp = out(reg) _,
             options(nostack),
         );
+    }
+    (cpu, new)
+}
+
+/// The sequence of [`add_return_fs`], with the lines that read the id
+/// (`$id`) spliced in after the arming.
+macro_rules! add_return_fs_asm {
+    ($offset:ident, $slot0:ident, $regions:ident, $delta:ident, $cpu:ident, $new:ident; $($id:literal),+) => {
+        std::arch::asm!(
+            ".pushsection __rseq_cs, \"aw\"",
+            ".balign 32",
+            "20:",
+            ".long 0, 0",
+            ".quad 22f, (23f - 22f), 24f",
+            ".popsection",
+            "21:",
+            "lea {tmp}, [rip + 20b]",
+            "mov qword ptr fs:[{off} + 8], {tmp}",
+            "22:",
+            $($id,)+
+            "cmp {cpu}, {regions}",
+            "jae 25f",
+            "mov {tmp}, {cpu}",
+            "shl {tmp}, 12",
+            "mov {new}, qword ptr [{tmp} + {slot0}]",
+            "add {new}, {delta}",
+            "mov qword ptr [{tmp} + {slot0}], {new}",
+            "23:",
+            // The abort handler out of line, so that the commit falls
+            // through to the disarm.
+            ".pushsection __rseq_failure, \"ax\"",
+            ".byte 0x0f, 0xb9, 0x3d",
+            ".long 0x53053053",
+            "24:",
+            "jmp 21b",
+            ".popsection",
+            "25:",
+            "mov qword ptr fs:[{off} + 8], 0",
+            off = in(reg) $offset,
+            slot0 = in(reg) $slot0,
+            regions = in(reg) $regions,
+            delta = in(reg) $delta,
+            cpu = out(reg) $cpu,
+            new = out(reg) $new,
+            tmp = out(reg) _,
+            options(nostack),
+        )
+    };
+}
+
+/// [`add_return`] for glibc's areas, addressed through the thread pointer:
+/// the area is `fs:[offset]` in every thread, so nothing is loaded to find
+/// it. With `MM_CID = false` the id is `cpu_id` itself, and one comparison
+/// does for both checks — an unregistered area's `cpu_id` (`−1` or `−2` as
+/// an unsigned 32-bit value) is never below `regions`. With `MM_CID` the
+/// registration is checked first, as in [`add_return`].
+///
+/// # Safety
+/// `offset` is glibc's `__rseq_offset` (every thread's area is at
+/// `fs:[offset]`, registered with [`crate::cpu`]'s signature or not at
+/// all); `slot0` and `regions` as for [`add_return`].
+#[inline(always)]
+pub(crate) unsafe fn add_return_fs<const MM_CID: bool>(
+    offset: isize,
+    slot0: *mut i64,
+    regions: usize,
+    delta: i64,
+) -> (usize, i64) {
+    let cpu: usize;
+    let new: i64;
+    // SAFETY: see the function's contract; the sequence writes only
+    // `slot0 + cpu·4096` for `cpu < regions`, and the area's `rseq_cs`.
+    unsafe {
+        if MM_CID {
+            add_return_fs_asm!(offset, slot0, regions, delta, cpu, new;
+                "mov {cpu:e}, dword ptr fs:[{off} + 4]",
+                "cmp {cpu:e}, -2",
+                "jae 25f",
+                "mov {cpu:e}, dword ptr fs:[{off} + 24]");
+        } else {
+            add_return_fs_asm!(offset, slot0, regions, delta, cpu, new;
+                "mov {cpu:e}, dword ptr fs:[{off} + 4]");
+        }
     }
     (cpu, new)
 }

@@ -3,8 +3,9 @@
 use std::fmt;
 
 /// Whether a stat item goes up and down or only up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum StatKind {
     /// A level that goes up and down (bytes of anonymous memory in use).
     Gauge,
@@ -13,7 +14,8 @@ pub enum StatKind {
 }
 
 /// One stat item of a schema.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct StatItem {
     /// Its name in dumps and snapshots (validated like a group name, plus
     /// no whitespace, so `memory.stat`-like dumps stay parseable).

@@ -6,6 +6,7 @@
 //! the report formats and draws, it never measures a second way.
 
 mod accuracy;
+mod drift;
 mod timed;
 mod watchdog;
 
@@ -195,6 +196,28 @@ pub const SUITES: &[Suite] = &[
                 per-request: a group per request (child, set_max, instrument, remove). Cells: \
                 CPU time of the workers per request, and × plain in the same round.",
         run: timed::requests,
+    },
+    Suite {
+        name: "metrics",
+        title: "metrics: splitcount's recorder vs the Prometheus exporter's",
+        about: "One counter incremented by every thread, through the metrics facade's \
+                Recorder: splitcount's SplitRecorder (a split counter per counter, a \
+                per-thread handle cache) against metrics-exporter-prometheus's recorder (the \
+                baseline: an atomic per counter). handle: a Counter kept by each thread, \
+                increment(1) per op; register: register_counter then increment(1) per op, \
+                what metrics::counter!(..).increment(1) does at every call. Cells: ns per \
+                increment per thread, × the Prometheus recorder's same case.",
+        run: timed::recorders,
+    },
+    Suite {
+        name: "drift",
+        title: "Drift: what the groups account vs what the process holds",
+        about: "Each allocator workload's live set (100,000 blocks of 17-24 bytes, 100,000 of \
+                16-512, a 2 MB JSON document parsed into a serde_json tree) held under \
+                Accounted<System> in a worker process, reconciled with \
+                Accounted::reconcile: what the groups account, the headers, glibc's in-use \
+                bytes (mallinfo2) and the resident set, as growth while the set is held.",
+        run: drift::run,
     },
     Suite {
         name: "groups",

@@ -146,6 +146,15 @@ pub fn requests(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String>
     Ok(out)
 }
 
+/// `metrics`: splitcount's recorder vs the Prometheus exporter's, at 1 and
+/// 2 threads.
+pub fn recorders(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
+    let b = counted(progress, || bench::recorders::run(&[1, 2], &s.plan()))?;
+    let mut out = outcome("metrics", &b, "increment")?;
+    out.plots = thread_plots("metrics", &b.records, "increment")?;
+    Ok(out)
+}
+
 /// `groups`: the per-request cycle at 1 and 2 threads, and the memory a
 /// removed group leaves behind.
 pub fn groups(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {

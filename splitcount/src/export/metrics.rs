@@ -1,0 +1,479 @@
+//! A recorder for the [`metrics`] facade whose counters are splitcount
+//! [`Tree`] split counters: `metrics::counter!("requests_total", "tenant" =>
+//! t).increment(1)` touches this CPU's slot instead of one shared atomic, so
+//! a counter incremented on every core scales with them. Gauges are exact
+//! (one atomic `f64` each: a gauge is set more than it is added to);
+//! histograms keep a count (split) and a sum, and are exported with the
+//! `+Inf` bucket only.
+//!
+//! Reading is exact: a counter's value is its [`SplitCounter::precise`]
+//! sum over CPUs, so an export never lags by a batch. With the
+//! `prometheus` feature, [`SplitRecorder::render`] writes the contents in
+//! the Prometheus text format and the recorder is a `prometheus-client`
+//! collector.
+//!
+//! ```
+//! use splitcount::export::metrics::SplitRecorder;
+//! let recorder = SplitRecorder::new();
+//! metrics::with_local_recorder(&recorder, || {
+//!     for _ in 0..1000 {
+//!         metrics::counter!("requests_total", "tenant" => "acme").increment(1);
+//!     }
+//!     metrics::gauge!("queue_depth").set(7.0);
+//! });
+//! let counters = recorder.counters();
+//! assert_eq!(counters[0].1, 1000);
+//! ```
+//!
+//! Install it process-wide with `metrics::set_global_recorder(recorder)`
+//! (keep a [`SplitRecorder::clone`] to read or export it: clones share
+//! their contents).
+
+use crate::counter::{SplitCounter, Tree};
+use metrics::{
+    Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
+    SharedString, Unit,
+};
+use metrics_util::registry::{Registry, Storage};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+/// A counter of the recorder: a split counter.
+#[derive(Debug)]
+pub struct SplitCounterFn(Tree);
+
+impl SplitCounterFn {
+    /// Its exact value (a sum over CPUs).
+    pub fn value(&self) -> u64 {
+        self.0.precise().max(0) as u64
+    }
+}
+
+impl CounterFn for SplitCounterFn {
+    fn increment(&self, value: u64) {
+        self.0.add(value.min(i64::MAX as u64) as i64);
+    }
+
+    /// Raise the counter to at least `value` (the facade's contract). Two
+    /// racing calls may both add their difference: the counter then ends
+    /// above the larger value by the smaller difference.
+    fn absolute(&self, value: u64) {
+        let now = self.value();
+        if value > now {
+            self.increment(value - now);
+        }
+    }
+}
+
+/// An exact gauge: an `f64` in an atomic.
+#[derive(Debug, Default)]
+pub struct ExactGauge(AtomicU64);
+
+impl ExactGauge {
+    /// Its value.
+    pub fn value(&self) -> f64 {
+        f64::from_bits(self.0.load(Relaxed))
+    }
+
+    fn update(&self, f: impl Fn(f64) -> f64) {
+        // Relaxed: the gauge's value is all there is to it.
+        let _ = self
+            .0
+            .fetch_update(Relaxed, Relaxed, |b| Some(f(f64::from_bits(b)).to_bits()));
+    }
+}
+
+impl GaugeFn for ExactGauge {
+    fn increment(&self, value: f64) {
+        self.update(|v| v + value);
+    }
+
+    fn decrement(&self, value: f64) {
+        self.update(|v| v - value);
+    }
+
+    fn set(&self, value: f64) {
+        self.0.store(value.to_bits(), Relaxed);
+    }
+}
+
+/// A histogram reduced to its count (split) and its sum.
+#[derive(Debug)]
+pub struct SumCount {
+    count: Tree,
+    sum: ExactGauge,
+}
+
+impl SumCount {
+    /// Observations recorded.
+    pub fn count(&self) -> u64 {
+        self.count.precise().max(0) as u64
+    }
+
+    /// Their sum.
+    pub fn sum(&self) -> f64 {
+        self.sum.value()
+    }
+}
+
+impl HistogramFn for SumCount {
+    fn record(&self, value: f64) {
+        self.count.add(1);
+        self.sum.increment(value);
+    }
+
+    fn record_many(&self, value: f64, count: usize) {
+        self.count.add(count.min(i64::MAX as usize) as i64);
+        self.sum.increment(value * count as f64);
+    }
+}
+
+/// How the registry makes each kind of metric.
+#[derive(Debug, Default)]
+struct SplitStorage;
+
+impl Storage<Key> for SplitStorage {
+    type Counter = Arc<SplitCounterFn>;
+    type Gauge = Arc<ExactGauge>;
+    type Histogram = Arc<SumCount>;
+
+    fn counter(&self, _: &Key) -> Self::Counter {
+        Arc::new(SplitCounterFn(Tree::new()))
+    }
+
+    fn gauge(&self, _: &Key) -> Self::Gauge {
+        Arc::new(ExactGauge::default())
+    }
+
+    fn histogram(&self, _: &Key) -> Self::Histogram {
+        Arc::new(SumCount {
+            count: Tree::new(),
+            sum: ExactGauge::default(),
+        })
+    }
+}
+
+struct Inner {
+    /// Tells this recorder's entries apart in the threads' handle caches.
+    id: u64,
+    registry: Registry<Key, SplitStorage>,
+    /// What `describe_*` said about each name (units are not used: a name
+    /// says its unit, e.g. `_bytes`).
+    descriptions: Mutex<HashMap<String, SharedString>>,
+}
+
+/// The recorder (see the [module docs](self)). Cloning it shares its
+/// contents.
+#[derive(Clone)]
+pub struct SplitRecorder {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SplitRecorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SplitRecorder").finish_non_exhaustive()
+    }
+}
+
+impl Default for SplitRecorder {
+    fn default() -> Self {
+        SplitRecorder::new()
+    }
+}
+
+/// Source of [`Inner::id`].
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+/// A metric as a thread hands it out: its own `Arc` around the shared one.
+/// `metrics::counter!(…)` registers at every call and the facade's handle
+/// is an `Arc` clone: cloning one `Arc` shared by every thread would make
+/// its reference count the contended line that the split counter avoids.
+/// Each thread clones its own instead.
+#[derive(Debug)]
+struct Local<T>(Arc<T>);
+
+impl<T: CounterFn> CounterFn for Local<T> {
+    fn increment(&self, value: u64) {
+        self.0.increment(value)
+    }
+    fn absolute(&self, value: u64) {
+        self.0.absolute(value)
+    }
+}
+
+impl<T: GaugeFn> GaugeFn for Local<T> {
+    fn increment(&self, value: f64) {
+        self.0.increment(value)
+    }
+    fn decrement(&self, value: f64) {
+        self.0.decrement(value)
+    }
+    fn set(&self, value: f64) {
+        self.0.set(value)
+    }
+}
+
+impl<T: HistogramFn> HistogramFn for Local<T> {
+    fn record(&self, value: f64) {
+        self.0.record(value)
+    }
+    fn record_many(&self, value: f64, count: usize) {
+        self.0.record_many(value, count)
+    }
+}
+
+/// A thread's handle on one metric.
+#[derive(Clone)]
+enum Cached {
+    Counter(Arc<Local<SplitCounterFn>>),
+    Gauge(Arc<Local<ExactGauge>>),
+    Histogram(Arc<Local<SumCount>>),
+}
+
+/// A hasher for keys that hash themselves once (a `metrics::Key` writes its
+/// precomputed hash), mixed with the recorder's id and the kind.
+#[derive(Default)]
+struct PreHashed(u64);
+
+impl std::hash::Hasher for PreHashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(*b as u64);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type Fast = std::hash::BuildHasherDefault<PreHashed>;
+type ByKey = HashMap<Key, Cached, Fast>;
+
+thread_local! {
+    /// Each thread's handles: by recorder, then by kind (counter, gauge,
+    /// histogram), then by key.
+    static HANDLES: std::cell::RefCell<HashMap<u64, [ByKey; 3], Fast>> =
+        std::cell::RefCell::new(HashMap::default());
+}
+
+/// A metric's name and labels, as registered.
+pub type KeyParts = (String, Vec<(String, String)>);
+
+fn parts(key: &Key) -> KeyParts {
+    (
+        key.name().to_owned(),
+        key.labels()
+            .map(|l| (l.key().to_owned(), l.value().to_owned()))
+            .collect(),
+    )
+}
+
+impl SplitRecorder {
+    /// An empty recorder.
+    pub fn new() -> SplitRecorder {
+        SplitRecorder {
+            inner: Arc::new(Inner {
+                id: NEXT_ID.fetch_add(1, Relaxed),
+                registry: Registry::new(SplitStorage),
+                descriptions: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// Every counter with its exact value, sorted by name and labels.
+    pub fn counters(&self) -> Vec<(KeyParts, u64)> {
+        let mut out = Vec::new();
+        self.inner
+            .registry
+            .visit_counters(|k, c| out.push((parts(k), c.value())));
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Every gauge with its value, sorted by name and labels.
+    pub fn gauges(&self) -> Vec<(KeyParts, f64)> {
+        let mut out = Vec::new();
+        self.inner
+            .registry
+            .visit_gauges(|k, g| out.push((parts(k), g.value())));
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Every histogram with its (count, sum), sorted by name and labels.
+    pub fn histograms(&self) -> Vec<(KeyParts, u64, f64)> {
+        let mut out = Vec::new();
+        self.inner
+            .registry
+            .visit_histograms(|k, h| out.push((parts(k), h.count(), h.sum())));
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// This thread's handle on `key` of kind `kind` (0 counter, 1 gauge,
+    /// 2 histogram), made by `make` the first time. Outside thread-local
+    /// storage (a thread exiting), a new handle every time.
+    fn local(&self, key: &Key, kind: u8, make: impl FnOnce() -> Cached) -> Cached {
+        let (id, kind) = (self.inner.id, kind as usize);
+        let found = HANDLES.try_with(|h| {
+            h.borrow()
+                .get(&id)
+                .and_then(|kinds| kinds[kind].get(key))
+                .cloned()
+        });
+        match found {
+            Ok(Some(c)) => c,
+            Ok(None) => {
+                let c = make();
+                let _ = HANDLES.try_with(|h| {
+                    h.borrow_mut().entry(id).or_default()[kind].insert(key.clone(), c.clone())
+                });
+                c
+            }
+            Err(_) => make(),
+        }
+    }
+
+    fn describe(&self, key: KeyName, text: SharedString) {
+        self.inner
+            .descriptions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.as_str().to_owned(), text);
+    }
+}
+
+impl Recorder for SplitRecorder {
+    fn describe_counter(&self, key: KeyName, _: Option<Unit>, description: SharedString) {
+        self.describe(key, description);
+    }
+
+    fn describe_gauge(&self, key: KeyName, _: Option<Unit>, description: SharedString) {
+        self.describe(key, description);
+    }
+
+    fn describe_histogram(&self, key: KeyName, _: Option<Unit>, description: SharedString) {
+        self.describe(key, description);
+    }
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        let local = self.local(key, 0, || {
+            let shared = self.inner.registry.get_or_create_counter(key, Arc::clone);
+            Cached::Counter(Arc::new(Local(shared)))
+        });
+        match local {
+            Cached::Counter(c) => Counter::from_arc(c),
+            _ => unreachable!("cached by kind"),
+        }
+    }
+
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        let local = self.local(key, 1, || {
+            let shared = self.inner.registry.get_or_create_gauge(key, Arc::clone);
+            Cached::Gauge(Arc::new(Local(shared)))
+        });
+        match local {
+            Cached::Gauge(g) => Gauge::from_arc(g),
+            _ => unreachable!("cached by kind"),
+        }
+    }
+
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        let local = self.local(key, 2, || {
+            let shared = self.inner.registry.get_or_create_histogram(key, Arc::clone);
+            Cached::Histogram(Arc::new(Local(shared)))
+        });
+        match local {
+            Cached::Histogram(h) => Histogram::from_arc(h),
+            _ => unreachable!("cached by kind"),
+        }
+    }
+}
+
+#[cfg(feature = "prometheus")]
+mod exposition {
+    use super::{KeyParts, SplitRecorder};
+    use crate::export::prometheus::{encode_families, render_families, Family, Kind, Value};
+    use prometheus_client::collector::Collector;
+    use prometheus_client::encoding::DescriptorEncoder;
+    use std::collections::BTreeMap;
+
+    /// A Prometheus metric or label name from any string: characters
+    /// outside `[a-zA-Z0-9_]` become `_` (and `:` in metric names is
+    /// kept), and a leading digit gets a `_` before it.
+    pub(crate) fn sanitize(name: &str, colons: bool) -> String {
+        let mut out: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' || (colons && c == ':') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        if out.is_empty() || out.starts_with(|c: char| c.is_ascii_digit()) {
+            out.insert(0, '_');
+        }
+        out
+    }
+
+    impl SplitRecorder {
+        fn families(&self) -> Vec<Family> {
+            let descriptions = self
+                .inner
+                .descriptions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let mut by_name: BTreeMap<(String, u8), Family> = BTreeMap::new();
+            let mut add = |(name, labels): KeyParts, kind: Kind, value: Value| {
+                let mut fam_name = sanitize(&name, true);
+                if kind == Kind::Counter {
+                    // The format adds `_total` to counters.
+                    if let Some(stem) = fam_name.strip_suffix("_total") {
+                        fam_name = stem.to_owned();
+                    }
+                }
+                let help = descriptions
+                    .get(&name)
+                    .map_or_else(|| name.clone(), |d| d.to_string());
+                let fam = by_name
+                    .entry((fam_name.clone(), kind as u8))
+                    .or_insert_with(|| Family::new(fam_name, &help, None, kind));
+                let labels = labels
+                    .into_iter()
+                    .map(|(k, v)| (sanitize(&k, false).into(), v))
+                    .collect();
+                fam.samples.push((labels, value));
+            };
+            for (k, v) in self.counters() {
+                add(k, Kind::Counter, Value::Int(v));
+            }
+            for (k, v) in self.gauges() {
+                add(k, Kind::Gauge, Value::Float(v));
+            }
+            for (k, count, sum) in self.histograms() {
+                add(k, Kind::Histogram, Value::Histogram { sum, count });
+            }
+            by_name.into_values().collect()
+        }
+
+        /// Everything recorded, in the Prometheus text format 0.0.4
+        /// (names made valid: other characters become `_`; a counter's
+        /// `_total` suffix is written once).
+        pub fn render(&self) -> String {
+            render_families(&self.families())
+        }
+    }
+
+    impl Collector for SplitRecorder {
+        fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+            encode_families(&mut encoder, &self.families())
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! The Prometheus exposition and the `metrics` recorder: golden text, the
+//! real `promtool`, and the exposition parsed back against the groups.
+
+#![cfg(not(loom))]
+
+use prometheus_client::registry::Registry;
+use splitcount::export::metrics::SplitRecorder;
+use splitcount::export::prometheus::{render, HierarchyCollector, Options};
+use splitcount::group::{Hierarchy, HierarchyConfig};
+use splitcount::stat::StatItem;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+/// `promtool check metrics` on `text`: `Some(report)` when it complains,
+/// `None` when it accepts. Without promtool the test fails under CI (which
+/// installs it) and is skipped with a message elsewhere.
+fn promtool(text: &str) -> Option<String> {
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "promtool is missing under CI: {e}"
+            );
+            eprintln!("promtool not found ({e}): skipping its check");
+            return None;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (!out.status.success()).then(|| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Samples of a text exposition: (name, labels) → value.
+fn parse(text: &str) -> BTreeMap<(String, BTreeMap<String, String>), f64> {
+    let mut out = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            v => v.parse().unwrap(),
+        };
+        let (name, labels) = match series.split_once('{') {
+            Some((n, rest)) => {
+                let body = rest.strip_suffix('}').unwrap();
+                let mut labels = BTreeMap::new();
+                for pair in body.split("\",").filter(|p| !p.is_empty()) {
+                    let (k, v) = pair.split_once("=\"").unwrap();
+                    labels.insert(k.to_owned(), v.trim_end_matches('"').to_owned());
+                }
+                (n.to_owned(), labels)
+            }
+            None => (series.to_owned(), BTreeMap::new()),
+        };
+        out.insert((name, labels), value);
+    }
+    out
+}
+
+fn demo() -> Hierarchy {
+    let h = Hierarchy::new(
+        HierarchyConfig::default().stats(vec![StatItem::gauge("rows"), StatItem::event("queries")]),
+    )
+    .unwrap();
+    let (rows, queries) = (h.stat_id("rows").unwrap(), h.stat_id("queries").unwrap());
+    let t = h.root().child("tenant").unwrap();
+    t.set_max(1000).unwrap();
+    t.set_high(100);
+    let q = t.child("q").unwrap();
+    q.force_charge(300).unwrap();
+    q.mod_stat(rows, 12).unwrap();
+    q.mod_stat(queries, 2).unwrap();
+    h
+}
+
+#[test]
+fn the_exposition_reads_as_expected() {
+    let h = demo();
+    let text = render(&h.root(), &Options::default().max_depth(1));
+    let expected = "\
+# HELP splitcount_group_usage Usage of the group's subtree, units pre-charged in the per-CPU stocks included.
+# TYPE splitcount_group_usage gauge
+splitcount_group_usage{group=\"/\"} 300
+splitcount_group_usage{group=\"/tenant\"} 300
+# HELP splitcount_group_usage_slack Units of the usage pre-charged in the per-CPU stocks and not in use: the error bound of usage.
+# TYPE splitcount_group_usage_slack gauge
+splitcount_group_usage_slack{group=\"/\"} 0
+splitcount_group_usage_slack{group=\"/tenant\"} 0
+# HELP splitcount_group_max Hard limit (+Inf: none).
+# TYPE splitcount_group_max gauge
+splitcount_group_max{group=\"/\"} +Inf
+splitcount_group_max{group=\"/tenant\"} 1000
+# HELP splitcount_group_high Soft limit (+Inf: none).
+# TYPE splitcount_group_high gauge
+splitcount_group_high{group=\"/\"} +Inf
+splitcount_group_high{group=\"/tenant\"} 100
+# HELP splitcount_group_peak Peak usage of the group's subtree.
+# TYPE splitcount_group_peak gauge
+splitcount_group_peak{group=\"/\"} 300
+splitcount_group_peak{group=\"/tenant\"} 300
+# HELP splitcount_group_events_total Events of the group's subtree: max (refusals and cooperative over-charges), high (crossings of high), oom (the charge path's OOM stage), underflow (over-uncharges).
+# TYPE splitcount_group_events_total counter
+splitcount_group_events_total{group=\"/\",event=\"max\"} 0
+splitcount_group_events_total{group=\"/\",event=\"high\"} 1
+splitcount_group_events_total{group=\"/\",event=\"oom\"} 0
+splitcount_group_events_total{group=\"/\",event=\"underflow\"} 0
+splitcount_group_events_total{group=\"/tenant\",event=\"max\"} 0
+splitcount_group_events_total{group=\"/tenant\",event=\"high\"} 1
+splitcount_group_events_total{group=\"/tenant\",event=\"oom\"} 0
+splitcount_group_events_total{group=\"/tenant\",event=\"underflow\"} 0
+# HELP splitcount_group_stall_seconds_total Time charges to the group's subtree spent stalled after a refusal (reclaim hooks, drains, retries, OOM hooks).
+# TYPE splitcount_group_stall_seconds_total counter
+splitcount_group_stall_seconds_total{group=\"/\"} 0.0
+splitcount_group_stall_seconds_total{group=\"/tenant\"} 0.0
+# HELP splitcount_group_stat Gauge statistics of the group's subtree, by item.
+# TYPE splitcount_group_stat gauge
+splitcount_group_stat{group=\"/\",item=\"rows\"} 12
+splitcount_group_stat{group=\"/tenant\",item=\"rows\"} 12
+# HELP splitcount_group_stat_events_total Event statistics of the group's subtree, by item.
+# TYPE splitcount_group_stat_events_total counter
+splitcount_group_stat_events_total{group=\"/\",item=\"queries\"} 2
+splitcount_group_stat_events_total{group=\"/tenant\",item=\"queries\"} 2
+";
+    assert_eq!(text, expected);
+    assert_eq!(promtool(&text), None);
+}
+
+/// A busier hierarchy, the whole of it, parsed back: every group's figures
+/// are its snapshot's; and `promtool` accepts it, odd names included.
+#[test]
+fn the_exposition_parses_back_to_the_groups_and_promtool_accepts_it() {
+    let h = demo();
+    let t = h.lookup("tenant").unwrap();
+    for i in 0..5 {
+        let g = t.child(&format!("req \"{i}\"\\n")).unwrap();
+        g.force_charge(10 * i).unwrap();
+        let _ = g.charge(10_000); // refused by the tenant
+    }
+    let text = render(&h.root(), &Options::default().bytes(true));
+    assert_eq!(promtool(&text), None);
+    let samples = parse(&text);
+    let snap = h.root().snapshot();
+    assert_eq!(snap.groups.len(), 8);
+    for g in &snap.groups {
+        let label = g.path.replace('\\', "\\\\").replace('"', "\\\"");
+        let get = |name: &str| {
+            let key = (
+                name.to_owned(),
+                BTreeMap::from([("group".to_owned(), label.clone())]),
+            );
+            *samples
+                .get(&key)
+                .unwrap_or_else(|| panic!("{name} of {}", g.path))
+        };
+        assert_eq!(get("splitcount_group_usage_bytes"), g.usage as f64);
+        assert_eq!(get("splitcount_group_peak_bytes"), g.peak as f64);
+        assert_eq!(
+            get("splitcount_group_max_bytes"),
+            g.max.map_or(f64::INFINITY, |m| m as f64)
+        );
+        let events = |e: &str| {
+            let key = (
+                "splitcount_group_events_total".to_owned(),
+                BTreeMap::from([
+                    ("event".to_owned(), e.to_owned()),
+                    ("group".to_owned(), label.clone()),
+                ]),
+            );
+            samples[&key]
+        };
+        assert_eq!(events("max"), g.subtree_events.max as f64);
+        assert_eq!(events("oom"), g.subtree_events.oom as f64);
+    }
+}
+
+/// Caps on depth and on groups bound the cardinality; a removed group
+/// disappears from the next scrape.
+#[test]
+fn the_export_is_capped_and_forgets_removed_groups() {
+    let h = Hierarchy::default();
+    for t in 0..3 {
+        let tenant = h.root().child(&format!("t{t}")).unwrap();
+        for r in 0..10 {
+            tenant.child(&format!("r{r}")).unwrap();
+        }
+    }
+    let groups_in = |text: &str| {
+        parse(text)
+            .keys()
+            .filter(|(n, _)| n == "splitcount_group_usage")
+            .count()
+    };
+    assert_eq!(groups_in(&render(&h.root(), &Options::default())), 34);
+    assert_eq!(
+        groups_in(&render(&h.root(), &Options::default().max_depth(1))),
+        4
+    );
+    let capped = render(&h.root(), &Options::default().max_groups(6));
+    assert_eq!(groups_in(&capped), 6);
+    assert!(capped.contains("group=\"/t2\""), "whole levels first");
+    h.lookup("t1/r3").unwrap().remove().unwrap();
+    let after = render(&h.root(), &Options::default());
+    assert_eq!(groups_in(&after), 33);
+    assert!(!after.contains("/t1/r3"));
+}
+
+/// Through a prometheus-client registry: OpenMetrics text.
+#[test]
+fn the_collector_writes_openmetrics_through_a_registry() {
+    let h = demo();
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(HierarchyCollector::new(&h, Options::default())));
+    let recorder = SplitRecorder::new();
+    metrics::with_local_recorder(&recorder, || {
+        metrics::counter!("requests_total", "tenant" => "acme").increment(3);
+    });
+    registry.register_collector(Box::new(recorder));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    assert!(text.contains("# TYPE splitcount_group_events counter\n"));
+    assert!(text.contains("splitcount_group_usage{group=\"/tenant/q\"} 300\n"));
+    assert!(text.contains("splitcount_group_max{group=\"/\"} inf\n") || text.contains("+Inf"));
+    assert!(
+        text.contains("requests_total{tenant=\"acme\"} 3\n"),
+        "{text}"
+    );
+}
+
+/// The recorder's counters are exact after concurrent increments, its
+/// gauges and histograms keep what they are told, and its exposition
+/// (names made valid) passes promtool.
+#[test]
+fn the_recorder_counts_exactly_and_exports_valid_text() {
+    let recorder = SplitRecorder::new();
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let r = &recorder;
+            s.spawn(move || {
+                metrics::with_local_recorder(r, || {
+                    let tenant = if t % 2 == 0 { "a" } else { "b" };
+                    let c = metrics::counter!("requests_total", "tenant" => tenant);
+                    for _ in 0..50_000 {
+                        c.increment(1);
+                    }
+                    for _ in 0..1_000 {
+                        metrics::counter!("macro.calls").increment(2);
+                    }
+                    metrics::histogram!("latency_seconds").record(0.5);
+                });
+            });
+        }
+    });
+    metrics::with_local_recorder(&recorder, || {
+        metrics::describe_counter!("requests_total", "Requests served.");
+        let g = metrics::gauge!("queue-depth");
+        g.set(10.0);
+        g.increment(2.5);
+        g.decrement(0.5);
+        metrics::counter!("requests_total", "tenant" => "a").absolute(10);
+    });
+    let counters: BTreeMap<String, u64> = recorder
+        .counters()
+        .into_iter()
+        .map(|((name, labels), v)| (format!("{name}{labels:?}"), v))
+        .collect();
+    assert_eq!(counters["requests_total[(\"tenant\", \"a\")]"], 100_000);
+    assert_eq!(counters["requests_total[(\"tenant\", \"b\")]"], 100_000);
+    assert_eq!(counters["macro.calls[]"], 8_000);
+    assert_eq!(recorder.gauges()[0].1, 12.0);
+    assert_eq!(recorder.histograms()[0].1, 4);
+    assert_eq!(recorder.histograms()[0].2, 2.0);
+    let text = recorder.render();
+    assert_eq!(promtool(&text), None, "{text}");
+    assert!(text.contains("# HELP requests_total Requests served.\n"));
+    assert!(text.contains("requests_total{tenant=\"a\"} 100000\n"));
+    assert!(text.contains("macro_calls_total 8000\n"));
+    assert!(text.contains("queue_depth 12.0\n"));
+    assert!(text.contains("latency_seconds_count 4\n"));
+}
