@@ -74,6 +74,7 @@
 mod reconcile;
 mod reserve;
 mod scope;
+mod thread;
 mod wrapper;
 
 pub use crate::group::{AllocRefusalHook, OverLimit, Refusal};
