@@ -3,13 +3,17 @@
 //! whose `free` gets no size and whose blocks carry more than an account.
 //! Hidden from the docs: for that library, not for applications.
 //!
-//! The semantics are those of [`Accounted`]'s `GlobalAlloc` methods: a
+//! The semantics are those of [`Accounted`]'s `GlobalAlloc` methods — a
 //! charge goes through the thread's reserve, the byte stock and the slow
-//! path (reclaim, drains, enforcement, refusal hooks, reporting grace); an
-//! account is named by its address, which the caller stores in its block's
-//! header and hands back when the block is freed or grown.
+//! path (reclaim, drains, enforcement, refusal hooks, reporting grace) —
+//! except that a thread in no group charges a group of the caller's choice
+//! (the preload's `/preload`) instead of the root. An account is named by
+//! its address, which the caller stores in its block's header and hands
+//! back when the block is freed or grown. (Header bytes are the caller's:
+//! they are not counted in [`Accounted::reconcile`]'s headers.)
 
-use super::{current, in_hook, Accounted, RESERVE};
+use super::{in_hook, Accounted};
+use crate::alloc::{current, enter_held};
 use crate::group::{AccountKey, Group};
 
 /// A group's account address, to store as a thread's default
@@ -22,30 +26,28 @@ pub fn raw_account(group: &Group) -> *const u8 {
 
 impl<A> Accounted<A> {
     /// Charge `n` bytes as an allocation would: to the thread's current
-    /// account, or to `fallback` (from [`raw_account`], null for the root)
-    /// when the thread entered no group. `Some` with the account to store in
-    /// the block's header (null: nothing was charged — not attached, inside
-    /// a hook, or in the reporting grace), `None` when refused.
+    /// account. A thread that entered no group charges `fallback` (from
+    /// [`raw_account`]; null: the root): the first time, the fallback
+    /// becomes the thread's base scope for good, and scopes entered later
+    /// nest on top of it. `Some` with the account to store in the block's
+    /// header (null: nothing was charged — not attached, inside a hook, or
+    /// in the reporting grace), `None` when refused.
     ///
     /// # Safety
     /// `fallback` is null or from [`raw_account`] of a group that a handle
-    /// still holds.
+    /// holds for the rest of the process.
     #[doc(hidden)]
     #[inline]
     pub unsafe fn charge_raw(&self, n: u64, fallback: *const u8) -> Option<*const u8> {
-        let Some(st) = self.attached() else {
-            return Some(std::ptr::null());
-        };
-        if in_hook() {
-            return Some(std::ptr::null());
-        }
         // SAFETY: the caller's contract: kept alive by a handle.
-        let fallback = unsafe { AccountKey::from_ptr(fallback) };
-        let acc = current().or(fallback).unwrap_or(st.root);
-        if RESERVE.try_with(|r| r.take(acc, n)) == Ok(true) {
-            return Some(acc.as_ptr());
+        if let Some(base) = unsafe { AccountKey::from_ptr(fallback) } {
+            if current().is_none() {
+                // Never left: the handle holds the account, no reference
+                // is taken for the scope.
+                std::mem::forget(enter_held(base));
+            }
         }
-        self.charge_slow(st, acc, n, true)
+        self.charge(n)
             .ok()
             .map(|a| a.map_or(std::ptr::null(), AccountKey::as_ptr))
     }
