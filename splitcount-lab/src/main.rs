@@ -35,11 +35,11 @@ enum Command {
         json: bool,
     },
     /// Run a benchmark suite in interleaved rounds: `cpu-id`, `percpu`,
-    /// `counters`, `charge`, `stats`, `alloc`, `async`, `groups`, `metrics`
-    /// or `layout`.
+    /// `counters`, `charge`, `stats`, `alloc`, `async`, `groups`, `metrics`,
+    /// `layout` or `ffi`.
     Bench {
         /// The suite: `cpu-id`, `percpu`, `counters`, `charge`, `stats`,
-        /// `alloc`, `async`, `groups`, `metrics` or `layout` (`layout` always runs two
+        /// `alloc`, `async`, `groups`, `metrics`, `layout` or `ffi` (`layout` always runs two
         /// threads and `stats` one; both ignore `--threads`; for `async` a
         /// thread count is the runtime's worker threads).
         suite: String,
@@ -269,6 +269,7 @@ fn run(cli: Cli) -> Result<(), String> {
                     bench::groups::SIBLINGS,
                 ),
                 "layout" => bench::layout::run(&plan),
+                "ffi" => bench::ffi::run(&exe, &threads, &plan),
                 other => {
                     return Err(format!(
                         "unknown suite {other:?} (known: {})",

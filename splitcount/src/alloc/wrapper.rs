@@ -726,3 +726,7 @@ impl<A> fmt::Debug for Accounted<A> {
 /// Whether a group is the allocator's concern: for `Group` docs.
 #[allow(dead_code)]
 fn _doc_links(_: &Group) {}
+
+mod raw;
+#[doc(hidden)]
+pub use raw::raw_account;
