@@ -1,5 +1,6 @@
 //! The lab's global allocator: the system allocator, or the same wrapped in
-//! [`Accounted`], chosen once per process.
+//! [`Accounted`] (charging requested sizes or footprints), chosen once per
+//! process.
 //!
 //! `bench alloc` compares the two *as a program uses them*: every
 //! allocation of its workloads goes through `std::alloc` (a `Vec`, a
@@ -7,13 +8,14 @@
 //! process cannot switch its global allocator while blocks are live (a
 //! block from `System` has no header for `Accounted` to read), so the
 //! choice is made once, at the first allocation, from the environment
-//! variable [`ENV`] (`system`, the default, or `accounted`), and the
-//! allocator suite runs each side in a worker process of its own
-//! ([`crate::bench::alloc`]). Both sides pay the same dispatch: one
-//! predictable branch on a static.
+//! variable [`ENV`] (`system`, the default, `accounted` or `footprint`),
+//! and the allocator suite runs each in a worker process of its own
+//! ([`crate::bench::alloc`]). Every side pays a dispatch of one or two
+//! predictable branches on a static: `System` first, then the two
+//! accounted allocators, which pay the same.
 
 use serde::{Deserialize, Serialize};
-use splitcount::alloc::Accounted;
+use splitcount::alloc::{Accounted, Footprint};
 use splitcount::group::Hierarchy;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -27,55 +29,72 @@ pub const ENV: &str = "SPLITCOUNT_LAB_ALLOCATOR";
 pub enum Allocator {
     /// `std::alloc::System`.
     System,
-    /// `Accounted<System>`.
+    /// `Accounted<System>`: charges requested sizes.
     Accounted,
+    /// `Accounted<System, Footprint>`: charges footprints
+    /// (`malloc_usable_size` + 8 on glibc).
+    Footprint,
 }
 
 impl Allocator {
-    /// `system` or `accounted` (the value of [`ENV`]).
+    /// `system`, `accounted` or `footprint` (the value of [`ENV`]).
     pub fn name(self) -> &'static str {
         match self {
             Allocator::System => "system",
             Allocator::Accounted => "accounted",
+            Allocator::Footprint => "footprint",
         }
+    }
+
+    /// Whether it charges groups (either `Accounted`).
+    pub fn is_accounted(self) -> bool {
+        self != Allocator::System
     }
 }
 
 const UNDECIDED: u8 = 0;
 const SYSTEM: u8 = 1;
 const ACCOUNTED_MODE: u8 = 2;
+const FOOTPRINT_MODE: u8 = 3;
 
 static MODE: AtomicU8 = AtomicU8::new(UNDECIDED);
 static ACCOUNTED: Accounted<System> = Accounted::new(System);
+static FOOTPRINT: Accounted<System, Footprint> = Accounted::with_charging(System, Footprint);
 
 /// The allocator this process runs on (decided at its first allocation).
 pub fn current() -> Allocator {
-    if mode() == ACCOUNTED_MODE {
-        Allocator::Accounted
-    } else {
-        Allocator::System
+    match mode() {
+        ACCOUNTED_MODE => Allocator::Accounted,
+        FOOTPRINT_MODE => Allocator::Footprint,
+        _ => Allocator::System,
     }
 }
 
-/// Attach the accounted allocator to `hierarchy`: from now on this
-/// process's allocations are charged to the current group (an error
-/// unless this process runs on [`Allocator::Accounted`]).
+/// Attach the process's accounted allocator to `hierarchy`: from now on
+/// its allocations are charged to the current group (an error if this
+/// process runs on [`Allocator::System`]).
 pub fn attach(hierarchy: &Hierarchy) -> Result<(), String> {
-    if current() != Allocator::Accounted {
-        return Err(format!(
-            "this process runs on the system allocator ({ENV} is not \"accounted\")"
-        ));
-    }
-    ACCOUNTED.attach(hierarchy).map_err(|e| e.to_string())
+    let attached = match current() {
+        Allocator::Accounted => ACCOUNTED.attach(hierarchy),
+        Allocator::Footprint => FOOTPRINT.attach(hierarchy),
+        Allocator::System => {
+            return Err(format!(
+                "this process runs on the system allocator \
+                 ({ENV} is neither \"accounted\" nor \"footprint\")"
+            ))
+        }
+    };
+    attached.map_err(|e| e.to_string())
 }
 
 /// The accounted allocator's reconciliation ([`Accounted::reconcile`]):
-/// `None` unless this process runs on it, attached.
+/// `None` unless this process runs on one, attached.
 pub fn reconcile() -> Option<splitcount::alloc::Reconciliation> {
-    if current() != Allocator::Accounted {
-        return None;
+    match current() {
+        Allocator::Accounted => ACCOUNTED.reconcile(),
+        Allocator::Footprint => FOOTPRINT.reconcile(),
+        Allocator::System => None,
     }
-    ACCOUNTED.reconcile()
 }
 
 #[inline(always)]
@@ -93,10 +112,17 @@ fn decide() -> u8 {
     // SAFETY: a NUL-terminated name; the lab never sets environment
     // variables, so no `setenv` races with this read. No allocation.
     let value = unsafe { libc::getenv(c"SPLITCOUNT_LAB_ALLOCATOR".as_ptr()) };
-    // SAFETY: getenv returned a NUL-terminated string or null.
-    let accounted =
-        !value.is_null() && unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes() == b"accounted";
-    let m = if accounted { ACCOUNTED_MODE } else { SYSTEM };
+    let name = if value.is_null() {
+        &b""[..]
+    } else {
+        // SAFETY: getenv returned a NUL-terminated string.
+        unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes()
+    };
+    let m = match name {
+        b"accounted" => ACCOUNTED_MODE,
+        b"footprint" => FOOTPRINT_MODE,
+        _ => SYSTEM,
+    };
     // Relaxed: every thread decides the same value.
     match MODE.compare_exchange(UNDECIDED, m, Ordering::Relaxed, Ordering::Relaxed) {
         Ok(_) => m,
@@ -104,12 +130,13 @@ fn decide() -> u8 {
     }
 }
 
-/// The global allocator of `splitcount-lab`: [`System`] or
-/// `Accounted<System>`, as [`current`] says.
+/// The global allocator of `splitcount-lab`: [`System`],
+/// `Accounted<System>` or `Accounted<System, Footprint>`, as [`current`]
+/// says.
 #[derive(Debug, Default)]
 pub struct Switch;
 
-// SAFETY: every call goes to one of two allocators that uphold the
+// SAFETY: every call goes to one of three allocators that uphold the
 // `GlobalAlloc` contract, and always the same one for the whole process
 // (the mode never changes once decided), so a block is always freed or
 // grown by the allocator that made it.
@@ -118,10 +145,10 @@ unsafe impl GlobalAlloc for Switch {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller's contract, passed on.
         unsafe {
-            if mode() == ACCOUNTED_MODE {
-                ACCOUNTED.alloc(layout)
-            } else {
-                System.alloc(layout)
+            match mode() {
+                SYSTEM => System.alloc(layout),
+                ACCOUNTED_MODE => ACCOUNTED.alloc(layout),
+                _ => FOOTPRINT.alloc(layout),
             }
         }
     }
@@ -130,10 +157,10 @@ unsafe impl GlobalAlloc for Switch {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: the caller's contract; `ptr` came from the same allocator.
         unsafe {
-            if mode() == ACCOUNTED_MODE {
-                ACCOUNTED.dealloc(ptr, layout)
-            } else {
-                System.dealloc(ptr, layout)
+            match mode() {
+                SYSTEM => System.dealloc(ptr, layout),
+                ACCOUNTED_MODE => ACCOUNTED.dealloc(ptr, layout),
+                _ => FOOTPRINT.dealloc(ptr, layout),
             }
         }
     }
@@ -142,10 +169,10 @@ unsafe impl GlobalAlloc for Switch {
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller's contract, passed on.
         unsafe {
-            if mode() == ACCOUNTED_MODE {
-                ACCOUNTED.alloc_zeroed(layout)
-            } else {
-                System.alloc_zeroed(layout)
+            match mode() {
+                SYSTEM => System.alloc_zeroed(layout),
+                ACCOUNTED_MODE => ACCOUNTED.alloc_zeroed(layout),
+                _ => FOOTPRINT.alloc_zeroed(layout),
             }
         }
     }
@@ -154,10 +181,10 @@ unsafe impl GlobalAlloc for Switch {
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: the caller's contract; `ptr` came from the same allocator.
         unsafe {
-            if mode() == ACCOUNTED_MODE {
-                ACCOUNTED.realloc(ptr, layout, new_size)
-            } else {
-                System.realloc(ptr, layout, new_size)
+            match mode() {
+                SYSTEM => System.realloc(ptr, layout, new_size),
+                ACCOUNTED_MODE => ACCOUNTED.realloc(ptr, layout, new_size),
+                _ => FOOTPRINT.realloc(ptr, layout, new_size),
             }
         }
     }

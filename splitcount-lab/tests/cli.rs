@@ -433,7 +433,7 @@ fn bench_stats_reports_flush_and_update_costs_with_ratios() {
 }
 
 #[test]
-fn bench_alloc_compares_each_workload_on_the_wrapper_with_itself_on_the_system_allocator() {
+fn bench_alloc_compares_the_wrapper_with_system_and_footprints_with_requested_sizes() {
     let lines = bench_json(
         "alloc",
         &["--threads", "1,2", "--seconds", "0.06", "--rounds", "2"],
@@ -446,10 +446,14 @@ fn bench_alloc_compares_each_workload_on_the_wrapper_with_itself_on_the_system_a
         ("cross-thread", 2),
         ("json", 1),
     ] {
-        for allocator in ["system", "accounted"] {
+        for (allocator, baseline) in [
+            ("system", "system"),
+            ("accounted", "system"),
+            ("footprint", "accounted"),
+        ] {
             let case = format!("{workload}-{allocator}");
             let l = line(&lines, &case, threads);
-            assert_eq!(l["baseline"], format!("{workload}-system"));
+            assert_eq!(l["baseline"], format!("{workload}-{baseline}"));
             assert!(l["ratio"].as_f64().unwrap() > 0.0);
         }
     }

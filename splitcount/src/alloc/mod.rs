@@ -48,6 +48,25 @@
 //! and stores — so the common allocation and free touch no shared cache
 //! line and execute no atomic instruction.
 //!
+//! **What a block charges** is fixed by the allocator's type, so that a
+//! free always uncharges exactly what its allocation charged:
+//!
+//! | mode: `Accounted<A, C>` | a block charges | a group's `usage()` is (plus the slack below) |
+//! |---|---|---|
+//! | [`Requested`], the default: `Accounted<A>` | the size asked for, `Layout::size()` | the sum of its live blocks' requested sizes |
+//! | [`Footprint`]: `Accounted<A, Footprint>` | its footprint, [`InnerFootprint::footprint`] | the sum of its live blocks' footprints: the memory they occupy in the inner allocator |
+//!
+//! With [`std::alloc::System`] on glibc (`linux-gnu`) a footprint is
+//! `malloc_usable_size(block) + 8`: the block's whole chunk (the caller's
+//! bytes, the header, glibc's rounding and its size field) — 48 bytes for a
+//! 24-byte `Box`, which charges 24 under `Requested`. With `System`
+//! elsewhere, and with inner allocators that cannot say, it is the
+//! requested size plus the header. Charging footprints costs a
+//! `malloc_usable_size` call per allocation and per free; the block is
+//! allocated before it is charged (its footprint is known only then) and
+//! freed again if the charge is refused. See [`Footprint`] for `realloc`
+//! and the bounds.
+//!
 //! **Over a limit**, after reclaim hooks, draining the refusing group's
 //! stocked bytes, and OOM hooks, the refusing group's
 //! [`crate::charge::Enforcement`] decides: a cooperative over-charge that the
@@ -58,7 +77,8 @@
 //! be refused again pass unaccounted for a while ([`REPORTING_GRACE`]), and
 //! so do a panicking thread's: error messages always print.
 //!
-//! **Slack.** Usage may run ahead of live bytes by the reserves (at most
+//! **Slack.** Usage may run ahead of live bytes (requested sizes or
+//! footprints, as charged) by the reserves (at most
 //! `MAX_THREAD_RESERVE` per thread) plus the stocks (at most `7 ·
 //! BYTE_BATCH` per CPU): [`Accounted::max_slack`]. A refusal drains the
 //! stocks first, so it comes at most `threads · MAX_THREAD_RESERVE` early.
@@ -71,6 +91,7 @@
 //! with accounting off. Before `attach`, allocations pass through
 //! unaccounted.
 
+mod charging;
 mod reconcile;
 mod reserve;
 mod scope;
@@ -78,6 +99,7 @@ mod thread;
 mod wrapper;
 
 pub use crate::group::{AllocRefusalHook, OverLimit, Refusal};
+pub use charging::{Charging, Footprint, InnerFootprint, Requested};
 pub use reconcile::Reconciliation;
 pub use reserve::{drain_thread, MAX_THREAD_RESERVE, RESERVE_BATCH};
 pub use scope::AllocScope;

@@ -11,6 +11,10 @@
 //!   + blocks it gave before attach, unaccounted  ┘ = malloc in use (mallinfo2)
 //!   + freed memory malloc keeps, code, stacks… ──── ≈ resident set (statm)
 //! ```
+//!
+//! Under [`crate::alloc::Footprint`] charging the accounted bytes are the
+//! blocks' footprints, headers and rounding included: `requested` is then
+//! their footprints, and malloc's overhead only what no group accounts.
 
 use crate::alloc::reserve::{HEADER_BYTES, RESERVE_HOLDERS};
 use crate::alloc::MAX_THREAD_RESERVE;
@@ -34,6 +38,11 @@ pub struct Reconciliation {
     /// [`MAX_THREAD_RESERVE`] pre-charged bytes (their exact sum is not
     /// kept: reserves change without atomics).
     pub reserve_holders: u64,
+    /// Whether the allocator charges footprints
+    /// ([`crate::alloc::Footprint`]): then `requested_*` are the live
+    /// blocks' footprints (headers and the inner allocator's rounding
+    /// included), not the sizes asked for.
+    pub footprint: bool,
     /// The bytes the program holds through the wrapper, at least
     /// (`accounted − stocked − reserve_holders × MAX_THREAD_RESERVE`).
     pub requested_at_least: u64,
@@ -55,8 +64,9 @@ pub struct Reconciliation {
 }
 
 impl Reconciliation {
-    /// Measure now, with `root` the attached hierarchy's root.
-    pub(crate) fn measure(root: &Group) -> Reconciliation {
+    /// Measure now, with `root` the attached hierarchy's root; `footprint`:
+    /// the allocator charges footprints.
+    pub(crate) fn measure(root: &Group, footprint: bool) -> Reconciliation {
         let accounted = root.usage();
         let stocked = root.stocked_subtree().min(accounted);
         // Relaxed: statistics.
@@ -66,6 +76,7 @@ impl Reconciliation {
             accounted,
             stocked,
             reserve_holders: holders,
+            footprint,
             requested_at_least: at_most.saturating_sub(holders * MAX_THREAD_RESERVE),
             requested_at_most: at_most,
             headers: HEADER_BYTES.load(Relaxed).max(0) as u64,
@@ -77,9 +88,15 @@ impl Reconciliation {
     /// What the inner allocator holds beyond the requested bytes and the
     /// headers — its rounding, chunk overhead and unaccounted blocks — as a
     /// range `(at least, at most)`, or `None` without `malloc_in_use`.
+    /// Under footprint charging (headers and rounding accounted already):
+    /// what it holds beyond the footprints.
     pub fn malloc_overhead(&self) -> Option<(i64, i64)> {
         let m = self.malloc_in_use? as i64;
-        let h = self.headers as i64;
+        let h = if self.footprint {
+            0
+        } else {
+            self.headers as i64
+        };
         Some((
             m - h - self.requested_at_most as i64,
             m - h - self.requested_at_least as i64,
@@ -125,8 +142,14 @@ impl fmt::Display for Reconciliation {
         )?;
         writeln!(
             f,
-            "requested          {:>14}  … {}",
-            self.requested_at_least, self.requested_at_most
+            "{:<19}{:>14}  … {}",
+            if self.footprint {
+                "footprints"
+            } else {
+                "requested"
+            },
+            self.requested_at_least,
+            self.requested_at_most
         )?;
         writeln!(f, "headers            {:>14}", self.headers)?;
         writeln!(f, "malloc in use      {:>14}", opt(self.malloc_in_use))?;

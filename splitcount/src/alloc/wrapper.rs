@@ -2,6 +2,7 @@
 
 #![allow(unsafe_code)]
 
+use super::charging::{Charging, Requested};
 use super::reconcile::Reconciliation;
 use super::reserve::{drain_thread, flush_headers, RESERVE_BATCH};
 use super::scope::{in_hook, run_unaccounted, set_grace, take_grace, without_accounting};
@@ -18,6 +19,7 @@ use crate::group::{
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::RefCell;
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::atomic::{
     AtomicPtr,
     Ordering::{AcqRel, Acquire},
@@ -103,20 +105,54 @@ impl std::error::Error for AttachError {
     }
 }
 
-/// A `GlobalAlloc` that charges every allocation's size to the current
-/// thread's group. See the module docs of [`crate::alloc`].
-pub struct Accounted<A> {
-    inner: A,
+/// A `GlobalAlloc` that charges every allocation to the current thread's
+/// group. See the module docs of [`crate::alloc`].
+///
+/// What an allocation charges is the second type parameter, `C`, fixed
+/// with the type (so a block's free always uncharges what its allocation
+/// charged):
+///
+/// - [`Requested`] (the default, `Accounted<A>`): the size the caller
+///   asked for. `usage()` is the sum of the live blocks' requested sizes
+///   (plus the stock and reserve slack); the header and the inner
+///   allocator's rounding are not counted.
+/// - [`Footprint`](super::Footprint) (`Accounted<A, Footprint>`, for an
+///   inner allocator that implements [`InnerFootprint`](super::InnerFootprint)):
+///   what the block really occupies, header and rounding included — on
+///   glibc, `malloc_usable_size` of the block + 8 (its chunk). `usage()` is
+///   the sum of the live blocks' footprints (plus the same slack).
+///
+/// ```
+/// use splitcount::alloc::{Accounted, Footprint};
+/// use std::alloc::System;
+///
+/// static REQUESTED: Accounted<System> = Accounted::new(System);
+/// static FOOTPRINT: Accounted<System, Footprint> = Accounted::with_charging(System, Footprint);
+/// ```
+pub struct Accounted<A, C = Requested> {
+    pub(super) inner: A,
     state: AtomicPtr<Attached>,
+    charging: PhantomData<fn() -> C>,
 }
 
 impl<A> Accounted<A> {
-    /// Wrap `inner`. Until [`Accounted::attach`], allocations pass through
-    /// unaccounted (they still carry the header, so they can be freed after).
+    /// Wrap `inner`, charging requested sizes ([`Requested`]). Until
+    /// [`Accounted::attach`], allocations pass through unaccounted (they
+    /// still carry the header, so they can be freed after).
     pub const fn new(inner: A) -> Accounted<A> {
+        Accounted::with_charging(inner, Requested)
+    }
+}
+
+impl<A, C: Charging> Accounted<A, C> {
+    /// Wrap `inner`, charging what `charging` says: [`Requested`] (as
+    /// [`Accounted::new`]) or [`Footprint`](super::Footprint). Until
+    /// [`Accounted::attach`], allocations pass through unaccounted.
+    pub const fn with_charging(inner: A, _charging: C) -> Accounted<A, C> {
         Accounted {
             inner,
             state: AtomicPtr::new(std::ptr::null_mut()),
+            charging: PhantomData,
         }
     }
 
@@ -196,7 +232,7 @@ impl<A> Accounted<A> {
         let st = self.attached()?;
         Some(without_accounting(|| {
             drain_thread();
-            Reconciliation::measure(&st.hierarchy.root())
+            Reconciliation::measure(&st.hierarchy.root(), C::FOOTPRINT)
         }))
     }
 
@@ -224,7 +260,7 @@ impl<A> Accounted<A> {
     /// before the first slow path: never the reserve's account when it
     /// holds bytes). Then two loads, a compare and a store.
     #[inline(always)]
-    fn charge(&self, n: u64) -> Result<Option<AccountKey>, ()> {
+    pub(super) fn charge(&self, n: u64) -> Result<Option<AccountKey>, ()> {
         let me = self as *const Self as usize;
         let acc = STATE.with(|t| {
             let acc = t.charge.get();
@@ -335,6 +371,48 @@ impl<A> Accounted<A> {
                 Ok(Some(acc))
             }
             Err(refuser) => self.over_limit(st, acc, &node, &refuser, n),
+        }
+    }
+
+    /// Charge the growth of a block by `realloc` (`n` bytes) to `key`, the
+    /// account in its header — the one its free will uncharge. Inside a
+    /// hook the growth is still charged (and may be refused), only without
+    /// running hooks again. Whether it was charged.
+    pub(super) fn charge_growth(&self, key: AccountKey, n: u64) -> bool {
+        let Some(st) = self.attached() else {
+            return false;
+        };
+        if in_hook() {
+            self.charge_bytes(st, key, n).is_ok()
+        } else {
+            self.charge_slow(st, key, n, false) == Ok(Some(key))
+        }
+    }
+
+    /// Charge `n` bytes to `key` that must not be refused: memory the inner
+    /// allocator has already handed out (the rounding of a block `realloc`
+    /// resized, in [`Footprint`](super::Footprint) charging). From the
+    /// thread's reserve or this CPU's byte stock when they hold `key`'s
+    /// bytes, else forced onto the usage counters (a limit may be passed by
+    /// that much; the pressure hooks run if `high` was crossed).
+    pub(super) fn charge_unrefused(&self, key: AccountKey, n: u64) {
+        if n == 0 || STATE.try_with(|t| t.reserve.take(key, n)).unwrap_or(false) {
+            return;
+        }
+        let Some(st) = self.attached() else {
+            // Not reached: a block names an account only once attached.
+            key.force_charge(n);
+            return;
+        };
+        let stock = &st.bytes().stock;
+        if stock.consume_with(|| st.machine.current_cpu(), &key, n) == Consumed::Hit {
+            return;
+        }
+        // Inside a hook, as for the growth itself: no hooks again.
+        if key.force_charge(n) && !in_hook() {
+            if let Some(node) = key.node().or_else(|| key.live_node()) {
+                st.hierarchy.shared().pressure(&node, run_unaccounted);
+            }
         }
     }
 
@@ -475,7 +553,7 @@ impl<A> Accounted<A> {
     /// fit under [`MAX_THREAD_RESERVE`](super::MAX_THREAD_RESERVE): one
     /// compare and a store in the thread-local state.
     #[inline(always)]
-    fn uncharge(&self, acc: *const u8, n: u64) {
+    pub(super) fn uncharge(&self, acc: *const u8, n: u64) {
         let kept = STATE.with(|t| {
             let bytes = t.reserve.bytes.get() + n;
             let kept = !acc.is_null()
@@ -566,7 +644,7 @@ fn record_breach(shared: &Arc<Shared>, node: &Arc<Node>, refuser: &Arc<Node>, n:
 /// The header size for an alignment: 8 bytes, or the alignment when larger
 /// (a multiple of it either way).
 #[inline]
-fn header(align: usize) -> usize {
+pub(super) fn header(align: usize) -> usize {
     align.max(MIN_HEADER)
 }
 
@@ -574,7 +652,7 @@ fn header(align: usize) -> usize {
 /// front, the alignment at least the header's. `None` when the total would
 /// pass `isize::MAX` once rounded up to the alignment.
 #[inline(always)]
-fn extended(layout: Layout) -> Option<Layout> {
+pub(super) fn extended(layout: Layout) -> Option<Layout> {
     let align = layout.align().max(MIN_HEADER);
     // `header(align) ≤ align`, so `size + header` rounded up to `align` is at
     // most `size + 2·align − 1`: one comparison rules out every overflow.
@@ -588,11 +666,22 @@ fn extended(layout: Layout) -> Option<Layout> {
     })
 }
 
+/// The layout asked of the inner allocator when a block of `layout` is
+/// resized to `new_size`: the header in front, at the same alignment.
+/// `None` when it is not a valid layout (size + header, rounded up to the
+/// alignment, past `isize::MAX`).
+#[inline]
+pub(super) fn resized(layout: Layout, new_size: usize) -> Option<Layout> {
+    new_size
+        .checked_add(header(layout.align()))
+        .and_then(|total| Layout::from_size_align(total, layout.align().max(MIN_HEADER)).ok())
+}
+
 /// # Safety
 /// `user` must be a pointer returned by `Accounted::alloc` (a header lies
 /// before it).
 #[inline]
-unsafe fn header_slot(user: *mut u8) -> *mut *const u8 {
+pub(super) unsafe fn header_slot(user: *mut u8) -> *mut *const u8 {
     // SAFETY: the header's last 8 bytes are just before the user pointer.
     unsafe { (user as *mut *const u8).sub(1) }
 }
@@ -606,7 +695,7 @@ unsafe fn header_slot(user: *mut u8) -> *mut *const u8 {
 // calls as removable allocations, and with this body inlined it elided part
 // of an allocation in a release build (the rest of the function became an
 // unreachable trap). Their own fast paths are inlined into them.
-unsafe impl<A: GlobalAlloc> GlobalAlloc for Accounted<A> {
+unsafe impl<A: GlobalAlloc> GlobalAlloc for Accounted<A, Requested> {
     #[inline(never)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded contract.
@@ -636,12 +725,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Accounted<A> {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let h = header(layout.align());
-        // The new block's layout must be valid (size + header, rounded up to
-        // the alignment, at most `isize::MAX`) before anything is charged.
-        let Some(new_ext) = new_size
-            .checked_add(h)
-            .and_then(|total| Layout::from_size_align(total, layout.align().max(MIN_HEADER)).ok())
-        else {
+        // The new block's layout must be valid before anything is charged.
+        let Some(new_ext) = resized(layout, new_size) else {
             return std::ptr::null_mut();
         };
         // SAFETY: as in `dealloc`.
@@ -649,19 +734,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Accounted<A> {
         let (old, new) = (layout.size() as u64, new_size as u64);
         // SAFETY: as in `uncharge`.
         if let (true, Some(key)) = (new > old, unsafe { AccountKey::from_ptr(acc) }) {
-            // Grow within the block's own account: its header names it, and
-            // its free will uncharge the new size. Inside a hook the growth
-            // is still charged (and may be refused), only without running
-            // hooks again.
-            let Some(st) = self.attached() else {
-                return std::ptr::null_mut();
-            };
-            let charged = if in_hook() {
-                self.charge_bytes(st, key, new - old).is_ok()
-            } else {
-                self.charge_slow(st, key, new - old, false) == Ok(Some(key))
-            };
-            if !charged {
+            if !self.charge_growth(key, new - old) {
                 return std::ptr::null_mut();
             }
         }
@@ -715,9 +788,10 @@ impl<A> Accounted<A> {
     }
 }
 
-impl<A> fmt::Debug for Accounted<A> {
+impl<A, C: Charging> fmt::Debug for Accounted<A, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Accounted")
+            .field("charging", &C::NAME)
             .field("attached", &self.attached().is_some())
             .finish()
     }

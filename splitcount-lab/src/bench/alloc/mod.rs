@@ -1,15 +1,19 @@
 //! `bench alloc`: what accounting a program's heap by group costs, as a
-//! ratio of `Accounted<System>` to `System` on the same workloads.
+//! ratio of `Accounted<System>` to `System` on the same workloads — and
+//! what charging footprints adds, as a ratio of `Accounted<System,
+//! Footprint>` to `Accounted<System>`.
 //!
 //! Both allocators are measured as a program meets them — as the process's
 //! global allocator, reached through `std::alloc` by a `Vec`, a `String` or
 //! serde_json — so neither is inlined into a loop where the other is not.
-//! A process has one global allocator, so each side runs in a worker
-//! process of its own ([`worker`]), and the two are driven slice by slice in
-//! the same interleaved rounds, like any two cases of a suite. The
+//! A process has one global allocator, so each allocator runs in a worker
+//! process of its own ([`worker`]), and the three are driven slice by slice
+//! in the same interleaved rounds, like any cases of a suite. The
 //! workloads are in [`workloads`]; case names are
 //! `{workload}-{allocator}`, e.g. `small-accounted`, whose baseline is
-//! `small-system`.
+//! `small-system`, and `small-footprint`, whose baseline is
+//! `small-accounted` (the same wrapper charging requested sizes: the ratio
+//! is what asking glibc for each block's usable size costs).
 
 pub mod worker;
 pub mod workloads;
@@ -22,35 +26,46 @@ use std::path::Path;
 use worker::{Request, Worker};
 pub use workloads::Workload;
 
-/// The allocator every case is divided by.
+/// The allocator every case is divided by (but the footprint cases).
 pub const BASELINE: Allocator = Allocator::System;
+
+/// The allocators measured, each in a worker process of its own.
+pub const ALLOCATORS: [Allocator; 3] = [
+    Allocator::System,
+    Allocator::Accounted,
+    Allocator::Footprint,
+];
 
 /// `{workload}-{allocator}`.
 pub fn case(workload: Workload, allocator: Allocator) -> String {
     format!("{}-{}", workload.name(), allocator.name())
 }
 
-/// The baseline of a case: the same workload on the system allocator.
+/// The baseline of a case: the same workload on the system allocator, or
+/// for a footprint case on `Accounted<System>` (charging requested sizes).
 pub fn baseline_of(case: &str) -> Option<String> {
-    let workload = case.rsplit_once('-')?.0;
-    Some(format!("{workload}-{}", BASELINE.name()))
+    let (workload, allocator) = case.rsplit_once('-')?;
+    let baseline = if allocator == Allocator::Footprint.name() {
+        Allocator::Accounted
+    } else {
+        BASELINE
+    };
+    Some(format!("{workload}-{}", baseline.name()))
 }
 
-/// Measure every workload on both allocators; the rings at each of
+/// Measure every workload on every allocator; the rings at each of
 /// `threads`, `cross-thread` at 2 and `json` at 1. `exe` is the lab binary
 /// (its `alloc-worker` command runs the workers).
 pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> {
-    let workers =
-        [Allocator::System, Allocator::Accounted].map(|a| Worker::start(exe, a).map(RefCell::new));
-    let [system, accounted] = workers;
-    let (system, accounted) = (system?, accounted?);
+    let workers = ALLOCATORS
+        .iter()
+        .map(|&a| Ok((a, RefCell::new(Worker::start(exe, a)?))))
+        .collect::<Result<Vec<_>, String>>()?;
     let mut entries = Vec::new();
     for workload in Workload::ALL {
         for t in workload.thread_counts(threads) {
-            for (allocator, worker) in [
-                (Allocator::System, &system),
-                (Allocator::Accounted, &accounted),
-            ] {
+            for (allocator, worker) in &workers {
+                let allocator = *allocator;
                 entries.push(Entry::from_fn(case(workload, allocator), t, move |spec| {
                     worker.borrow_mut().run(Request {
                         workload,
@@ -70,7 +85,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_case_is_compared_with_its_workload_on_the_system_allocator() {
+    fn each_case_is_compared_with_its_workload_on_its_baseline_allocator() {
         assert_eq!(
             case(Workload::CrossThread, Allocator::Accounted),
             "cross-thread-accounted"
@@ -80,5 +95,9 @@ mod tests {
             "cross-thread-system"
         );
         assert_eq!(baseline_of("small-system").unwrap(), "small-system");
+        assert_eq!(
+            baseline_of(&case(Workload::CrossThread, Allocator::Footprint)).unwrap(),
+            "cross-thread-accounted"
+        );
     }
 }

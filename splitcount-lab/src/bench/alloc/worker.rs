@@ -9,8 +9,8 @@
 //!  worker → lab   {"Ok":{"threads":[…],"pinned":[0,1]}}  or  {"Err":"…"}
 //! ```
 //!
-//! The workers live for the whole suite, so the rounds interleave the two
-//! allocators slice by slice, as for any other pair of cases.
+//! The workers live for the whole suite, so the rounds interleave the
+//! allocators slice by slice, as for any other cases.
 
 use super::workloads::{self, Workload};
 use crate::alloc_switch::{self, Allocator, ENV};
@@ -44,12 +44,12 @@ pub struct Request {
 const GROUPS: usize = 2;
 
 /// Serve requests from `input` until it ends: the body of
-/// `splitcount-lab alloc-worker`. On the accounted allocator, attaches it
+/// `splitcount-lab alloc-worker`. On an accounted allocator, attaches it
 /// to a hierarchy first, so every thread's allocations are charged to its
 /// group.
 pub fn serve(input: impl BufRead, mut output: impl Write) -> Result<(), String> {
     let memory = Hierarchy::default();
-    if alloc_switch::current() == Allocator::Accounted {
+    if alloc_switch::current().is_accounted() {
         alloc_switch::attach(&memory)?;
     }
     let bench = memory.root().child("bench").map_err(|e| e.to_string())?;

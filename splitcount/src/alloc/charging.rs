@@ -1,0 +1,306 @@
+//! What a block charges its group: the size the caller asked for
+//! ([`Requested`], the default) or the memory the block really occupies in
+//! the inner allocator ([`Footprint`]), and the `GlobalAlloc` of
+//! `Accounted<A, Footprint>` (that of `Accounted<A, Requested>` is in
+//! `wrapper.rs`).
+//!
+//! ```text
+//!  one glibc chunk, as Accounted<System, _> gets it from malloc
+//!  ┌──────────┬──────────────┬──────────────────────┬──────────────┐
+//!  │ size (8) │ header (8…)  │ the caller's size    │ rounding     │
+//!  └──────────┴──────────────┴──────────────────────┴──────────────┘
+//!             ◀───────────── malloc_usable_size ──────────────────▶
+//!  Requested                  ◀──────── charged ───▶
+//!  Footprint  ◀──────────────────── charged: usable + 8 ──────────▶
+//! ```
+//!
+//! **The mode is a type parameter**, `Accounted<A, C>`, not a field: the
+//! default's fast path has no test of the mode (its `alloc` and `dealloc`
+//! compile to what they were before the mode existed), and no call can
+//! switch the mode while blocks are live.
+//!
+//! **Same bytes at the free.** A footprint is read from the inner
+//! allocator ([`InnerFootprint`]) while the block is live: after `alloc`,
+//! just before `dealloc`, and on both sides of a `realloc`, which charges
+//! or uncharges the difference. The trait's contract is that the answer
+//! does not change while the block is live, so what a block's account holds
+//! for it is always its current footprint, and its free gives back exactly
+//! that.
+
+#![allow(unsafe_code)]
+
+use super::thread::STATE;
+use super::wrapper::{extended, header, header_slot, resized, Accounted};
+use crate::group::AccountKey;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::fmt;
+
+mod sealed {
+    /// Only this module's modes implement [`super::Charging`].
+    pub trait Sealed {}
+    impl Sealed for super::Requested {}
+    impl Sealed for super::Footprint {}
+}
+
+/// What an [`Accounted`] allocator charges for a block (its second type
+/// parameter): [`Requested`] or [`Footprint`]. See the module docs of
+/// [`crate::alloc`].
+pub trait Charging: sealed::Sealed + fmt::Debug + Copy + Send + Sync + 'static {
+    /// The mode's name (`"requested"` or `"footprint"`), for messages.
+    const NAME: &'static str;
+    /// Whether usage counts footprints — headers and the inner allocator's
+    /// rounding included — rather than requested sizes.
+    const FOOTPRINT: bool;
+}
+
+/// Charge the size the caller asked for (`Layout::size`): the default of
+/// [`Accounted`]. A group's `usage()` is the sum of its live blocks'
+/// requested sizes, plus the stock and reserve slack
+/// ([`Accounted::max_slack`]); the wrapper's header and the inner
+/// allocator's rounding are not counted (see [`Accounted::reconcile`] for
+/// how far they take the process from it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Requested;
+
+impl Charging for Requested {
+    const NAME: &'static str = "requested";
+    const FOOTPRINT: bool = false;
+}
+
+/// Charge what a block really occupies: the caller's size, the wrapper's
+/// header, and the inner allocator's rounding and per-block overhead, as
+/// its [`InnerFootprint`] says. A group's `usage()` is the sum of its live
+/// blocks' footprints, plus the stock and reserve slack
+/// ([`Accounted::max_slack`]).
+///
+/// With [`System`] on glibc (`linux-gnu`) a block's footprint is
+/// `malloc_usable_size(block) + 8` — its whole chunk, for a block glibc
+/// serves from its heap: a 24-byte `Box` asks glibc for 32 bytes with the
+/// header and gets a 48-byte chunk (usable 40, plus the chunk's size
+/// field), so it charges 48, or more when glibc hands out a larger free
+/// chunk whole. For a block glibc maps on its own (from 128 KiB by default)
+/// it is the mapping less 8 bytes (and less any alignment padding in
+/// front). With `System` elsewhere, and with inner allocators that cannot
+/// say, a footprint is the size the wrapper asked for: the caller's size
+/// plus the header.
+///
+/// **Cost.** A `malloc_usable_size` call per allocation and per free (two
+/// per `realloc`); the default mode's paths are untouched.
+///
+/// **Order.** A footprint is known only once the block exists: the block
+/// is allocated first and charged after, and freed again if the charge is
+/// refused (so an allocation the inner allocator itself cannot make fails
+/// without a [`Refusal`](super::Refusal) recorded).
+///
+/// **`realloc`.** The growth the caller asked for (`new_size − old size`)
+/// passes the limits before the block changes, as under [`Requested`];
+/// after it, the block is charged or uncharged the rest of the difference
+/// between its new and old footprints. That rest — the new block's rounding
+/// beyond the old one's — is charged without a check (the block is there):
+/// a limit may be passed by that much, under glibc less than 64 bytes for a
+/// block in its heap and less than a page plus 16 bytes for one it maps on
+/// its own.
+///
+/// ```no_run
+/// use splitcount::alloc::{Accounted, Footprint};
+/// use std::alloc::System;
+///
+/// #[global_allocator]
+/// static ALLOC: Accounted<System, Footprint> = Accounted::with_charging(System, Footprint);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Footprint;
+
+impl Charging for Footprint {
+    const NAME: &'static str = "footprint";
+    const FOOTPRINT: bool = true;
+}
+
+/// What an inner allocator tells [`Accounted<A, Footprint>`](Footprint)
+/// about the memory a block really occupies.
+///
+/// Implemented for [`System`]: on glibc, `malloc_usable_size` + 8 (the
+/// chunk's size field); elsewhere the default. Another allocator implements
+/// it with its own figure (jemalloc's `sallocx`, say), or with no body to
+/// get the default: the size the wrapper asked for (the caller's size plus
+/// the header), without the allocator's rounding.
+///
+/// # Safety
+///
+/// For a block this allocator returned (from `alloc`, `alloc_zeroed` or
+/// `realloc`), [`InnerFootprint::footprint`] must return the same value
+/// from then until the block is freed or reallocated, and at least the
+/// `layout.size()` it was asked for: the wrapper uncharges at the free what
+/// it reads then, and a group's account lives as long as bytes are charged
+/// through it.
+pub unsafe trait InnerFootprint: GlobalAlloc {
+    /// The bytes `block`, allocated with `layout`, occupies. The default:
+    /// `layout.size()`.
+    ///
+    /// # Safety
+    ///
+    /// `block` is live and was returned by this allocator for `layout`.
+    #[inline]
+    unsafe fn footprint(&self, block: *mut u8, layout: Layout) -> usize {
+        let _ = block;
+        layout.size()
+    }
+}
+
+/// glibc's per-chunk overhead outside `malloc_usable_size`: the chunk's
+/// size field (`SIZE_SZ`).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const GLIBC_SIZE_FIELD: usize = std::mem::size_of::<usize>();
+
+// SAFETY: on glibc, `System` allocates with malloc, calloc,
+// posix_memalign and realloc, and a live chunk's usable size changes only
+// through realloc and free; it is at least the size asked for. Elsewhere
+// the default, `layout.size()`, a function of the block's layout.
+unsafe impl InnerFootprint for System {
+    #[inline]
+    unsafe fn footprint(&self, block: *mut u8, layout: Layout) -> usize {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        {
+            let _ = layout;
+            // SAFETY: `block` is live and came from glibc's malloc family.
+            unsafe { libc::malloc_usable_size(block.cast()) + GLIBC_SIZE_FIELD }
+        }
+        #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+        {
+            let _ = block;
+            layout.size()
+        }
+    }
+}
+
+// SAFETY: as for `Accounted<A, Requested>` (wrapper.rs): every method
+// forwards to `inner` with the caller's layout extended by the header, and
+// returns `block + header(align)`. What a block charges is its footprint,
+// read while it is live — after `alloc`, before `dealloc`, on both sides of
+// a `realloc` — so the bytes uncharged at its free are those charged for
+// it (the `InnerFootprint` contract). `alloc` and `dealloc` are never
+// inlined into their callers, for the reason given in wrapper.rs.
+unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
+    #[inline(never)]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded contract.
+        unsafe { self.alloc_footprint(layout, |l| self.inner.alloc(l)) }
+    }
+
+    #[inline(never)]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded contract.
+        unsafe { self.alloc_footprint(layout, |l| self.inner.alloc_zeroed(l)) }
+    }
+
+    #[inline(never)]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        let h = header(layout.align());
+        // SAFETY: `ptr` came from `alloc` with this layout: the header is
+        // there and the block starts `h` bytes earlier.
+        let (acc, block) = unsafe { (*header_slot(ptr), ptr.sub(h)) };
+        // SAFETY: `layout` is the one the block was allocated with, for
+        // which `extended` succeeded then.
+        let ext = unsafe { extended(layout).unwrap_unchecked() };
+        // Measured before the free: the bytes its allocation (or last
+        // realloc) charged. An unaccounted block (null) charged nothing.
+        let n = if acc.is_null() {
+            0
+        } else {
+            // SAFETY: live, from `inner` with `ext`.
+            unsafe { self.inner.footprint(block, ext) as u64 }
+        };
+        // SAFETY: the block was allocated by `inner` with `ext`.
+        unsafe { self.inner.dealloc(block, ext) };
+        STATE.with(|t| t.headers.set(t.headers.get() - h as i64));
+        self.uncharge(acc, n);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let h = header(layout.align());
+        // The new layout must be valid before anything is charged.
+        let Some(new_ext) = resized(layout, new_size) else {
+            return std::ptr::null_mut();
+        };
+        // SAFETY: as in `dealloc`.
+        let (acc, block) = unsafe { (*header_slot(ptr), ptr.sub(h)) };
+        // SAFETY: as in `dealloc`.
+        let ext = unsafe { extended(layout).unwrap_unchecked() };
+        // SAFETY: a header holds null or the account its block was charged
+        // to, which the block's bytes keep alive.
+        let Some(key) = (unsafe { AccountKey::from_ptr(acc) }) else {
+            // Unaccounted, and stays so.
+            // SAFETY: the block was allocated by `inner` with `ext`.
+            let base = unsafe { self.inner.realloc(block, ext, new_ext.size()) };
+            // SAFETY: `base` is null or a block of `new_ext.size()` bytes.
+            return if base.is_null() {
+                base
+            } else {
+                unsafe { base.add(h) }
+            };
+        };
+        // SAFETY: live, from `inner` with `ext`.
+        let held = unsafe { self.inner.footprint(block, ext) } as u64;
+        // The growth asked for passes the limits before the block changes.
+        let grow = (new_size as u64).saturating_sub(layout.size() as u64);
+        if grow > 0 && !self.charge_growth(key, grow) {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: the block was allocated by `inner` with `ext`; the header
+        // is copied along with the contents.
+        let base = unsafe { self.inner.realloc(block, ext, new_ext.size()) };
+        if base.is_null() {
+            self.uncharge(acc, grow);
+            return std::ptr::null_mut();
+        }
+        // SAFETY: `base` is live, from `inner` with `new_ext`.
+        let now = unsafe { self.inner.footprint(base, new_ext) } as u64;
+        let charged = held + grow;
+        if now > charged {
+            self.charge_unrefused(key, now - charged);
+        } else if now < charged {
+            self.uncharge(acc, charged - now);
+        }
+        // SAFETY: `base` is a block of `new_ext.size()` bytes.
+        unsafe { base.add(h) }
+    }
+}
+
+impl<A: InnerFootprint> Accounted<A, Footprint> {
+    /// Allocate with `inner`, then charge the block's footprint; free it
+    /// again if the charge is refused.
+    ///
+    /// # Safety
+    /// `layout` has a non-zero size (the `GlobalAlloc::alloc` contract).
+    #[inline(always)]
+    unsafe fn alloc_footprint(
+        &self,
+        layout: Layout,
+        inner: impl FnOnce(Layout) -> *mut u8,
+    ) -> *mut u8 {
+        let Some(ext) = extended(layout) else {
+            return std::ptr::null_mut();
+        };
+        let block = inner(ext);
+        if block.is_null() {
+            return block;
+        }
+        // SAFETY: live, from `inner` with `ext`.
+        let n = unsafe { self.inner.footprint(block, ext) } as u64;
+        let Ok(acc) = self.charge(n) else {
+            // SAFETY: from `inner` with `ext`, never handed out.
+            unsafe { self.inner.dealloc(block, ext) };
+            return std::ptr::null_mut();
+        };
+        let header_value = acc.map_or(std::ptr::null(), AccountKey::as_ptr);
+        let h = header(layout.align());
+        STATE.with(|t| t.headers.set(t.headers.get() + h as i64));
+        // SAFETY: the block has `header + size` bytes; the user part starts
+        // at `block + header`, aligned to `layout.align()`.
+        unsafe {
+            let user = block.add(h);
+            header_slot(user).write(header_value);
+            user
+        }
+    }
+}
