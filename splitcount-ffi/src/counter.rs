@@ -150,11 +150,25 @@ pub extern "C" fn splitcount_counter_destroy(counter: *mut splitcount_counter) -
 /// Thread-safe; touches only this CPU's part (and a carry now and then).
 #[no_mangle]
 pub extern "C" fn splitcount_counter_add(counter: *mut splitcount_counter, delta: i64) -> c_int {
-    const NAME: &str = "splitcount_counter_add";
+    // The hot path: a live tree, its add inlined; everything else (other
+    // designs, a bad handle and its error) out of line, so that this frame
+    // saves no registers it does not use.
+    if let Some(Counter::Tree(t)) = COUNTERS.find(id(counter)) {
+        return run_infallible(ADD, || t.add(delta));
+    }
+    add_slow(counter, delta)
+}
+
+const ADD: &str = "splitcount_counter_add";
+
+/// [`splitcount_counter_add`] for the designs other than the tree, and
+/// the error of a bad handle.
+#[cold]
+#[inline(never)]
+fn add_slow(counter: *mut splitcount_counter, delta: i64) -> c_int {
     match COUNTERS.find(id(counter)) {
-        // The hot path: no error to build, nothing inlined but the add.
-        Some(c) => run_infallible(NAME, || c.add(delta)),
-        None => run(NAME, || self::counter(counter).map(drop)),
+        Some(c) => run_infallible(ADD, || c.add(delta)),
+        None => run(ADD, || self::counter(counter).map(drop)),
     }
 }
 
