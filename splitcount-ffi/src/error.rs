@@ -63,11 +63,13 @@ impl From<splitcount::group::GroupError> for Error {
     fn from(e: splitcount::group::GroupError) -> Error {
         use splitcount::group::GroupError as G;
         let code = match &e {
-            G::InvalidName { .. } | G::Config(_) => SPLITCOUNT_E_INVALID,
+            G::InvalidName { .. } | G::Config(_) | G::Stock(_) | G::Stat(_) => SPLITCOUNT_E_INVALID,
             G::NameTaken { .. } => SPLITCOUNT_E_EXISTS,
             G::NotFound { .. } => SPLITCOUNT_E_NOT_FOUND,
             G::Busy { .. } | G::HasChildren { .. } | G::RootCannotBeRemoved => SPLITCOUNT_E_BUSY,
             G::Removed { .. } => SPLITCOUNT_E_REMOVED,
+            // A thread that cannot start, and kinds a later version adds.
+            _ => SPLITCOUNT_E_INVALID,
         };
         Error::new(code, e.to_string())
     }

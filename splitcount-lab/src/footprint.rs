@@ -1,7 +1,7 @@
 //! `splitcount-lab footprint`: the bytes one counter of each design takes,
 //! against the number of CPUs, on simulated machines.
 //!
-//! The figures come from [`SplitCounter::footprint`], computed from each
+//! The figures come from [`splitcount::counter::SplitCounter::footprint`], computed from each
 //! counter's layout (and checked against the arena's own counts by the
 //! library's tests): the per-CPU slots, the shared items in the arena, and
 //! the handle with its heap. One more row, `tree-padded`, is the tree as it

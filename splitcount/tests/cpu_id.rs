@@ -4,7 +4,8 @@
 mod common;
 
 use common::{online_cpu_ids, pin_to, unpin};
-use splitcount::cpu::{self, CpuIdSource, RseqOwner, Topology};
+use splitcount::cpu::{self, CpuIdSource, Topology};
+use splitcount::raw::cpu_id::{self, RseqOwner};
 use std::process::Command;
 
 #[test]
@@ -32,13 +33,13 @@ fn a_pinned_thread_reads_the_cpu_it_is_pinned_to() {
             }
             pinned_any = true;
             assert_eq!(
-                cpu::current_cpu_id(),
+                cpu_id::current_cpu_id(),
                 id,
                 "source {:?}",
-                cpu::cpu_id_source()
+                cpu_id::cpu_id_source()
             );
-            assert_eq!(cpu::sched_getcpu(), Some(id));
-            assert_eq!(cpu::getcpu_syscall(), Some(id));
+            assert_eq!(cpu_id::sched_getcpu(), Some(id));
+            assert_eq!(cpu_id::getcpu_syscall(), Some(id));
             let dense = Topology::host().dense_index(id).unwrap();
             assert_eq!(cpu::current_cpu(), dense);
         }
@@ -51,8 +52,8 @@ fn a_pinned_thread_reads_the_cpu_it_is_pinned_to() {
 
 #[test]
 fn the_concurrency_id_is_below_the_cpu_count_when_the_kernel_provides_it() {
-    if !cpu::mm_cid_available() {
-        assert_eq!(cpu::mm_cid(), None);
+    if !cpu_id::mm_cid_available() {
+        assert_eq!(cpu_id::mm_cid(), None);
         return;
     }
     let cpus = Topology::host().cpus() as u32;
@@ -60,7 +61,7 @@ fn the_concurrency_id_is_below_the_cpu_count_when_the_kernel_provides_it() {
         for _ in 0..8 {
             s.spawn(|| {
                 for _ in 0..10_000 {
-                    assert!(cpu::mm_cid().unwrap() < cpus);
+                    assert!(cpu_id::mm_cid().unwrap() < cpus);
                 }
             });
         }
@@ -97,11 +98,11 @@ fn child_prints_its_cpu_id_source() {
     if std::env::var_os("SPLITCOUNT_TEST_CHILD").is_none() {
         return; // only meaningful when run by `source_in_child`
     }
-    let source = cpu::cpu_id_source();
+    let source = cpu_id::cpu_id_source();
     // Whatever the source, the id must agree with the scheduler when pinned.
     let online = online_cpu_ids();
     if pin_to(online[0]) {
-        assert_eq!(cpu::current_cpu_id(), online[0]);
+        assert_eq!(cpu_id::current_cpu_id(), online[0]);
     }
     // Threads that register an area (own-rseq) and exit must unregister it
     // cleanly: the kernel would otherwise write into freed TLS.
@@ -113,7 +114,7 @@ fn child_prints_its_cpu_id_source() {
             assert!(h.join().unwrap().unwrap() < splitcount::cpu::Topology::host().cpus());
         }
     }
-    println!("SOURCE {} {:?}", source.name(), cpu::rseq_owner());
+    println!("SOURCE {} {:?}", source.name(), cpu_id::rseq_owner());
 }
 
 #[test]
@@ -127,7 +128,7 @@ fn without_glibc_rseq_we_register_our_own_area_or_fall_back() {
         "sched-getcpu" => assert_eq!(owner, format!("{:?}", RseqOwner::None)),
         other => panic!("unexpected source {other} with glibc's rseq disabled"),
     }
-    if cpu::cpu_id_source() == CpuIdSource::GlibcRseq {
+    if cpu_id::cpu_id_source() == CpuIdSource::GlibcRseq {
         assert_eq!(
             source, "own-rseq",
             "the kernel has rseq, so registration must work"
@@ -158,7 +159,7 @@ fn child_thread_index_is_stable() {
     if std::env::var_os("SPLITCOUNT_TEST_CHILD").is_none() {
         return;
     }
-    assert_eq!(cpu::cpu_id_source(), CpuIdSource::ThreadIndex);
+    assert_eq!(cpu_id::cpu_id_source(), CpuIdSource::ThreadIndex);
     let first = cpu::current_cpu();
     for _ in 0..1000 {
         assert_eq!(cpu::current_cpu(), first, "a thread keeps its index");

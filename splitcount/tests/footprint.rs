@@ -4,7 +4,7 @@
 
 use splitcount::counter::{Config, Design, SplitCounter, Tree};
 use splitcount::cpu::Machine;
-use splitcount::percpu::Arena;
+use splitcount::raw::percpu::Arena;
 
 /// Simulated machines of many sizes (one node per 64 CPUs).
 const SIZES: [usize; 12] = [1, 2, 3, 7, 16, 64, 100, 128, 256, 1000, 1024, 4096];

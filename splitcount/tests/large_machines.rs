@@ -31,7 +31,7 @@ fn huge_simulated_machines_cost_only_what_they_touch() {
     // The arena stays (as when counters share one): what a drop backs,
     // stays backed.
     let m = Machine::simulated(1 << 16, 64).unwrap();
-    let arena = splitcount::percpu::Arena::new(&m);
+    let arena = splitcount::raw::percpu::Arena::new(&m);
     let before = rss_bytes();
     for round in 0..4 {
         let c = Config::new(Design::Tree)

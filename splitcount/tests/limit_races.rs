@@ -6,8 +6,9 @@
 mod common;
 
 use common::{Migrator, Rng, SpinBarrier};
-use splitcount::charge::{UsageCounter, UNLIMITED};
+use splitcount::charge::UNLIMITED;
 use splitcount::group::Hierarchy;
+use splitcount::raw::UsageCounter;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

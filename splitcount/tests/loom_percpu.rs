@@ -7,7 +7,7 @@
 use loom::sync::Arc;
 use loom::thread;
 use splitcount::cpu::Machine;
-use splitcount::percpu::Arena;
+use splitcount::raw::percpu::Arena;
 
 #[test]
 fn a_sum_racing_adds_sees_a_subset_and_the_final_sum_is_exact() {

@@ -8,7 +8,7 @@
 
 use loom::sync::Arc;
 use loom::thread;
-use splitcount::charge::{Consumed, Stock, UsageCounter};
+use splitcount::raw::{Consumed, Stock, UsageCounter};
 
 #[test]
 fn consume_and_refill_racing_a_drain_keep_usage_exact() {

@@ -178,7 +178,11 @@ fn a_refusal_names_the_largest_consumers_under_the_limit() {
         tenants.child(name).unwrap().force_charge(units).unwrap();
     }
     let e = tenants.child("e").unwrap().charge(200).unwrap_err();
-    let top: Vec<(&str, u64)> = e.top.iter().map(|c| (c.group.as_str(), c.usage)).collect();
+    let top: Vec<(&str, u64)> = e
+        .top()
+        .iter()
+        .map(|c| (c.group.as_str(), c.usage))
+        .collect();
     assert_eq!(
         top,
         [

@@ -6,7 +6,7 @@ mod common;
 
 use common::{online_cpu_ids, pin_to, unpin, Rng};
 use splitcount::cpu::Machine;
-use splitcount::percpu::Arena;
+use splitcount::raw::percpu::Arena;
 
 const OBJECTS: usize = 10_000;
 const THREADS: usize = 8;

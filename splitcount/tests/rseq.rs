@@ -9,8 +9,8 @@ mod common;
 
 use common::{online_cpu_ids, pin_to, unpin, Migrator, Rng};
 use splitcount::counter::{Config, Design, SplitCounter};
-use splitcount::cpu::{self, Machine};
-use splitcount::percpu::{rseq_available, AddPath, Arena, ArenaOptions, PerCpu, SlotIndex};
+use splitcount::cpu::Machine;
+use splitcount::raw::percpu::{rseq_available, AddPath, Arena, ArenaOptions, PerCpu, SlotIndex};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -296,7 +296,11 @@ fn child_reports_its_percpu_path() {
         }
     });
     assert_eq!(p.sum(0), Some(400_000));
-    println!("\nPATH {:?} {:?}", arena.add_path(), cpu::rseq_owner());
+    println!(
+        "\nPATH {:?} {:?}",
+        arena.add_path(),
+        splitcount::raw::cpu_id::rseq_owner()
+    );
 }
 
 #[test]

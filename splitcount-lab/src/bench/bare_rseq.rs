@@ -1,6 +1,6 @@
 //! The floor of a per-CPU add: the smallest rseq critical section that adds
 //! to the current CPU's slot, written here in the lab so that the library's
-//! own path ([`splitcount::percpu::PerCpu::add`]) and its counters have
+//! own path ([`splitcount::raw::percpu::PerCpu::add`]) and its counters have
 //! something to be measured against.
 //!
 //! ```text

@@ -104,7 +104,9 @@ impl<'g> Held<'g> {
     fn charge(&mut self, i: usize, n: u64) {
         let g = &self.groups[i];
         if self.direct {
-            g.usage_counter().try_charge(n).expect("unlimited");
+            splitcount::raw::usage_counter(g)
+                .try_charge(n)
+                .expect("unlimited");
         } else {
             g.charge(n).expect("unlimited");
         }
@@ -115,7 +117,7 @@ impl<'g> Held<'g> {
     fn uncharge(&mut self, i: usize, n: u64) {
         let g = &self.groups[i];
         if self.direct {
-            g.usage_counter().uncharge(n);
+            splitcount::raw::usage_counter(g).uncharge(n);
         } else {
             g.uncharge(n);
         }

@@ -4,6 +4,7 @@
 use super::{Bench, Entry};
 use crate::timing::{measure, Plan};
 use splitcount::cpu;
+use splitcount::raw::cpu_id;
 use std::hint::black_box;
 
 /// The baseline every case is divided by.
@@ -13,14 +14,14 @@ pub const BASELINE: &str = "getcpu-syscall";
 pub fn run(threads: &[usize], plan: &Plan) -> Result<Bench, String> {
     type Source = fn() -> Option<u32>;
     let mut cases: Vec<(&str, Source)> = Vec::new();
-    if cpu::rseq_cpu_id().is_some() {
-        cases.push(("rseq-area", cpu::rseq_cpu_id));
+    if cpu_id::rseq_cpu_id().is_some() {
+        cases.push(("rseq-area", cpu_id::rseq_cpu_id));
     }
-    if cpu::sched_getcpu().is_some() {
-        cases.push(("sched-getcpu", cpu::sched_getcpu));
+    if cpu_id::sched_getcpu().is_some() {
+        cases.push(("sched-getcpu", cpu_id::sched_getcpu));
     }
-    if cpu::getcpu_syscall().is_some() {
-        cases.push((BASELINE, cpu::getcpu_syscall));
+    if cpu_id::getcpu_syscall().is_some() {
+        cases.push((BASELINE, cpu_id::getcpu_syscall));
     }
     cases.push(("current-cpu", || Some(cpu::current_cpu() as u32)));
 

@@ -1,5 +1,5 @@
 //! `bench percpu`: the cost of one add to this CPU's copy of a per-CPU slot
-//! through the library ([`PerCpu::add`](splitcount::percpu::PerCpu::add)),
+//! through the library ([`PerCpu::add`](splitcount::raw::percpu::PerCpu::add)),
 //! as an rseq critical section (`rseq-add`) and as a relaxed `fetch_add`
 //! (`atomic-add`, the baseline), against the bare rseq add written in the
 //! lab (`bare-rseq-add`, [`super::bare_rseq`]), a single shared atomic and a
@@ -13,7 +13,7 @@ use super::counters::BARE_RSEQ;
 use super::{Bench, Entry};
 use crate::timing::{measure, Plan};
 use splitcount::cpu::Machine;
-use splitcount::percpu::{AddPath, Arena, ArenaOptions, PerCpu};
+use splitcount::raw::percpu::{AddPath, Arena, ArenaOptions, PerCpu};
 use std::cell::Cell;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicI64, Ordering};

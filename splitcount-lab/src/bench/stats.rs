@@ -22,7 +22,7 @@ use super::{Bench, Entry};
 use crate::timing::{measure, Plan};
 use splitcount::cpu::Machine;
 use splitcount::group::{Group, Hierarchy, HierarchyConfig};
-use splitcount::percpu::Arena;
+use splitcount::raw::percpu::Arena;
 use splitcount::stat::{StatId, StatItem};
 use std::hint::black_box;
 

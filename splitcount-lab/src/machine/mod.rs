@@ -4,8 +4,9 @@
 pub mod host;
 
 use serde::Serialize;
-use splitcount::cpu::{self, CpuIdSource, RseqOwner, Topology, TopologySource};
-use splitcount::percpu::{AddPath, Arena};
+use splitcount::cpu::{self, CpuIdSource, Topology, TopologySource};
+use splitcount::raw::cpu_id::{self, RseqOwner};
+use splitcount::raw::percpu::{AddPath, Arena};
 
 /// What `machine --json` prints (and `report.json` embeds).
 #[derive(Debug, Clone, Serialize)]
@@ -72,9 +73,9 @@ impl MachineInfo {
             possible_cpu_list: cpu_list(t.possible_ids()),
             online_cpus: t.online().len(),
             numa_nodes: t.nodes(),
-            cpu_id_source: cpu::cpu_id_source(),
-            mm_cid_available: cpu::mm_cid_available(),
-            rseq_registered_by: cpu::rseq_owner(),
+            cpu_id_source: cpu_id::cpu_id_source(),
+            mm_cid_available: cpu_id::mm_cid_available(),
+            rseq_registered_by: cpu_id::rseq_owner(),
             percpu_add: Arena::host().add_path(),
             topology_source: t.source(),
             caches: t

@@ -74,7 +74,7 @@ pub fn allowed_cpus() -> &'static [usize] {
 pub fn siblings(cpu: usize) -> Option<Vec<usize>> {
     let path = format!("/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list");
     let text = std::fs::read_to_string(path).ok()?;
-    let ids = splitcount::cpu::parse_cpu_list(&text).ok()?;
+    let ids = splitcount::raw::cpu_id::parse_cpu_list(&text).ok()?;
     Some(ids.into_iter().map(|c| c as usize).collect())
 }
 

@@ -9,12 +9,13 @@
 //! The charge path that combines them with reclaim and out-of-memory hooks
 //! is [`crate::group::Group::charge`].
 
-mod stock;
+pub(crate) mod stock;
 #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
 mod stock_rseq;
 pub(crate) mod usage;
 
-pub use stock::{
-    Consumed, Leftovers, Stock, StockError, StockKey, MAX_STOCK_BATCH, MAX_STOCK_SLOTS,
-};
-pub use usage::{Busy, Enforcement, Events, UsageCounter, MAX_REQUEST, UNLIMITED};
+// The stock and the usage counter are building blocks of groups, public
+// under `crate::raw` only.
+pub(crate) use stock::{Consumed, Stock, StockError, StockKey, MAX_STOCK_BATCH, MAX_STOCK_SLOTS};
+pub(crate) use usage::UsageCounter;
+pub use usage::{Busy, Enforcement, Events, MAX_REQUEST, UNLIMITED};

@@ -210,7 +210,7 @@ pub const MAX_REQUEST: u64 = 1 << 62;
 /// A hierarchical usage counter with limits. See the module docs.
 ///
 /// ```
-/// use splitcount::charge::UsageCounter;
+/// use splitcount::raw::UsageCounter;
 ///
 /// let parent = UsageCounter::root();
 /// let child = UsageCounter::child_of(&parent);

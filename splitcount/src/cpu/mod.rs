@@ -1,10 +1,10 @@
 //! Layer 1: *where am I, and what machine is this.*
 //!
-//! - [`current_cpu`] / [`current_cpu_id`]: the CPU the calling thread runs on,
+//! - [`current_cpu`] (and [`crate::raw::cpu_id::current_cpu_id`]): the CPU the calling thread runs on,
 //!   read from the rseq area (see [`CpuIdSource`] for the fallbacks). The
 //!   answer is a hint — the thread can migrate right after — so every per-CPU
 //!   update in splitcount stays correct when it is stale.
-//! - [`mm_cid`]: the rseq concurrency id (Linux ≥ 6.3), a compact id bounded
+//! - [`crate::raw::cpu_id::mm_cid`]: the rseq concurrency id (Linux ≥ 6.3), a compact id bounded
 //!   by the number of threads that actually run at once.
 //! - [`Topology`]: possible and online CPUs (sparse kernel ids mapped to dense
 //!   indices), NUMA nodes, cache sharing; read from sysfs with a fallback.
@@ -12,16 +12,15 @@
 //!   state is created.
 
 mod cpulist;
-mod current;
+pub(crate) mod current;
 mod machine;
 mod rseq;
 mod topology;
 
 pub use cpulist::{parse_cpu_list, CpuListError, MAX_CPU_ID};
-pub use current::{
-    cpu_id_source, current_cpu, current_cpu_id, getcpu_syscall, mm_cid, mm_cid_available,
-    rseq_cpu_id, rseq_owner, sched_getcpu, thread_index, CpuIdSource, RseqOwner,
-};
+pub use current::{current_cpu, CpuIdSource};
+// The individual CPU-id sources are public under `crate::raw::cpu_id`.
+pub(crate) use current::{cpu_id_source, mm_cid, mm_cid_available};
 pub use machine::{Machine, MachineError};
 
 #[cfg(target_os = "linux")]

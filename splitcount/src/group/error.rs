@@ -39,6 +39,7 @@ fn write_top(f: &mut fmt::Formatter<'_>, under: &str, top: &[Consumer]) -> fmt::
 
 /// Why a group operation was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum GroupError {
     /// A group name that is empty, contains `/` or NUL, is `.` or `..`, or
     /// is longer than [`super::MAX_NAME_LEN`] bytes.
@@ -83,9 +84,36 @@ pub enum GroupError {
     },
     /// The root group cannot be removed.
     RootCannotBeRemoved,
-    /// A hierarchy configuration that cannot be built.
+    /// A configuration value that cannot be used; the reason says which
+    /// and why.
     Config(String),
+    /// The stock's configuration (slots, batch) was refused.
+    Stock(crate::raw::StockError),
+    /// The statistics schema was refused.
+    Stat(crate::stat::StatError),
+    /// The flusher thread could not be started.
+    Thread(ThreadError),
 }
+
+/// A thread the library needed could not be started: the system's error.
+#[derive(Debug, Clone)]
+pub struct ThreadError(pub(crate) std::sync::Arc<std::io::Error>);
+
+impl ThreadError {
+    /// The system's error.
+    pub fn io(&self) -> &std::io::Error {
+        &self.0
+    }
+}
+
+impl PartialEq for ThreadError {
+    /// Equal when the kinds are.
+    fn eq(&self, other: &Self) -> bool {
+        self.0.kind() == other.0.kind()
+    }
+}
+
+impl Eq for ThreadError {}
 
 impl fmt::Display for GroupError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -107,15 +135,29 @@ impl fmt::Display for GroupError {
             }
             GroupError::Removed { path } => write!(f, "group {path} was removed"),
             GroupError::RootCannotBeRemoved => write!(f, "the root group cannot be removed"),
-            GroupError::Config(why) => write!(f, "invalid hierarchy configuration: {why}"),
+            GroupError::Config(why) => write!(f, "invalid configuration: {why}"),
+            GroupError::Stock(e) => write!(f, "invalid stock configuration: {e}"),
+            GroupError::Stat(e) => write!(f, "invalid statistics schema: {e}"),
+            GroupError::Thread(e) => write!(f, "cannot start the flusher thread: {}", e.0),
         }
     }
 }
 
-impl std::error::Error for GroupError {}
+impl std::error::Error for GroupError {
+    /// The underlying error of `Stock`, `Stat` and `Thread`.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            GroupError::Stock(e) => Some(e),
+            GroupError::Stat(e) => Some(e),
+            GroupError::Thread(e) => Some(&*e.0),
+            _ => None,
+        }
+    }
+}
 
 /// What kind of refusal a [`ChargeError`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ChargeErrorKind {
     /// A hard limit refused, after reclaim, draining and the OOM hook.
     Limit,
@@ -123,24 +165,55 @@ pub enum ChargeErrorKind {
     TooLarge,
 }
 
-/// A refused charge, with the numbers that explain it.
+/// A refused charge, with the numbers that explain it (read through its
+/// accessors; `Display` says it all in one line).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChargeError {
+    pub(crate) kind: ChargeErrorKind,
+    pub(crate) charged: String,
+    pub(crate) group: String,
+    pub(crate) limit: u64,
+    pub(crate) usage: u64,
+    pub(crate) request: u64,
+    pub(crate) top: Vec<Consumer>,
+}
+
+impl ChargeError {
     /// Why.
-    pub kind: ChargeErrorKind,
-    /// The group the charge was made to.
-    pub charged: String,
-    /// The group whose limit refused it (the charged group or an ancestor).
-    pub group: String,
+    pub fn kind(&self) -> ChargeErrorKind {
+        self.kind
+    }
+
+    /// The group the charge was made to (its path).
+    pub fn charged(&self) -> &str {
+        &self.charged
+    }
+
+    /// The group whose limit refused it: the charged group or an ancestor.
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
     /// That group's hard limit.
-    pub limit: u64,
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
     /// That group's usage when it refused.
-    pub usage: u64,
+    pub fn usage(&self) -> u64 {
+        self.usage
+    }
+
     /// The units requested.
-    pub request: u64,
+    pub fn request(&self) -> u64 {
+        self.request
+    }
+
     /// The largest children of the refusing group, largest first (at most
     /// [`TOP_CONSUMERS`]; empty for a leaf).
-    pub top: Vec<Consumer>,
+    pub fn top(&self) -> &[Consumer] {
+        &self.top
+    }
 }
 
 impl fmt::Display for ChargeError {

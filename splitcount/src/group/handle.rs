@@ -124,9 +124,10 @@ impl Group {
             .collect()
     }
 
-    /// The group's usage counter (limits, usage, events), for direct use
-    /// without the stock.
-    pub fn usage_counter(&self) -> &crate::sync::Arc<UsageCounter> {
+    /// The group's usage counter (limits, usage, events): public as
+    /// [`crate::raw::usage_counter`], for benchmarks that charge around the
+    /// stock.
+    pub(crate) fn usage_counter(&self) -> &crate::sync::Arc<UsageCounter> {
         &self.node.usage
     }
 
@@ -392,7 +393,7 @@ impl Group {
     /// g.set_max(100).unwrap();
     /// g.charge(60).unwrap();
     /// let e = g.charge(60).unwrap_err();
-    /// assert_eq!((e.limit, e.usage, e.request), (100, 60, 60));
+    /// assert_eq!((e.limit(), e.usage(), e.request()), (100, 60, 60));
     /// assert_eq!(e.to_string(), "charge of 60 units to /q refused by the limit of /q: limit 100, usage 60, request 60");
     /// ```
     #[inline]

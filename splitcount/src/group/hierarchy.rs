@@ -151,7 +151,7 @@ impl Hierarchy {
             config.stock_slots,
             config.stock_batch,
         )
-        .map_err(|e| GroupError::Config(e.to_string()))?;
+        .map_err(GroupError::Stock)?;
         let stats = Stats::new(&config.machine, config.stats.clone()).map_err(stat_error)?;
         let root_stats = StatGroup::new(&stats, 0, None).map_err(stat_error)?;
         let root = Arc::new(Node::new(
@@ -249,7 +249,7 @@ impl Hierarchy {
     /// is dropped.
     pub fn start_flusher(&self, period: std::time::Duration) -> Result<(), GroupError> {
         let f = Flusher::start(Arc::downgrade(&self.shared), period)
-            .map_err(|e| GroupError::Config(format!("cannot start the flusher thread: {e}")))?;
+            .map_err(|e| GroupError::Thread(super::error::ThreadError(std::sync::Arc::new(e))))?;
         let old = self
             .shared
             .flusher
@@ -275,7 +275,7 @@ impl Hierarchy {
 }
 
 fn stat_error(e: StatError) -> GroupError {
-    GroupError::Config(e.to_string())
+    GroupError::Stat(e)
 }
 
 impl Shared {

@@ -14,7 +14,7 @@
 //! let query = tenant.child("query-17").unwrap();
 //! query.charge(200).unwrap();
 //! let err = query.charge(100).unwrap_err();
-//! assert_eq!(err.group, "/tenant-a");
+//! assert_eq!(err.group(), "/tenant-a");
 //! query.uncharge(200);
 //! h.drain_stocks();
 //! assert_eq!(tenant.usage(), 0);
@@ -35,7 +35,8 @@ mod snapshot;
 
 pub(crate) use account::AccountKey;
 pub use error::{
-    ChargeError, ChargeErrorKind, Consumer, GroupError, OverLimit, Refusal, TOP_CONSUMERS,
+    ChargeError, ChargeErrorKind, Consumer, GroupError, OverLimit, Refusal, ThreadError,
+    TOP_CONSUMERS,
 };
 pub(crate) use events::emit as emit_event;
 pub use events::{EventHook, EventKind, EventReceiver, GroupEvent};

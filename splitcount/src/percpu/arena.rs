@@ -106,7 +106,7 @@ pub(crate) trait SpillTarget {
 ///
 /// ```
 /// use splitcount::cpu::Machine;
-/// use splitcount::percpu::Arena;
+/// use splitcount::raw::percpu::Arena;
 ///
 /// let arena = Arena::new(&Machine::simulated(4, 1).unwrap());
 /// let counter = arena.alloc(1).unwrap();

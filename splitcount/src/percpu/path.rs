@@ -51,7 +51,7 @@ pub enum SlotIndex {
 ///
 /// ```
 /// use splitcount::cpu::Machine;
-/// use splitcount::percpu::{AddPath, Arena, ArenaOptions, SlotIndex};
+/// use splitcount::raw::percpu::{AddPath, Arena, ArenaOptions, SlotIndex};
 ///
 /// // One region, whatever the CPU count: enough for a program with one
 /// // thread running at a time. Ids beyond go to the shared overflow copy
