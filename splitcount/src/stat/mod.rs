@@ -26,6 +26,7 @@
 //! Diagrams and the ordering argument are in `IMPLEMENTATION.md`; the race
 //! between a push and a drain is model-checked by `tests/loom_stat.rs`.
 
+mod flush;
 mod group;
 mod schema;
 mod stats;
