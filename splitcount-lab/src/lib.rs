@@ -5,6 +5,7 @@ pub mod accuracy;
 pub mod alloc_switch;
 pub mod bench;
 pub mod drift;
+pub mod footprint;
 pub mod machine;
 pub mod replay;
 pub mod report;

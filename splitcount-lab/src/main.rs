@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 use splitcount::counter::{Arity, Design};
 use splitcount::cpu::MAX_CPUS;
 use splitcount_lab::alloc_switch::Switch;
-use splitcount_lab::{accuracy, bench, machine, parse_list, replay, report};
+use splitcount_lab::{accuracy, bench, footprint, machine, parse_list, replay, report};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -35,11 +35,11 @@ enum Command {
         json: bool,
     },
     /// Run a benchmark suite in interleaved rounds: `cpu-id`, `percpu`,
-    /// `counters`, `charge`, `stats`, `alloc`, `async`, `groups`, `metrics`
-    /// or `layout`.
+    /// `counters`, `charge`, `stats`, `alloc`, `async`, `groups`, `metrics`,
+    /// `layout` or `ffi`.
     Bench {
         /// The suite: `cpu-id`, `percpu`, `counters`, `charge`, `stats`,
-        /// `alloc`, `async`, `groups`, `metrics` or `layout` (`layout` always runs two
+        /// `alloc`, `async`, `groups`, `metrics`, `layout` or `ffi` (`layout` always runs two
         /// threads and `stats` one; both ignore `--threads`; for `async` a
         /// thread count is the runtime's worker threads).
         suite: String,
@@ -78,6 +78,17 @@ enum Command {
         #[arg(long, default_value_t = 100_000)]
         steps: usize,
         /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Bytes one counter of each design takes (per counter and per CPU)
+    /// on simulated machines.
+    Footprint {
+        /// Simulated CPU counts, e.g. `2,64,4096`.
+        #[arg(long, default_value = footprint::DEFAULT_CPUS)]
+        cpus: String,
+        /// JSON lines (`design`, `cpus`, `bytes_per_counter`,
+        /// `bytes_per_cpu`, and the parts) instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -258,6 +269,7 @@ fn run(cli: Cli) -> Result<(), String> {
                     bench::groups::SIBLINGS,
                 ),
                 "layout" => bench::layout::run(&plan),
+                "ffi" => bench::ffi::run(&exe, &threads, &plan),
                 other => {
                     return Err(format!(
                         "unknown suite {other:?} (known: {})",
@@ -320,6 +332,16 @@ fn run(cli: Cli) -> Result<(), String> {
                 }
             } else {
                 splitcount_lab::drift::print_table(&rows);
+            }
+        }
+        Command::Footprint { cpus, json } => {
+            let rows = footprint::run(&cpu_counts(&cpus)?)?;
+            if json {
+                for r in &rows {
+                    println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
+                }
+            } else {
+                footprint::print_table(&rows);
             }
         }
         Command::DriftWorker => splitcount_lab::drift::serve(std::io::stdout().lock())?,

@@ -445,3 +445,29 @@ fn bench_groups_reports_time_per_cycle_and_memory_retained() {
         }
     }
 }
+
+#[test]
+fn footprint_json_gives_bytes_per_counter_and_per_cpu_for_every_design() {
+    let (ok, out, err) = lab(&["footprint", "--cpus", "256,4096", "--json"], "");
+    assert!(ok, "{err}");
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 2 * 5, "{out}");
+    for l in &lines {
+        let cpus = l["cpus"].as_u64().unwrap() as f64;
+        let total = l["bytes_per_counter"].as_u64().unwrap() as f64;
+        assert_eq!(l["bytes_per_cpu"].as_f64().unwrap(), total / cpus, "{l}");
+        if l["design"] == "tree" {
+            assert!(total / cpus <= 12.0, "{l}");
+        }
+    }
+    let designs: Vec<&str> = lines
+        .iter()
+        .map(|l| l["design"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        &designs[..5],
+        ["atomic", "batched", "pernode", "tree", "tree-padded"]
+    );
+    let (ok, _, err) = lab(&["footprint", "--cpus", "0"], "");
+    assert!(!ok && err.contains("CPU count"), "{err}");
+}

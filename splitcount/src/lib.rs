@@ -38,6 +38,8 @@ pub mod cpu;
 pub mod export;
 pub mod group;
 pub mod percpu;
+#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+mod rseq_section;
 pub mod stat;
 pub(crate) mod sync;
 pub mod task;

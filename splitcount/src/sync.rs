@@ -50,30 +50,3 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         Err(poisoned) => poisoned.into_inner(),
     }
 }
-
-/// An `UnsafeCell` whose accesses loom can check (`with_mut` marks a write
-/// access, so a model catches two threads inside at once).
-#[derive(Debug, Default)]
-pub(crate) struct UnsafeCell<T>(
-    #[cfg(not(loom))] std::cell::UnsafeCell<T>,
-    #[cfg(loom)] loom::cell::UnsafeCell<T>,
-);
-
-impl<T> UnsafeCell<T> {
-    pub(crate) fn new(value: T) -> Self {
-        #[cfg(not(loom))]
-        return UnsafeCell(std::cell::UnsafeCell::new(value));
-        #[cfg(loom)]
-        return UnsafeCell(loom::cell::UnsafeCell::new(value));
-    }
-
-    /// Run `f` with a raw pointer to the contents; the caller's
-    /// synchronization must make this the only access.
-    #[inline(always)]
-    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
-        #[cfg(not(loom))]
-        return f(self.0.get());
-        #[cfg(loom)]
-        return self.0.with_mut(f);
-    }
-}

@@ -338,11 +338,18 @@ fn bytes_freed_while_their_group_is_removed_never_stay_in_a_stock() {
         drain_thread();
         let blocks = Arc::new(Mutex::new(blocks));
         let freed = Arc::new(AtomicU64::new(0));
+        let removing = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let freers: Vec<_> = (0..2)
             .map(|_| {
-                let (blocks, freed) = (blocks.clone(), freed.clone());
+                let (blocks, freed, removing) = (blocks.clone(), freed.clone(), removing.clone());
                 std::thread::spawn(move || {
                     loop {
+                        // A third freed, wait for the removal to start: the
+                        // rest of the frees race it.
+                        while freed.load(Relaxed) >= (BLOCKS / 3) as u64 && !removing.load(Relaxed)
+                        {
+                            std::hint::spin_loop();
+                        }
                         let b = blocks.lock().unwrap().pop();
                         match b {
                             Some(b) => drop(b),
@@ -354,10 +361,10 @@ fn bytes_freed_while_their_group_is_removed_never_stay_in_a_stock() {
                 })
             })
             .collect();
-        // Remove while the frees are in full swing.
         while freed.load(Relaxed) < (BLOCKS / 3) as u64 {
             std::hint::spin_loop();
         }
+        removing.store(true, Relaxed);
         g.remove().unwrap();
         if freed.load(Relaxed) < BLOCKS as u64 {
             raced += 1;

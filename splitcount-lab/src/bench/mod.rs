@@ -14,6 +14,7 @@ pub mod bare_rseq;
 pub mod charge;
 pub mod counters;
 pub mod cpu_id;
+pub mod ffi;
 pub mod groups;
 pub mod layout;
 pub mod percpu;
@@ -29,9 +30,9 @@ use std::time::Duration;
 pub use crate::timing::Entry;
 
 /// The suites of `bench`, in the order the CLI lists them.
-pub const SUITES: [&str; 10] = [
+pub const SUITES: [&str; 11] = [
     "cpu-id", "percpu", "counters", "charge", "stats", "alloc", "async", "groups", "metrics",
-    "layout",
+    "layout", "ffi",
 ];
 
 /// One case of a suite at a thread count, over all rounds.

@@ -198,6 +198,22 @@ pub const TARGETS: &[Target] = &[
         1.10,
     ),
     cost(
+        "C ABI: counter add",
+        "ffi",
+        "counter-add-c",
+        "counter-add-rust",
+        1,
+        1.20,
+    ),
+    cost(
+        "C ABI: group charge",
+        "ffi",
+        "group-charge-c",
+        "group-charge-rust",
+        1,
+        1.20,
+    ),
+    cost(
         "async: instrument, 1 worker",
         "async",
         "instrumented",
@@ -683,6 +699,10 @@ mod tests {
                 .flat_map(|&w| [case(w, Allocator::System), case(w, Allocator::Accounted)])
                 .collect(),
             "async" => requests::CASES.iter().map(|c| c.to_string()).collect(),
+            "ffi" => crate::bench::ffi::CASES
+                .iter()
+                .map(|c| c.to_string())
+                .collect(),
             "groups" => [
                 groups::CYCLE,
                 groups::NO_ALLOC,

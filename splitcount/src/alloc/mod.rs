@@ -74,6 +74,7 @@
 mod reconcile;
 mod reserve;
 mod scope;
+mod thread;
 mod wrapper;
 
 pub use crate::group::{AllocRefusalHook, OverLimit, Refusal};
@@ -81,6 +82,8 @@ pub use reconcile::Reconciliation;
 pub use reserve::{drain_thread, MAX_THREAD_RESERVE, RESERVE_BATCH};
 pub use scope::AllocScope;
 pub(crate) use scope::{current, enter_held, without_accounting};
+#[doc(hidden)]
+pub use wrapper::raw_account;
 pub use wrapper::{
     take_last_refusal, Accounted, AttachError, BYTE_BATCH, REPORTING_GRACE,
     REPORTING_GRACE_ALLOCATION,

@@ -9,13 +9,15 @@
 //! thread-local loads and stores. The reserve is refilled
 //! [`RESERVE_BATCH`] bytes at a time (only for allocations smaller than
 //! that: larger ones are charged exactly), never holds more than
-//! `MAX_THREAD_RESERVE`, and is returned when the thread exits, calls
-//! [`drain_thread`], or allocates in another group.
+//! `MAX_THREAD_RESERVE`, and is returned when the thread exits (by a guard
+//! the first slow path arms), calls [`drain_thread`], or allocates in
+//! another group.
 //!
 //! The bytes it holds keep their account alive (they are counted in its
 //! references); its account pointer is only dereferenced while it holds
 //! bytes.
 
+use super::thread::STATE;
 use crate::group::AccountKey;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering::Relaxed};
@@ -27,17 +29,11 @@ pub(crate) static HEADER_BYTES: AtomicI64 = AtomicI64::new(0);
 /// Threads whose reserve names an account (and may hold bytes).
 pub(crate) static RESERVE_HOLDERS: AtomicUsize = AtomicUsize::new(0);
 
-thread_local! {
-    /// Header bytes this thread allocated minus those it freed since its
-    /// last flush into [`HEADER_BYTES`]: a plain add per allocation and per
-    /// free. `const` and without a destructor (the reserve's flushes it at
-    /// thread exit).
-    pub(crate) static HEADERS: Cell<i64> = const { Cell::new(0) };
-}
-
-/// Add this thread's header count to [`HEADER_BYTES`]. Slow paths only.
+/// Add this thread's header count (`STATE.headers`: a plain add per
+/// allocation and per free) to [`HEADER_BYTES`]. Slow paths and thread
+/// exit only.
 pub(crate) fn flush_headers() {
-    let delta = HEADERS.try_with(|h| h.replace(0)).unwrap_or(0);
+    let delta = STATE.try_with(|t| t.headers.replace(0)).unwrap_or(0);
     if delta != 0 {
         // Relaxed: a statistic.
         HEADER_BYTES.fetch_add(delta, Relaxed);
@@ -51,12 +47,20 @@ pub const RESERVE_BATCH: u64 = 16 << 10;
 /// allocator's slack.
 pub const MAX_THREAD_RESERVE: u64 = 2 * RESERVE_BATCH;
 
+/// A thread's reserve (a field of its allocator state; see `thread.rs`).
 pub(crate) struct Reserve {
-    account: Cell<*const u8>,
-    bytes: Cell<u64>,
+    pub(crate) account: Cell<*const u8>,
+    pub(crate) bytes: Cell<u64>,
 }
 
 impl Reserve {
+    /// No account, no bytes (a thread-local's initial value, copied once).
+    #[allow(clippy::declare_interior_mutable_const)]
+    pub(crate) const EMPTY: Reserve = Reserve {
+        account: Cell::new(std::ptr::null()),
+        bytes: Cell::new(0),
+    };
+
     /// Take `n` bytes for `acc` if the reserve holds them.
     #[inline]
     pub(crate) fn take(&self, acc: AccountKey, n: u64) -> bool {
@@ -136,27 +140,6 @@ impl Reserve {
     }
 }
 
-impl Drop for Reserve {
-    fn drop(&mut self) {
-        flush_headers();
-        if let Some((acc, bytes)) = self.take_all() {
-            acc.uncharge_bytes(bytes);
-        }
-    }
-}
-
-thread_local! {
-    /// `const`-initialized; its destructor returns the bytes at thread exit.
-    /// Accessed with `try_with`: during and after thread-local destruction
-    /// the charge path goes straight to the per-CPU stock.
-    pub(crate) static RESERVE: Reserve = const {
-        Reserve {
-            account: Cell::new(std::ptr::null()),
-            bytes: Cell::new(0),
-        }
-    };
-}
-
 /// Return the calling thread's reserve to its group's usage counter: call
 /// it where a thread goes idle (a runtime's worker parking, a pool thread
 /// waiting for work), so that idle threads hold nothing charged. Returns the
@@ -169,7 +152,7 @@ thread_local! {
 /// ```
 pub fn drain_thread() -> u64 {
     flush_headers();
-    match RESERVE.try_with(|r| r.take_all()) {
+    match STATE.try_with(|t| t.reserve.take_all()) {
         Ok(Some((acc, bytes))) => {
             acc.uncharge_bytes(bytes);
             bytes

@@ -1,35 +1,19 @@
 //! The calling thread's current group for allocations: [`Group::enter`] and
 //! [`Group::scope`].
 
+use super::thread::STATE;
 use crate::group::{AccountKey, Group};
-use std::cell::Cell;
 use std::marker::PhantomData;
-
-thread_local! {
-    /// The account allocations of this thread are charged to (null: the
-    /// attached hierarchy's root). `const`-initialized and without a
-    /// destructor, so it is readable at any time — before `main`, and during
-    /// thread-local destruction — without allocating.
-    static CURRENT: Cell<*const u8> = const { Cell::new(std::ptr::null()) };
-    /// Set while the allocator runs user code (a hook): allocations then
-    /// pass through unaccounted instead of recursing.
-    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
-    /// After a refusal, what this thread may still allocate unaccounted where
-    /// it would be refused again (see `Accounted`'s docs: the reporting
-    /// grace).
-    static GRACE: Cell<u64> = const { Cell::new(0) };
-}
 
 /// The calling thread's current account, if it entered a scope.
 #[inline]
 pub(crate) fn current() -> Option<AccountKey> {
-    // SAFETY: the current account is held by the scope that set it.
-    CURRENT.with(|c| unsafe { AccountKey::from_ptr(c.get()) })
+    STATE.with(|t| t.scope_account())
 }
 
 #[inline]
 pub(crate) fn in_hook() -> bool {
-    IN_HOOK.with(|h| h.get())
+    STATE.with(|t| t.in_hook.get())
 }
 
 /// Run `f` with allocations unaccounted (re-entrancy guard for hooks). The
@@ -38,10 +22,17 @@ pub(crate) fn without_accounting<R>(f: impl FnOnce() -> R) -> R {
     struct Restore(bool);
     impl Drop for Restore {
         fn drop(&mut self) {
-            IN_HOOK.with(|h| h.set(self.0));
+            STATE.with(|t| {
+                t.in_hook.set(self.0);
+                t.refresh();
+            });
         }
     }
-    let _restore = Restore(IN_HOOK.with(|h| h.replace(true)));
+    let _restore = Restore(STATE.with(|t| {
+        let was = t.in_hook.replace(true);
+        t.refresh();
+        was
+    }));
     f()
 }
 
@@ -52,15 +43,25 @@ pub(crate) fn run_unaccounted(f: &mut dyn FnMut()) {
 
 /// Take `n` bytes of the reporting grace, if that much is left.
 pub(crate) fn take_grace(n: u64) -> bool {
-    GRACE.with(|g| {
-        let left = g.get();
-        (left >= n).then(|| g.set(left - n)).is_some()
+    STATE.with(|t| {
+        let left = t.grace.get();
+        (left >= n).then(|| t.grace.set(left - n)).is_some()
     })
 }
 
 /// Grant (or with 0, end) the reporting grace.
 pub(crate) fn set_grace(bytes: u64) {
-    GRACE.with(|g| g.set(bytes));
+    STATE.with(|t| t.grace.set(bytes));
+}
+
+/// Make `account` the thread's scope; the previous one.
+#[inline]
+fn swap_scope(account: *const u8) -> *const u8 {
+    STATE.with(|t| {
+        let previous = t.scope.replace(account);
+        t.refresh();
+        previous
+    })
 }
 
 /// Make `account` current until the guard drops, without touching its
@@ -69,7 +70,7 @@ pub(crate) fn set_grace(bytes: u64) {
 /// also on unwind.
 pub(crate) fn enter_held(account: AccountKey) -> HeldScope {
     HeldScope {
-        previous: CURRENT.with(|c| c.replace(account.as_ptr())),
+        previous: swap_scope(account.as_ptr()),
     }
 }
 
@@ -80,7 +81,7 @@ pub(crate) struct HeldScope {
 
 impl Drop for HeldScope {
     fn drop(&mut self) {
-        CURRENT.with(|c| c.set(self.previous));
+        swap_scope(self.previous);
     }
 }
 
@@ -102,7 +103,7 @@ impl std::fmt::Debug for AllocScope {
 
 impl Drop for AllocScope {
     fn drop(&mut self) {
-        CURRENT.with(|c| c.set(self.previous));
+        swap_scope(self.previous);
         set_grace(0);
         self.account.release(1);
     }
@@ -126,7 +127,7 @@ impl Group {
     pub fn enter(&self) -> AllocScope {
         let account = self.account();
         account.retain(1);
-        let previous = CURRENT.with(|c| c.replace(account.as_ptr()));
+        let previous = swap_scope(account.as_ptr());
         AllocScope {
             previous,
             account,

@@ -3,8 +3,9 @@
 #![allow(unsafe_code)]
 
 use super::reconcile::Reconciliation;
-use super::reserve::{drain_thread, flush_headers, HEADERS, RESERVE, RESERVE_BATCH};
-use super::scope::{current, in_hook, run_unaccounted, set_grace, take_grace, without_accounting};
+use super::reserve::{drain_thread, flush_headers, RESERVE_BATCH};
+use super::scope::{in_hook, run_unaccounted, set_grace, take_grace, without_accounting};
+use super::thread::{arm_exit_guard, STATE};
 use crate::charge::usage::EPISODE_REFUSED;
 use crate::charge::{
     Consumed, Enforcement, StockError, UsageCounter, MAX_REQUEST, MAX_STOCK_SLOTS, UNLIMITED,
@@ -135,8 +136,13 @@ impl<A> Accounted<A> {
             machine.current_cpu(),
             take_last_refusal(),
         );
-        let stock = crate::charge::Stock::new(machine.cpus(), MAX_STOCK_SLOTS, BYTE_BATCH)
-            .map_err(AttachError::Stock)?;
+        let make = if machine.is_simulated() {
+            crate::charge::Stock::new
+        } else {
+            crate::charge::Stock::for_host
+        };
+        let stock =
+            make(machine.cpus(), MAX_STOCK_SLOTS, BYTE_BATCH).map_err(AttachError::Stock)?;
         hierarchy
             .shared()
             .bytes
@@ -211,19 +217,61 @@ impl<A> Accounted<A> {
     /// Charge `n` bytes to the current account; the account charged (`None`:
     /// nothing was — before `attach`, inside a hook, or in the reporting
     /// grace), or `Err` if refused. Never allocates.
-    #[inline]
+    ///
+    /// The fast path is one thread-local structure: this allocator owns the
+    /// thread's state, and the reserve holds `n` bytes of the account the
+    /// thread charges now (null while a hook runs, after the thread's exit,
+    /// before the first slow path: never the reserve's account when it
+    /// holds bytes). Then two loads, a compare and a store.
+    #[inline(always)]
     fn charge(&self, n: u64) -> Result<Option<AccountKey>, ()> {
+        let me = self as *const Self as usize;
+        let acc = STATE.with(|t| {
+            let acc = t.charge.get();
+            let bytes = t.reserve.bytes.get();
+            if t.owner.get() == me && t.reserve.account.get() == acc && bytes >= n {
+                t.reserve.bytes.set(bytes - n);
+                acc
+            } else {
+                std::ptr::null()
+            }
+        });
+        // SAFETY: the reserve held bytes for this account, which keep it
+        // alive (a null account never holds bytes: null means a miss).
+        match unsafe { AccountKey::from_ptr(acc) } {
+            Some(acc) => Ok(Some(acc)),
+            None => self.charge_miss(n),
+        }
+    }
+
+    /// [`Accounted::charge`] without a reserve hit: resolve what the thread
+    /// charges (not attached, in a hook: nothing; this allocator's root or
+    /// the scope's account), then the slow path.
+    #[cold]
+    #[inline(never)]
+    fn charge_miss(&self, n: u64) -> Result<Option<AccountKey>, ()> {
         let Some(st) = self.attached() else {
             return Ok(None);
         };
-        if in_hook() {
-            return Ok(None);
+        let me = self as *const Self as usize;
+        let (acc, hit) = STATE.with(|t| {
+            if t.in_hook.get() {
+                return (None, false);
+            }
+            if t.owner.get() != me {
+                t.owner.set(me);
+                t.root.set(st.root.as_ptr());
+                t.refresh();
+            }
+            arm_exit_guard(t);
+            let acc = t.scope_account().unwrap_or(st.root);
+            (Some(acc), t.reserve.take(acc, n))
+        });
+        match acc {
+            None => Ok(None),
+            Some(acc) if hit => Ok(Some(acc)),
+            Some(acc) => self.charge_slow(st, acc, n, true),
         }
-        let acc = current().unwrap_or(st.root);
-        if RESERVE.try_with(|r| r.take(acc, n)) == Ok(true) {
-            return Ok(Some(acc));
-        }
-        self.charge_slow(st, acc, n, true)
     }
 
     /// Everything but a reserve hit: redirect a removed group's scope to the
@@ -253,9 +301,13 @@ impl<A> Accounted<A> {
         } else {
             acc
         };
-        if n < RESERVE_BATCH && self.charge_bytes(st, acc, n + RESERVE_BATCH).is_ok() {
+        // A reserve refill, unless the thread is past its exit guard (no one
+        // would return it).
+        let exiting = STATE.try_with(|t| t.exiting.get()).unwrap_or(true);
+        if n < RESERVE_BATCH && !exiting && self.charge_bytes(st, acc, n + RESERVE_BATCH).is_ok() {
             set_grace(0);
-            if let Ok(Some((old, bytes))) = RESERVE.try_with(|r| r.refill(acc, RESERVE_BATCH)) {
+            if let Ok(Some((old, bytes))) = STATE.try_with(|t| t.reserve.refill(acc, RESERVE_BATCH))
+            {
                 self.uncharge_shared(st, old, bytes);
             }
             return Ok(Some(acc));
@@ -295,14 +347,16 @@ impl<A> Accounted<A> {
         n: u64,
     ) -> Result<bool, *const UsageCounter> {
         let stock = &st.bytes().stock;
-        let cpu = st.machine.current_cpu();
-        if stock.consume(cpu, &acc, n) == Consumed::Hit {
+        let cpu = || st.machine.current_cpu();
+        if stock.consume_with(cpu, &acc, n) == Consumed::Hit {
             return Ok(false);
         }
         let batch = stock.batch();
         if n < batch {
             if let Ok(crossed) = acc.try_charge(batch) {
-                let _ = stock.stash(cpu, &acc, batch - n).uncharge();
+                if !stock.stash_hit(&acc, batch - n, batch) {
+                    let _ = stock.stash_with(cpu, &acc, batch - n).uncharge();
+                }
                 return Ok(crossed);
             }
         }
@@ -416,8 +470,31 @@ impl<A> Accounted<A> {
         Err(())
     }
 
-    #[inline]
+    ///
+    /// The fast path: the block's account is the reserve's and the bytes
+    /// fit under [`MAX_THREAD_RESERVE`](super::MAX_THREAD_RESERVE): one
+    /// compare and a store in the thread-local state.
+    #[inline(always)]
     fn uncharge(&self, acc: *const u8, n: u64) {
+        let kept = STATE.with(|t| {
+            let bytes = t.reserve.bytes.get() + n;
+            let kept = !acc.is_null()
+                && t.reserve.account.get() == acc
+                && bytes <= super::MAX_THREAD_RESERVE;
+            if kept {
+                t.reserve.bytes.set(bytes);
+            }
+            kept
+        });
+        if !kept {
+            self.uncharge_miss(acc, n);
+        }
+    }
+
+    /// [`Accounted::uncharge`] when the reserve cannot keep the bytes.
+    #[cold]
+    #[inline(never)]
+    fn uncharge_miss(&self, acc: *const u8, n: u64) {
         // SAFETY: a header holds null or the address of the account its
         // block was charged to, which that block's bytes keep alive.
         let Some(acc) = (unsafe { AccountKey::from_ptr(acc) }) else {
@@ -427,7 +504,7 @@ impl<A> Accounted<A> {
             acc.uncharge_bytes(n);
             return;
         };
-        match RESERVE.try_with(|r| r.give(acc, n)) {
+        match STATE.try_with(|t| t.reserve.give(acc, n)) {
             Ok(Some(0)) => {}
             Ok(Some(excess)) => self.uncharge_shared(st, acc, excess),
             _ => self.uncharge_shared(st, acc, n),
@@ -446,8 +523,13 @@ impl<A> Accounted<A> {
             acc.uncharge_bytes(n);
             return;
         }
-        let cpu = st.machine.current_cpu();
-        let _ = st.bytes().stock.stash(cpu, &acc, n).uncharge();
+        let stock = &st.bytes().stock;
+        if stock.stash_hit(&acc, n, stock.batch()) {
+            return;
+        }
+        let _ = stock
+            .stash_with(|| st.machine.current_cpu(), &acc, n)
+            .uncharge();
     }
 }
 
@@ -488,11 +570,22 @@ fn header(align: usize) -> usize {
     align.max(MIN_HEADER)
 }
 
-/// The layout actually requested from the inner allocator.
-#[inline]
+/// The layout actually requested from the inner allocator: the header in
+/// front, the alignment at least the header's. `None` when the total would
+/// pass `isize::MAX` once rounded up to the alignment.
+#[inline(always)]
 fn extended(layout: Layout) -> Option<Layout> {
-    let size = layout.size().checked_add(header(layout.align()))?;
-    Layout::from_size_align(size, layout.align().max(MIN_HEADER)).ok()
+    let align = layout.align().max(MIN_HEADER);
+    // `header(align) ≤ align`, so `size + header` rounded up to `align` is at
+    // most `size + 2·align − 1`: one comparison rules out every overflow.
+    if layout.size() > isize::MAX as usize - 2 * align {
+        return None;
+    }
+    // SAFETY: `align` is a power of two (a layout's alignment, or 8) and
+    // the size rounded up to it is at most `isize::MAX` (checked above).
+    Some(unsafe {
+        Layout::from_size_align_unchecked(layout.size() + header(layout.align()), align)
+    })
 }
 
 /// # Safety
@@ -507,17 +600,26 @@ unsafe fn header_slot(user: *mut u8) -> *mut *const u8 {
 // SAFETY: every method forwards to `inner` with a layout that keeps the
 // caller's alignment and adds a header; the pointer returned is `base +
 // header(align)`, which is aligned to `align` and lies inside the block.
+//
+// `alloc` and `dealloc` are never inlined into their callers (the
+// `__rust_alloc` shim, and through it user code): the compiler treats those
+// calls as removable allocations, and with this body inlined it elided part
+// of an allocation in a release build (the rest of the function became an
+// unreachable trap). Their own fast paths are inlined into them.
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Accounted<A> {
+    #[inline(never)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded contract.
         unsafe { self.alloc_with(layout, |l| self.inner.alloc(l)) }
     }
 
+    #[inline(never)]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded contract.
         unsafe { self.alloc_with(layout, |l| self.inner.alloc_zeroed(l)) }
     }
 
+    #[inline(never)]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         let h = header(layout.align());
         // SAFETY: `ptr` came from `alloc` with this layout: the header is
@@ -528,7 +630,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Accounted<A> {
         let ext = unsafe { extended(layout).unwrap_unchecked() };
         // SAFETY: the block was allocated by `inner` with `ext`.
         unsafe { self.inner.dealloc(ptr.sub(h), ext) };
-        let _ = HEADERS.try_with(|c| c.set(c.get() - h as i64));
+        STATE.with(|t| t.headers.set(t.headers.get() - h as i64));
         self.uncharge(acc, layout.size() as u64);
     }
 
@@ -586,6 +688,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Accounted<A> {
 impl<A> Accounted<A> {
     /// # Safety
     /// `layout` has a non-zero size (the `GlobalAlloc::alloc` contract).
+    #[inline(always)]
     unsafe fn alloc_with(&self, layout: Layout, inner: impl FnOnce(Layout) -> *mut u8) -> *mut u8 {
         let Some(ext) = extended(layout) else {
             return std::ptr::null_mut();
@@ -601,7 +704,7 @@ impl<A> Accounted<A> {
             return base;
         }
         let h = header(layout.align());
-        let _ = HEADERS.try_with(|c| c.set(c.get() + h as i64));
+        STATE.with(|t| t.headers.set(t.headers.get() + h as i64));
         // SAFETY: the block has `header + size` bytes; the user part starts
         // at `base + header`, aligned to `layout.align()`.
         unsafe {
@@ -623,3 +726,7 @@ impl<A> fmt::Debug for Accounted<A> {
 /// Whether a group is the allocator's concern: for `Group` docs.
 #[allow(dead_code)]
 fn _doc_links(_: &Group) {}
+
+mod raw;
+#[doc(hidden)]
+pub use raw::raw_account;

@@ -10,6 +10,8 @@
 //! is [`crate::group::Group::charge`].
 
 mod stock;
+#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+mod stock_rseq;
 pub(crate) mod usage;
 
 pub use stock::{

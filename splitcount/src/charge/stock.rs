@@ -40,13 +40,13 @@
 //! the fork — so no block is mid-update — and release them in the parent
 //! and in the child (the `fork` module below).
 
+#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+use super::stock_rseq;
 use super::usage::UsageCounter;
 use crate::sync::{
-    Arc, AtomicBool,
-    Ordering::{Acquire, Relaxed, Release},
-    UnsafeCell,
+    Arc, AtomicU32, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
-use crossbeam_utils::CachePadded;
 
 /// Most slots a CPU's stock can have (one 128-byte block).
 pub const MAX_STOCK_SLOTS: usize = 7;
@@ -59,28 +59,43 @@ pub const MAX_STOCK_BATCH: u64 = u32::MAX as u64;
 pub trait StockKey: Clone {
     /// The usage counter the units are charged to.
     fn counter(&self) -> &UsageCounter;
-    /// Whether two keys are the same (by identity).
-    fn same(&self, other: &Self) -> bool;
     /// Give `units` back to the counter (called outside the stock's lock).
     fn return_units(self, units: u64);
     /// Whether a slot keeps its key when its units run out. A key whose
     /// validity depends on the units it stands for (an allocator account)
     /// must not stay behind with none.
     const KEEP_EMPTY: bool;
+    /// The key's identity as one non-zero word: two keys are the same when
+    /// their words are (a slot stores this word).
+    fn as_raw(&self) -> usize;
+    /// Give the key up as its word ([`StockKey::as_raw`]'s value).
+    fn into_raw(self) -> usize;
+    /// Take a key back from its word.
+    ///
+    /// # Safety
+    /// `raw` came from [`StockKey::into_raw`] and is taken back once.
+    unsafe fn from_raw(raw: usize) -> Self;
 }
 
 impl StockKey for Arc<UsageCounter> {
     fn counter(&self) -> &UsageCounter {
         self
     }
-    fn same(&self, other: &Self) -> bool {
-        Arc::ptr_eq(self, other)
-    }
     fn return_units(self, units: u64) {
         self.uncharge(units);
     }
     // Keeping the key saves an `Arc` drop and clone per refill.
     const KEEP_EMPTY: bool = true;
+    fn as_raw(&self) -> usize {
+        Arc::as_ptr(self) as usize
+    }
+    fn into_raw(self) -> usize {
+        Arc::into_raw(self) as usize
+    }
+    unsafe fn from_raw(raw: usize) -> Self {
+        // SAFETY: forwarded: `raw` is an `into_raw` pointer, taken once.
+        unsafe { Arc::from_raw(raw as *const UsageCounter) }
+    }
 }
 
 /// The answer of [`Stock::consume`].
@@ -126,7 +141,17 @@ impl<K: StockKey> Leftovers<K> {
     }
 
     /// Uncharge every leftover from its counter; returns the units.
+    #[inline]
     pub fn uncharge(self) -> u64 {
+        // Filled in order: an empty first place means none.
+        if self.items[0].is_none() {
+            return 0;
+        }
+        self.uncharge_all()
+    }
+
+    #[cold]
+    fn uncharge_all(self) -> u64 {
         self.items
             .into_iter()
             .flatten()
@@ -138,18 +163,85 @@ impl<K: StockKey> Leftovers<K> {
     }
 }
 
-struct Slots<K> {
-    next_victim: u8,
-    keys: [Option<K>; MAX_STOCK_SLOTS],
-    units: [u32; MAX_STOCK_SLOTS],
+/// One CPU's block: one 128-byte line. The lock word first (the fork
+/// handlers reach every block's lock without knowing the key type), the
+/// keys' words from byte 8, their units from byte 64 — the layout the rseq
+/// sequences read (`stock_rseq.rs`).
+#[repr(C, align(128))]
+struct Block {
+    /// 0 free, 1 held.
+    lock: AtomicU32,
+    /// The next slot to evict (under the lock).
+    victim: AtomicU32,
+    /// Each slot's key as its word ([`StockKey::into_raw`]; 0: empty).
+    /// Written under the lock only; read by the sequences and by drains
+    /// looking for a key without the lock.
+    keys: [AtomicUsize; MAX_STOCK_SLOTS],
+    /// Each slot's units. Written by the hit sequences (on the block's CPU,
+    /// lock free) and under the lock.
+    units: [AtomicU32; MAX_STOCK_SLOTS],
 }
 
-/// One CPU's block. `repr(C)` with the lock first: the fork handlers reach
-/// the lock of every block of every stock without knowing the key type.
-#[repr(C)]
-struct CpuStock<K> {
-    locked: AtomicBool,
-    slots: UnsafeCell<Slots<K>>,
+// The layout the sequences read.
+#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+const _: () = {
+    assert!(std::mem::offset_of!(Block, lock) == 0);
+    assert!(std::mem::offset_of!(Block, keys) == stock_rseq::KEYS);
+    assert!(std::mem::offset_of!(Block, units) == stock_rseq::UNITS);
+    assert!(std::mem::size_of::<Block>() == stock_rseq::BLOCK);
+};
+
+impl Block {
+    fn new() -> Block {
+        Block {
+            lock: AtomicU32::new(0),
+            victim: AtomicU32::new(0),
+            keys: Default::default(),
+            units: Default::default(),
+        }
+    }
+
+    /// A compare-and-swap on the lock word.
+    fn try_lock(&self) -> bool {
+        // Acquire: sees the previous holder's slot changes.
+        self.lock.compare_exchange(0, 1, Acquire, Relaxed).is_ok()
+    }
+
+    fn unlock(&self) {
+        // Release: publishes this holder's slot changes to the next holder
+        // (and to the sequences, which read the lock before the slots).
+        self.lock.store(0, Release);
+    }
+
+    /// The slot holding the key whose word is `raw`, among the first
+    /// `slots`.
+    fn find(&self, slots: usize, raw: usize) -> Option<usize> {
+        // Relaxed: keys change only under the lock, which the caller holds
+        // (or, for a lookup without it, a stale answer is allowed).
+        (0..slots).find(|&i| self.keys[i].load(Relaxed) == raw)
+    }
+
+    fn units(&self, i: usize) -> u64 {
+        // Relaxed: under the lock, the sequences do not write this block;
+        // without it, a statistic.
+        self.units[i].load(Relaxed) as u64
+    }
+
+    fn set_units(&self, i: usize, units: u64) {
+        // Relaxed: under the lock (published by the unlock).
+        self.units[i].store(units as u32, Relaxed);
+    }
+}
+
+/// How a stock's blocks are reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Every operation takes the block's lock (a compare-and-swap).
+    Locks,
+    /// Hits are rseq critical sections on the calling CPU's block, through
+    /// glibc's area at `fs:[offset]`; lock holders fence the sequences.
+    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+    Rseq { offset: isize },
 }
 
 /// The per-CPU stocks of one hierarchy (or of the allocator's bytes). See
@@ -157,9 +249,11 @@ struct CpuStock<K> {
 pub struct Stock<K: StockKey = Arc<UsageCounter>> {
     /// Boxed, so the blocks stay where the fork registry saw them while
     /// the `Stock` itself moves.
-    cpus: Box<[CachePadded<CpuStock<K>>]>,
+    cpus: Box<[Block]>,
     batch: u64,
     slots: usize,
+    mode: Mode,
+    _keys: std::marker::PhantomData<K>,
 }
 
 /// A stock that cannot be built: each variant names the valid range.
@@ -192,9 +286,9 @@ impl std::fmt::Display for StockError {
 
 impl std::error::Error for StockError {}
 
-// SAFETY: each `Slots` is only accessed by the holder of its CPU's lock
-// (acquire/release), so `Stock` may be shared and sent like a `Mutex` of
-// its keys.
+// SAFETY: a block's key words own keys (`into_raw`), changed only under the
+// block's lock; everything else is atomic. So `Stock` may be shared and
+// sent like a `Mutex` of its keys.
 unsafe impl<K: StockKey + Send> Sync for Stock<K> {}
 // SAFETY: as above.
 unsafe impl<K: StockKey + Send> Send for Stock<K> {}
@@ -206,54 +300,42 @@ unsafe impl<K: StockKey + Send> Send for Stock<K> {}
 impl<K: StockKey> std::panic::RefUnwindSafe for Stock<K> {}
 impl<K: StockKey> std::panic::UnwindSafe for Stock<K> {}
 
-/// A held CPU lock.
-struct Locked<'a, K> {
-    cpu: &'a CpuStock<K>,
+/// A held block lock; released on drop.
+struct Locked<'a> {
+    block: &'a Block,
 }
 
-impl<K> Drop for Locked<'_, K> {
+impl Drop for Locked<'_> {
     fn drop(&mut self) {
-        // Release: publishes this holder's slot changes to the next holder.
-        self.cpu.locked.store(false, Release);
-    }
-}
-
-impl<K> Locked<'_, K> {
-    fn with<R>(&self, f: impl FnOnce(&mut Slots<K>) -> R) -> R {
-        // SAFETY: we hold this CPU's lock, so no one else accesses its slots.
-        self.cpu.slots.with_mut(|s| f(unsafe { &mut *s }))
-    }
-}
-
-impl<K> CpuStock<K> {
-    fn try_lock(&self) -> Option<Locked<'_, K>> {
-        // Acquire: sees the previous holder's slot changes.
-        self.locked
-            .compare_exchange(false, true, Acquire, Relaxed)
-            .ok()
-            .map(|_| Locked { cpu: self })
-    }
-
-    fn lock(&self) -> Locked<'_, K> {
-        loop {
-            if let Some(l) = self.try_lock() {
-                return l;
-            }
-            crate::sync::thread::yield_now();
-        }
-    }
-}
-
-impl<K: StockKey> Slots<K> {
-    fn find(&self, slots: usize, key: &K) -> Option<usize> {
-        (0..slots).find(|&i| self.keys[i].as_ref().is_some_and(|k| k.same(key)))
+        self.block.unlock();
     }
 }
 
 impl<K: StockKey> Stock<K> {
     /// Stocks for `cpus` CPUs (≥ 1) of `slots` slots each
-    /// (`1..=`[`MAX_STOCK_SLOTS`]), batch `batch` (`1..=`[`MAX_STOCK_BATCH`]).
+    /// (`1..=`[`MAX_STOCK_SLOTS`]), batch `batch` (`1..=`[`MAX_STOCK_BATCH`]),
+    /// whose every operation takes its block's lock. The CPU an operation
+    /// names is the caller's choice (a simulated machine's, say).
     pub fn new(cpus: usize, slots: usize, batch: u64) -> Result<Stock<K>, StockError> {
+        Stock::with_mode(cpus, slots, batch, Mode::Locks)
+    }
+
+    /// Stocks for this machine's CPUs (`cpus` must be its CPU count) whose
+    /// hits are rseq critical sections on the CPU the thread runs on,
+    /// where the platform allows (x86_64 Linux, glibc's rseq areas, CPU ids
+    /// `0..cpus`, `membarrier` for rseq); elsewhere as [`Stock::new`]. The
+    /// CPU an operation names is then ignored where a sequence runs: the
+    /// thread's own CPU is used.
+    pub fn for_host(cpus: usize, slots: usize, batch: u64) -> Result<Stock<K>, StockError> {
+        Stock::with_mode(cpus, slots, batch, host_mode(cpus))
+    }
+
+    fn with_mode(
+        cpus: usize,
+        slots: usize,
+        batch: u64,
+        mode: Mode,
+    ) -> Result<Stock<K>, StockError> {
         if cpus == 0 {
             return Err(StockError::NoCpus);
         }
@@ -264,20 +346,11 @@ impl<K: StockKey> Stock<K> {
             return Err(StockError::Batch(batch));
         }
         let stock = Stock {
-            cpus: (0..cpus)
-                .map(|_| {
-                    CachePadded::new(CpuStock {
-                        locked: AtomicBool::new(false),
-                        slots: UnsafeCell::new(Slots {
-                            next_victim: 0,
-                            keys: Default::default(),
-                            units: [0; MAX_STOCK_SLOTS],
-                        }),
-                    })
-                })
-                .collect(),
+            cpus: (0..cpus).map(|_| Block::new()).collect(),
             batch,
             slots,
+            mode,
+            _keys: std::marker::PhantomData,
         };
         #[cfg(all(unix, not(loom)))]
         fork::register(&stock.cpus);
@@ -299,26 +372,133 @@ impl<K: StockKey> Stock<K> {
         self.cpus.len()
     }
 
-    fn cpu(&self, cpu: usize) -> &CpuStock<K> {
+    /// Whether hits are rseq critical sections (see [`Stock::for_host`]).
+    pub fn uses_rseq(&self) -> bool {
+        self.mode != Mode::Locks
+    }
+
+    fn block(&self, cpu: usize) -> &Block {
         &self.cpus[cpu % self.cpus.len()]
+    }
+
+    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+    fn base(&self) -> *mut u8 {
+        self.cpus.as_ptr() as *mut u8
+    }
+
+    /// The lock of the block of the CPU this operation works on: `cpu`'s
+    /// (lock mode, never waited for), or the calling thread's own CPU's
+    /// (rseq mode, taken as a critical section; never waited for). `None`
+    /// when busy — or, in rseq mode, when the thread cannot run sequences.
+    fn try_lock_here(&self, cpu: usize) -> Option<Locked<'_>> {
+        match self.mode {
+            Mode::Locks => {
+                let block = self.block(cpu);
+                block.try_lock().then(|| Locked { block })
+            }
+            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            Mode::Rseq { offset } => {
+                // SAFETY: `offset` is glibc's `__rseq_offset`; the blocks
+                // are laid out as the sequences expect (`Block`).
+                let cpu =
+                    unsafe { stock_rseq::lock_local(offset, self.base(), self.cpus.len()) }.ok()?;
+                Some(Locked {
+                    block: &self.cpus[cpu],
+                })
+            }
+        }
+    }
+
+    /// The lock of CPU `cpu`'s block, waiting for it; in rseq mode, also
+    /// fencing the sequences in flight on that CPU (see `stock_rseq.rs`).
+    fn lock_remote(&self, cpu: usize) -> Locked<'_> {
+        // On the block's own CPU, a critical section takes the lock and no
+        // fence is needed.
+        #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+        if let Mode::Rseq { offset } = self.mode {
+            // SAFETY: as in `try_lock_here`.
+            if let Ok(here) =
+                unsafe { stock_rseq::lock_local(offset, self.base(), self.cpus.len()) }
+            {
+                if here == cpu % self.cpus.len() {
+                    return Locked {
+                        block: &self.cpus[here],
+                    };
+                }
+                self.cpus[here].unlock();
+            }
+        }
+        let block = self.block(cpu);
+        while !block.try_lock() {
+            crate::sync::thread::yield_now();
+        }
+        #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+        if let Mode::Rseq { .. } = self.mode {
+            stock_rseq::fence_cpu(cpu % self.cpus.len());
+        }
+        Locked { block }
     }
 
     /// Take `n` units for `key` from CPU `cpu`'s stock.
     #[inline]
     pub fn consume(&self, cpu: usize, key: &K, n: u64) -> Consumed {
-        let Some(locked) = self.cpu(cpu).try_lock() else {
+        self.consume_with(|| cpu, key, n)
+    }
+
+    /// [`Stock::consume`] with the CPU found only where it is needed (lock
+    /// mode, or the slow path): an rseq hit reads its CPU inside the
+    /// critical section.
+    #[inline]
+    pub(crate) fn consume_with(&self, cpu: impl FnOnce() -> usize, key: &K, n: u64) -> Consumed {
+        #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+        if let Mode::Rseq { offset } = self.mode {
+            let min_left = u64::from(!K::KEEP_EMPTY);
+            // SAFETY: as in `try_lock_here`; the key's word is its identity.
+            let step = unsafe {
+                stock_rseq::consume(
+                    offset,
+                    self.base(),
+                    self.cpus.len(),
+                    self.slots,
+                    key.as_raw(),
+                    n,
+                    min_left,
+                )
+            };
+            return match step {
+                stock_rseq::Step::Done => Consumed::Hit,
+                stock_rseq::Step::Miss => Consumed::Miss,
+                stock_rseq::Step::Slow => self.consume_locked(cpu(), key, n),
+                _ => Consumed::Busy,
+            };
+        }
+        self.consume_locked(cpu(), key, n)
+    }
+
+    #[cold]
+    fn consume_locked(&self, cpu: usize, key: &K, n: u64) -> Consumed {
+        let Some(locked) = self.try_lock_here(cpu) else {
             return Consumed::Busy;
         };
-        locked.with(|s| match s.find(self.slots, key) {
-            Some(i) if s.units[i] as u64 >= n => {
-                s.units[i] -= n as u32;
-                if !K::KEEP_EMPTY && s.units[i] == 0 {
-                    s.keys[i] = None;
-                }
-                Consumed::Hit
+        let b = locked.block;
+        let (hit, emptied) = match b.find(self.slots, key.as_raw()) {
+            Some(i) if b.units(i) >= n => {
+                let left = b.units(i) - n;
+                b.set_units(i, left);
+                let emptied = (!K::KEEP_EMPTY && left == 0).then(|| {
+                    // Relaxed: under the lock.
+                    b.keys[i].swap(0, Relaxed)
+                });
+                (Consumed::Hit, emptied)
             }
-            _ => Consumed::Miss,
-        })
+            _ => (Consumed::Miss, None),
+        };
+        drop(locked);
+        if let Some(raw) = emptied {
+            // SAFETY: the slot owned the key's word; it was taken out once.
+            drop(unsafe { K::from_raw(raw) });
+        }
+        hit
     }
 
     /// Keep `n` charged units for `key` in CPU `cpu`'s stock: added to its
@@ -326,19 +506,57 @@ impl<K: StockKey> Stock<K> {
     /// victim's units returned as leftovers). A slot above the batch
     /// returns its excess. If the lock is busy, all `n` come back.
     pub fn stash(&self, cpu: usize, key: &K, n: u64) -> Leftovers<K> {
-        let mut left = Leftovers::default();
-        if n == 0 {
-            return left;
+        self.stash_with(|| cpu, key, n)
+    }
+
+    /// The rseq hit of [`Stock::stash`] alone: `true` if the `n` units were
+    /// added to `key`'s slot on the calling CPU (staying at or below `cap`);
+    /// `false` (nothing done) in lock mode or on any other outcome — then
+    /// call [`Stock::stash`] or [`Stock::give_back`]. For hot paths: nothing
+    /// to drop or inspect on a hit.
+    #[inline(always)]
+    pub(crate) fn stash_hit(&self, key: &K, n: u64, cap: u64) -> bool {
+        #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+        if let Mode::Rseq { offset } = self.mode {
+            // SAFETY: as in `consume`.
+            return unsafe {
+                stock_rseq::stash(
+                    offset,
+                    self.base(),
+                    self.cpus.len(),
+                    self.slots,
+                    key.as_raw(),
+                    n,
+                    cap,
+                )
+            } == stock_rseq::Step::Done;
         }
-        let Some(locked) = self.cpu(cpu).try_lock() else {
+        let _ = (key, n, cap);
+        false
+    }
+
+    /// [`Stock::stash`] with the CPU found only where it is needed.
+    #[inline]
+    pub(crate) fn stash_with(&self, cpu: impl FnOnce() -> usize, key: &K, n: u64) -> Leftovers<K> {
+        if n == 0 || self.stash_hit(key, n, self.batch) {
+            return Leftovers::default();
+        }
+        self.stash_slow(cpu(), key, n)
+    }
+
+    #[cold]
+    fn stash_slow(&self, cpu: usize, key: &K, n: u64) -> Leftovers<K> {
+        let mut left = Leftovers::default();
+        let Some(locked) = self.try_lock_here(cpu) else {
             left.push(key.clone(), n);
             return left;
         };
-        locked.with(|s| self.stash_locked(s, key, n, &mut left));
+        self.stash_locked(&locked, key, n, &mut left);
         left
     }
 
-    fn stash_locked(&self, s: &mut Slots<K>, key: &K, n: u64, left: &mut Leftovers<K>) {
+    fn stash_locked(&self, locked: &Locked<'_>, key: &K, n: u64, left: &mut Leftovers<K>) {
+        let b = locked.block;
         // Under the lock: a drain that followed `retire` has either passed
         // this CPU (and released the lock we now hold: we see the flag) or
         // has yet to come (and will take what we stock).
@@ -346,28 +564,41 @@ impl<K: StockKey> Stock<K> {
             left.push(key.clone(), n);
             return;
         }
-        let i = match s.find(self.slots, key) {
+        let raw = key.as_raw();
+        let i = match b.find(self.slots, raw) {
             Some(i) => i,
             None => {
-                let i = match (0..self.slots).find(|&i| s.keys[i].is_none()) {
-                    Some(i) => i,
-                    None => {
-                        let v = s.next_victim as usize % self.slots;
-                        s.next_victim = ((v + 1) % self.slots) as u8;
-                        if let Some(victim) = s.keys[v].take() {
-                            left.push(victim, s.units[v] as u64);
-                        }
-                        v
-                    }
-                };
-                s.keys[i] = Some(key.clone());
-                s.units[i] = 0;
+                let empty = (0..self.slots).find(|&i| b.keys[i].load(Relaxed) == 0);
+                let i = empty.unwrap_or_else(|| {
+                    // Relaxed: under the lock.
+                    let v = b.victim.load(Relaxed) as usize % self.slots;
+                    b.victim.store(((v + 1) % self.slots) as u32, Relaxed);
+                    v
+                });
+                let old = b.keys[i].swap(key.clone().into_raw(), Relaxed);
+                if old != 0 {
+                    // SAFETY: the slot owned the victim's word.
+                    left.push(unsafe { K::from_raw(old) }, b.units(i));
+                }
+                b.set_units(i, 0);
+                // A drain looking for a retired key without the lock (see
+                // `drain_all`) stores the flag, fences, then reads the key
+                // words; we store the key word, fence, then read the flag:
+                // one of the two sees the other.
+                crate::sync::fence(SeqCst);
+                if key.counter().is_retired() {
+                    let raw = b.keys[i].swap(0, Relaxed);
+                    // SAFETY: the word we just stored.
+                    drop(unsafe { K::from_raw(raw) });
+                    left.push(key.clone(), n);
+                    return;
+                }
                 i
             }
         };
-        let total = (s.units[i] as u64).saturating_add(n);
+        let total = b.units(i).saturating_add(n);
         let keep = total.min(self.batch);
-        s.units[i] = keep as u32;
+        b.set_units(i, keep);
         if total > keep {
             left.push(key.clone(), total - keep);
         }
@@ -385,47 +616,85 @@ impl<K: StockKey> Stock<K> {
     /// (to be uncharged from the counter directly) — and the counter records
     /// an `underflow` event.
     pub fn give_back(&self, cpu: usize, key: &K, n: u64) -> Leftovers<K> {
-        let mut left = Leftovers::default();
-        if n == 0 {
-            return left;
+        self.give_back_with(|| cpu, key, n)
+    }
+
+    /// [`Stock::give_back`] with the CPU found only where it is needed.
+    #[inline]
+    pub(crate) fn give_back_with(
+        &self,
+        cpu: impl FnOnce() -> usize,
+        key: &K,
+        n: u64,
+    ) -> Leftovers<K> {
+        // The slot may grow to what the usage accounts for (and the batch):
+        // the bound `give_back_slow` checks, with the usage read first.
+        if n == 0 || self.stash_hit(key, n, key.counter().usage().min(self.batch)) {
+            return Leftovers::default();
         }
-        let Some(locked) = self.cpu(cpu).try_lock() else {
+        self.give_back_slow(cpu(), key, n)
+    }
+
+    #[cold]
+    fn give_back_slow(&self, cpu: usize, key: &K, n: u64) -> Leftovers<K> {
+        let mut left = Leftovers::default();
+        let Some(locked) = self.try_lock_here(cpu) else {
             left.push(key.clone(), n);
             return left;
         };
-        locked.with(|s| {
-            let held = s.find(self.slots, key).map_or(0, |i| s.units[i] as u64);
-            // Relaxed: a bound check. Correct callers always pass it (usage
-            // ≥ their own units + every stocked unit); concurrent charges
-            // only raise the usage, and concurrent uncharges and drains on
-            // other CPUs lower it by units that were not this caller's.
-            let free = key.counter().usage().saturating_sub(held);
-            if free < n {
-                key.counter().record_underflow();
-                left.push(key.clone(), free);
-            } else {
-                self.stash_locked(s, key, n, &mut left);
-            }
-        });
+        let b = locked.block;
+        let held = b.find(self.slots, key.as_raw()).map_or(0, |i| b.units(i));
+        // Relaxed: a bound check. Correct callers always pass it (usage
+        // ≥ their own units + every stocked unit); concurrent charges
+        // only raise the usage, and concurrent uncharges and drains on
+        // other CPUs lower it by units that were not this caller's.
+        let free = key.counter().usage().saturating_sub(held);
+        if free < n {
+            key.counter().record_underflow();
+            left.push(key.clone(), free);
+        } else {
+            self.stash_locked(&locked, key, n, &mut left);
+        }
         left
     }
 
-    /// Take one of CPU `cpu`'s slots whose counter satisfies `which`,
-    /// waiting for the CPU's lock.
+    /// Take one of CPU `cpu`'s slots whose counter satisfies `which`, under
+    /// the block's lock (fenced in rseq mode).
     fn take_one(&self, cpu: usize, which: &dyn Fn(&UsageCounter) -> bool) -> Option<(K, u64)> {
-        self.cpu(cpu).lock().with(|s| {
-            let i = (0..self.slots)
-                .find(|&i| s.keys[i].as_ref().is_some_and(|k| which(k.counter())))?;
-            let k = s.keys[i].take()?;
-            Some((k, std::mem::take(&mut s.units[i]) as u64))
-        })
+        let locked = self.lock_remote(cpu);
+        let b = locked.block;
+        let i = (0..self.slots).find(|&i| {
+            // Relaxed: under the lock.
+            let raw = b.keys[i].load(Relaxed);
+            // SAFETY: under the lock the slot keeps its key alive; borrowed
+            // (`ManuallyDrop`), not owned.
+            raw != 0 && {
+                let k = std::mem::ManuallyDrop::new(unsafe { K::from_raw(raw) });
+                which(k.counter())
+            }
+        })?;
+        Some(self.take_slot(locked, i))
+    }
+
+    /// Empty slot `i` of a locked block: its key and units (the key dropped
+    /// by the caller, outside the lock).
+    fn take_slot(&self, locked: Locked<'_>, i: usize) -> (K, u64) {
+        let b = locked.block;
+        // Relaxed: under the lock.
+        let raw = b.keys[i].swap(0, Relaxed);
+        let units = b.units(i);
+        b.set_units(i, 0);
+        drop(locked);
+        // SAFETY: the slot owned the word; taken out once.
+        (unsafe { K::from_raw(raw) }, units)
     }
 
     /// Drain (uncharge) every CPU's slots whose counter satisfies `which`;
     /// returns the units drained. Waits for each CPU's lock in turn (never
-    /// for another drain); uncharges, and drops each slot's key, outside
-    /// the lock; allocates nothing — the allocator integration drains from
-    /// inside `GlobalAlloc::alloc`.
+    /// for another drain; in rseq mode, fencing each CPU's sequences);
+    /// uncharges, and drops each slot's key, outside the lock; allocates
+    /// nothing — the allocator integration drains from inside
+    /// `GlobalAlloc::alloc`.
     ///
     /// Every unit stocked for a matching counter when the call starts is
     /// returned by the time it ends, unless a thread re-stocked it since.
@@ -433,6 +702,34 @@ impl<K: StockKey> Stock<K> {
         let mut drained = 0;
         for cpu in 0..self.cpus.len() {
             while let Some((k, units)) = self.take_one(cpu, which) {
+                k.return_units(units);
+                drained += units;
+            }
+        }
+        drained
+    }
+
+    /// [`Stock::drain_all`] for one key, known by its word
+    /// ([`StockKey::as_raw`]): each block's key words are compared without
+    /// its lock, and only a block holding the key is locked (and fenced) —
+    /// a group's removal pays for the CPUs that stock it, not for every CPU.
+    ///
+    /// For a retired counter (`UsageCounter::retire`, before this call) no
+    /// unit escapes: a thread that stocks the key concurrently either
+    /// stores its word before our look, or sees the counter retired after
+    /// storing it and takes it back (`stash_locked`; both sides fence).
+    pub fn drain_key(&self, raw: usize) -> u64 {
+        // SeqCst: pairs with the fence of `stash_locked` (see above).
+        crate::sync::fence(SeqCst);
+        let mut drained = 0;
+        for cpu in 0..self.cpus.len() {
+            // Relaxed: comparing words only; the lock re-checks.
+            if self.block(cpu).find(self.slots, raw).is_none() {
+                continue;
+            }
+            let locked = self.lock_remote(cpu);
+            if let Some(i) = locked.block.find(self.slots, raw) {
+                let (k, units) = self.take_slot(locked, i);
                 k.return_units(units);
                 drained += units;
             }
@@ -455,35 +752,72 @@ impl<K: StockKey> Stock<K> {
     fn stocked_where(&self, which: &dyn Fn(&UsageCounter) -> bool) -> u64 {
         (0..self.cpus.len())
             .map(|cpu| {
-                self.cpu(cpu).lock().with(|s| {
-                    (0..self.slots)
-                        .filter(|&i| s.keys[i].as_ref().is_some_and(|k| which(k.counter())))
-                        .map(|i| s.units[i] as u64)
-                        .sum::<u64>()
-                })
+                let locked = self.lock_remote(cpu);
+                let b = locked.block;
+                (0..self.slots)
+                    .filter(|&i| {
+                        let raw = b.keys[i].load(Relaxed);
+                        // SAFETY: under the lock the slot keeps its key
+                        // alive; borrowed, not owned.
+                        raw != 0 && {
+                            let k = std::mem::ManuallyDrop::new(unsafe { K::from_raw(raw) });
+                            which(k.counter())
+                        }
+                    })
+                    .map(|i| b.units(i))
+                    .sum::<u64>()
             })
             .sum()
     }
 }
 
-#[cfg(all(unix, not(loom)))]
+/// The mode of a stock for this machine's `cpus` CPUs.
+fn host_mode(cpus: usize) -> Mode {
+    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+    {
+        use crate::percpu::{rseq_available, SlotIndex};
+        let dense = crate::cpu::Topology::host().cpus() == cpus;
+        if dense
+            && rseq_available(SlotIndex::CpuId)
+            && std::env::var("SPLITCOUNT_PERCPU_ADD").as_deref() != Ok("atomic")
+        {
+            if let Some(offset) = crate::cpu::glibc_fs_offset() {
+                if stock_rseq::fence_available() {
+                    return Mode::Rseq { offset };
+                }
+            }
+        }
+    }
+    let _ = cpus;
+    Mode::Locks
+}
+
 impl<K: StockKey> Drop for Stock<K> {
     fn drop(&mut self) {
+        #[cfg(all(unix, not(loom)))]
         fork::unregister(&self.cpus);
+        for b in self.cpus.iter() {
+            for k in &b.keys {
+                // Relaxed: no one else holds the stock any more.
+                let raw = k.load(Relaxed);
+                if raw != 0 {
+                    // SAFETY: the slot owned the word; dropped once.
+                    drop(unsafe { K::from_raw(raw) });
+                }
+            }
+        }
     }
 }
 
 /// Every live stock's blocks, so that `fork` can quiesce them.
 #[cfg(all(unix, not(loom)))]
 mod fork {
-    use super::CpuStock;
-    use crossbeam_utils::CachePadded;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use super::Block;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
     use std::sync::Once;
 
     /// A registered run of blocks: address of the first, count, stride.
-    /// Each block starts with its lock word (`CpuStock` is `repr(C)`, and
-    /// `CachePadded` puts its contents first).
+    /// Each block starts with its lock word (`Block` is `repr(C)`).
     type Run = (usize, usize, usize);
 
     /// The registry, guarded by a spin lock of our own: the prepare handler
@@ -527,15 +861,15 @@ mod fork {
         r
     }
 
-    fn run_of<K>(blocks: &[CachePadded<CpuStock<K>>]) -> Run {
+    fn run_of(blocks: &[Block]) -> Run {
         (
             blocks.as_ptr() as usize,
             blocks.len(),
-            std::mem::size_of::<CachePadded<CpuStock<K>>>(),
+            std::mem::size_of::<Block>(),
         )
     }
 
-    pub(super) fn register<K>(blocks: &[CachePadded<CpuStock<K>>]) {
+    pub(super) fn register(blocks: &[Block]) {
         static HANDLERS: Once = Once::new();
         HANDLERS.call_once(|| {
             // SAFETY: the handlers are `extern "C"` functions without
@@ -546,19 +880,19 @@ mod fork {
         with_runs(|r| r.push(run));
     }
 
-    pub(super) fn unregister<K>(blocks: &[CachePadded<CpuStock<K>>]) {
+    pub(super) fn unregister(blocks: &[Block]) {
         let run = run_of(blocks);
         with_runs(|r| r.retain(|&e| e != run));
     }
 
-    fn each_lock(f: impl Fn(&AtomicBool)) {
+    fn each_lock(f: impl Fn(&AtomicU32)) {
         // SAFETY: called with the registry lock held (between `prepare`
         // and `release`); every registered run belongs to a live stock
         // (unregistered in `Drop` before it is freed, which needs this
         // lock); each block begins with its lock word.
         for &(base, len, stride) in unsafe { &*REGISTRY.runs.get() }.iter() {
             for i in 0..len {
-                f(unsafe { &*((base + i * stride) as *const AtomicBool) });
+                f(unsafe { &*((base + i * stride) as *const AtomicU32) });
             }
         }
     }
@@ -571,7 +905,7 @@ mod fork {
         each_lock(|l| {
             // Acquire: the holder's slot changes are complete.
             while l
-                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
                 .is_err()
             {
                 std::thread::yield_now();
@@ -582,7 +916,7 @@ mod fork {
     /// After `fork`, in the parent and in the child (whose only thread is
     /// this one): release what `prepare` took.
     extern "C" fn release() {
-        each_lock(|l| l.store(false, Ordering::Release));
+        each_lock(|l| l.store(0, Ordering::Release));
         unlock();
     }
 }
@@ -627,12 +961,9 @@ mod tests {
     }
 
     #[test]
-    fn the_per_cpu_block_fits_one_padded_line() {
-        assert!(std::mem::size_of::<CpuStock<Arc<UsageCounter>>>() <= 128);
-        assert_eq!(
-            std::mem::align_of::<CachePadded<CpuStock<Arc<UsageCounter>>>>() % 64,
-            0
-        );
+    fn the_per_cpu_block_is_one_128_byte_line() {
+        assert_eq!(std::mem::size_of::<Block>(), 128);
+        assert_eq!(std::mem::align_of::<Block>(), 128);
     }
 
     #[test]
@@ -679,11 +1010,11 @@ mod tests {
     fn a_busy_stock_is_bypassed_never_waited_for() {
         let s = Stock::<Arc<UsageCounter>>::new(1, 7, 64).unwrap();
         let c = UsageCounter::root();
-        let held = s.cpu(0).try_lock().unwrap();
+        assert!(s.block(0).try_lock());
         assert_eq!(s.consume(0, &c, 1), Consumed::Busy);
         c.charge(5);
         assert_eq!(s.stash(0, &c, 5).uncharge(), 5, "everything comes back");
-        drop(held);
+        s.block(0).unlock();
         assert_eq!(c.usage(), 0);
     }
 
@@ -700,5 +1031,24 @@ mod tests {
         assert_eq!(s.drain_all(&|c| std::ptr::eq(c, &*a)), 60);
         assert_eq!((a.usage(), b.usage()), (0, 60));
         assert_eq!(s.stocked(&b), 60);
+    }
+}
+
+#[cfg(all(test, not(loom), target_os = "linux", target_arch = "x86_64"))]
+mod host_tests {
+    use super::*;
+
+    #[test]
+    fn on_this_host_hits_are_critical_sections_where_the_platform_allows() {
+        let cpus = crate::cpu::Topology::host().cpus();
+        let s = Stock::<Arc<UsageCounter>>::for_host(cpus, 7, 64).unwrap();
+        eprintln!("uses_rseq = {}", s.uses_rseq());
+        let c = UsageCounter::root();
+        c.charge(64);
+        assert_eq!(s.stash(0, &c, 64).uncharge(), 0);
+        assert_eq!(s.consume(0, &c, 10), Consumed::Hit);
+        assert_eq!(s.stocked(&c), 54);
+        assert_eq!(s.drain_all(&|_| true), 54);
+        assert_eq!(c.usage(), 10);
     }
 }

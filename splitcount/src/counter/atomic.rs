@@ -1,7 +1,9 @@
 //! [`Atomic`]: one shared atomic — exact, and the baseline that collapses
 //! under contention (every add from every CPU writes the same cache line).
 
-use super::{Accuracy, Config, ConfigError, CounterError, Design, Side, SplitCounter, Step};
+use super::{
+    Accuracy, Config, ConfigError, CounterError, Design, Footprint, Side, SplitCounter, Step,
+};
 use crate::sync::{
     AtomicI64,
     Ordering::{Relaxed, SeqCst},
@@ -49,6 +51,14 @@ impl Default for Atomic {
 impl SplitCounter for Atomic {
     fn design(&self) -> Design {
         Design::Atomic
+    }
+
+    /// One padded line: the handle.
+    fn footprint(&self) -> Footprint {
+        Footprint {
+            heap: std::mem::size_of::<Atomic>(),
+            ..Footprint::default()
+        }
     }
 
     #[inline]

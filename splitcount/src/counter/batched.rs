@@ -22,7 +22,9 @@
 //! flight are counted once or not yet. Nothing is lost once an add returns.
 
 use super::total::Total;
-use super::{Accuracy, Config, ConfigError, CounterError, Design, Side, SplitCounter, Step};
+use super::{
+    Accuracy, Config, ConfigError, CounterError, Design, Footprint, Side, SplitCounter, Step,
+};
 use crate::percpu::PerCpu;
 use crossbeam_utils::CachePadded;
 use std::cmp::Ordering;
@@ -86,6 +88,16 @@ impl std::fmt::Debug for Batched {
 }
 
 impl SplitCounter for Batched {
+    /// A slot per CPU (and the arena's overflow copy); the total, on its
+    /// own line, in the handle.
+    fn footprint(&self) -> Footprint {
+        Footprint {
+            per_cpu: std::mem::size_of::<i64>() * (self.slots.cpus() + 1),
+            shared: 0,
+            heap: std::mem::size_of::<Batched>(),
+        }
+    }
+
     fn design(&self) -> Design {
         Design::Batched
     }

@@ -56,11 +56,39 @@ pub use atomic::Atomic;
 pub use batched::Batched;
 pub use config::{Arity, Config, ConfigError, Design, Sharing, MAX_BATCH};
 pub use pernode::{PerNode, MAX_NODE_SLOTS};
-pub use tree::Tree;
+pub use tree::{Tree, MAX_ROOT_PARTS};
 pub use tree_shape::{fanout_orders_for, TreeShape};
 
 use std::cmp::Ordering;
 use std::fmt;
+
+/// The memory one counter uses, in bytes ([`SplitCounter::footprint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
+pub struct Footprint {
+    /// In the per-CPU arena: its slots, one copy per CPU plus the arena's
+    /// overflow copy.
+    pub per_cpu: usize,
+    /// Its shared items in the arena (a tree's intermediate items, root
+    /// accumulators and bias: 8 bytes each, in the region of the CPUs
+    /// that write it).
+    pub shared: usize,
+    /// Its own heap and inline size (the handle, tables of pointers).
+    pub heap: usize,
+}
+
+impl Footprint {
+    /// Everything.
+    pub fn total(&self) -> usize {
+        self.per_cpu + self.shared + self.heap
+    }
+
+    /// Everything, per CPU of a machine of `cpus` CPUs.
+    pub fn per_cpu_bytes(&self, cpus: usize) -> f64 {
+        self.total() as f64 / cpus.max(1) as f64
+    }
+}
 
 /// How far a settled counter's `approximate()` may be from `precise()`:
 /// `precise − under ≤ approximate ≤ precise + over`.
@@ -209,6 +237,11 @@ pub trait SplitCounter: Send + Sync + fmt::Debug {
     /// a side whose bound is 0. The lab and the tests use it to show that
     /// the bound is reached, not merely respected.
     fn worst_case_schedule(&self, side: Side) -> Vec<Step>;
+
+    /// The bytes this counter takes: its per-CPU slots, its shared items in
+    /// the arena, and its handle and heap (see [`Footprint`]). Computed from
+    /// the layout; the lab's `footprint` command prints it for every design.
+    fn footprint(&self) -> Footprint;
 }
 
 /// The worst case of the designs that spill a whole part once `|part| ≥

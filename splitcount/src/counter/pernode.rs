@@ -12,7 +12,9 @@
 //! slot has a CPU, so the bound is reached.
 
 use super::total::Total;
-use super::{Accuracy, Config, ConfigError, CounterError, Design, Side, SplitCounter, Step};
+use super::{
+    Accuracy, Config, ConfigError, CounterError, Design, Footprint, Side, SplitCounter, Step,
+};
 use crate::cpu::Machine;
 use crate::percpu::SpillTarget;
 use crate::sync::{
@@ -113,6 +115,17 @@ impl std::fmt::Debug for PerNode {
 }
 
 impl SplitCounter for PerNode {
+    /// A padded line per node, the global total and a byte per CPU (which
+    /// node slot it adds to); no per-CPU memory.
+    fn footprint(&self) -> Footprint {
+        Footprint {
+            heap: std::mem::size_of::<PerNode>()
+                + std::mem::size_of_val(&*self.nodes)
+                + self.slot_of.len(),
+            ..Footprint::default()
+        }
+    }
+
     fn design(&self) -> Design {
         Design::PerNode
     }

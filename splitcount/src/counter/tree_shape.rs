@@ -76,7 +76,15 @@ pub struct TreeShape {
     orders: Vec<u32>,
     /// `s_l` for `l = 0..=L` (`s_0 = 0`).
     shifts: Vec<u32>,
-    /// Position of each CPU in the bottom row.
+    /// The CPUs' order in the bottom row, when it is not their ids' (sharing
+    /// by cache): shared by the shape's clones.
+    order: Option<std::sync::Arc<Order>>,
+}
+
+/// A bottom row ordered other than by id.
+#[derive(Debug, PartialEq, Eq)]
+struct Order {
+    /// Position of each CPU.
     position: Vec<u32>,
     /// CPU at each position.
     cpu_at: Vec<u32>,
@@ -114,21 +122,25 @@ impl TreeShape {
                 Some(*s)
             }))
             .collect();
-        let cpu_at = match sharing {
-            Sharing::ById => (0..cpus as u32).collect::<Vec<_>>(),
-            Sharing::ByCache => cache_order(topology)?,
+        // By id, a CPU's position is its id: no table (8 bytes per CPU per
+        // counter otherwise).
+        let order = match sharing {
+            Sharing::ById => None,
+            Sharing::ByCache => {
+                let cpu_at = cache_order(topology)?;
+                let mut position = vec![0u32; cpus];
+                for (pos, &cpu) in cpu_at.iter().enumerate() {
+                    position[cpu as usize] = pos as u32;
+                }
+                Some(std::sync::Arc::new(Order { position, cpu_at }))
+            }
         };
-        let mut position = vec![0u32; cpus];
-        for (pos, &cpu) in cpu_at.iter().enumerate() {
-            position[cpu as usize] = pos as u32;
-        }
         Ok(TreeShape {
             cpus,
             batch,
             orders,
             shifts,
-            position,
-            cpu_at,
+            order,
         })
     }
 
@@ -169,15 +181,47 @@ impl TreeShape {
         self.cpus.div_ceil(1 << self.shifts[l])
     }
 
+    /// CPU `cpu`'s position in the bottom row.
+    #[inline]
+    pub(crate) fn position(&self, cpu: usize) -> usize {
+        match &self.order {
+            None => cpu,
+            Some(o) => o.position[cpu] as usize,
+        }
+    }
+
     /// The level-`l` item CPU `cpu` carries into.
     #[inline]
     pub fn item_of(&self, cpu: usize, l: usize) -> usize {
-        (self.position[cpu] >> self.shifts[l]) as usize
+        self.position(cpu) >> self.shifts[l]
+    }
+
+    /// The CPU at position `pos` of the bottom row.
+    pub(crate) fn cpu_at(&self, pos: usize) -> usize {
+        match &self.order {
+            None => pos,
+            Some(o) => o.cpu_at[pos] as usize,
+        }
     }
 
     /// The first CPU (by position) under item `item` of level `l`.
     pub(crate) fn first_cpu_under(&self, l: usize, item: usize) -> usize {
-        self.cpu_at[item << self.shifts[l]] as usize
+        self.cpu_at(item << self.shifts[l])
+    }
+
+    /// Which order of CPUs positions follow, for the kinds of stripes a
+    /// tree's items take (`percpu/stripe.rs`): 0 by id, 1 by cache.
+    pub(crate) fn order_kind(&self) -> u8 {
+        u8::from(self.order.is_some())
+    }
+
+    /// Heap bytes the shape holds of its own (its order table is shared by
+    /// its clones and counted by the first).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        (self.orders.capacity() + self.shifts.capacity()) * std::mem::size_of::<u32>()
+            + self.order.as_ref().map_or(0, |o| {
+                (o.position.capacity() + o.cpu_at.capacity()) * std::mem::size_of::<u32>()
+            })
     }
 
     /// The bound `under` (see the module docs); `over` is 0.

@@ -165,6 +165,21 @@ pub fn rseq_owner() -> RseqOwner {
     }
 }
 
+/// glibc's `__rseq_offset` when glibc's areas are the source: every
+/// thread's area is then at this offset from its thread pointer (`fs`), so
+/// a critical section can address it as `fs:[offset + field]` with the
+/// offset kept beside the data (no global load on the hot path).
+#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+pub(crate) fn glibc_fs_offset() -> Option<isize> {
+    if mode() != GLIBC {
+        return None;
+    }
+    match GLIBC_OFFSET.load(Relaxed) {
+        NO_OFFSET => None,
+        offset => Some(offset),
+    }
+}
+
 /// The calling thread's rseq area, whoever registered it.
 #[cfg(target_os = "linux")]
 #[inline(always)]

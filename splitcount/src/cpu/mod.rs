@@ -27,5 +27,7 @@ pub use machine::{Machine, MachineError};
 #[cfg(target_os = "linux")]
 pub(crate) use current::area as rseq_area;
 #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+pub(crate) use current::glibc_fs_offset;
+#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
 pub(crate) use rseq::{CPU_ID_OFFSET, MM_CID_OFFSET};
 pub use topology::{CacheLevel, Topology, TopologyError, TopologySource, MAX_CPUS, MAX_NODES};

@@ -206,12 +206,19 @@ impl StockKey for AccountKey {
     fn counter(&self) -> &UsageCounter {
         self.usage()
     }
-    fn same(&self, other: &Self) -> bool {
-        self.0 == other.0
-    }
     fn return_units(self, units: u64) {
         self.uncharge_bytes(units);
     }
     // A slot's units keep its account alive: an empty slot must let go.
     const KEEP_EMPTY: bool = false;
+    fn as_raw(&self) -> usize {
+        self.0.as_ptr() as usize
+    }
+    fn into_raw(self) -> usize {
+        self.0.as_ptr() as usize
+    }
+    unsafe fn from_raw(raw: usize) -> Self {
+        // SAFETY: `raw` is an account's address (`into_raw`), non-null.
+        AccountKey(unsafe { NonNull::new_unchecked(raw as *mut Account) })
+    }
 }

@@ -402,14 +402,18 @@ impl Group {
         }
         let node = self.live();
         let stock = &self.shared.stock;
-        let cpu = self.shared.config.machine.current_cpu();
-        if stock.consume(cpu, &node.usage, n) == Consumed::Hit {
+        let machine = &self.shared.config.machine;
+        if stock.consume_with(|| machine.current_cpu(), &node.usage, n) == Consumed::Hit {
             return Ok(());
         }
         let batch = stock.batch();
         if n < batch {
             if let Ok(crossed) = node.usage.try_charge_quiet(batch) {
-                let _ = stock.stash(cpu, &node.usage, batch - n).uncharge();
+                if !stock.stash_hit(&node.usage, batch - n, batch) {
+                    let _ = stock
+                        .stash_with(|| machine.current_cpu(), &node.usage, batch - n)
+                        .uncharge();
+                }
                 if crossed {
                     self.shared.pressure(node, reclaim::direct);
                 }
@@ -507,8 +511,16 @@ impl Group {
             return;
         }
         let node = self.live();
-        let cpu = self.shared.config.machine.current_cpu();
-        let _ = self.shared.stock.give_back(cpu, &node.usage, n).uncharge();
+        let stock = &self.shared.stock;
+        // The hit first (nothing to drop on it); the cap is `give_back`'s
+        // bound: a slot never holds more than the usage accounts for.
+        if stock.stash_hit(&node.usage, n, node.usage.usage().min(stock.batch())) {
+            return;
+        }
+        let machine = &self.shared.config.machine;
+        let _ = stock
+            .give_back_with(|| machine.current_cpu(), &node.usage, n)
+            .uncharge();
     }
 
     /// Remove the group: refused for the root and for a group with live
@@ -517,8 +529,7 @@ impl Group {
     /// ancestor.
     pub fn remove(&self) -> Result<(), GroupError> {
         self.shared.unlink(&self.node)?;
-        let usage = &self.node.usage;
-        self.shared.drain(&|c| std::ptr::eq(c, &**usage));
+        self.shared.drain_node(&self.node);
         // Fold its statistics now (they stay in its ancestors' values), if
         // it has any that were not folded yet.
         if self.node.stats.has_unfolded() {

@@ -139,7 +139,14 @@ impl Hierarchy {
     /// A hierarchy with only a root group.
     pub fn new(config: HierarchyConfig) -> Result<Hierarchy, GroupError> {
         config.validate()?;
-        let stock = Stock::new(
+        // On the host, hits are rseq critical sections where the platform
+        // allows; a simulated machine's CPUs are the caller's choice.
+        let make = if config.machine.is_simulated() {
+            Stock::new
+        } else {
+            Stock::for_host
+        };
+        let stock = make(
             config.machine.cpus(),
             config.stock_slots,
             config.stock_batch,
@@ -283,6 +290,21 @@ impl Shared {
 
     /// Drain both stocks' slots whose counter satisfies `which`, and the
     /// calling thread's allocator reserve; the units returned.
+    /// Drain a removed node's units from both stocks, by key (see
+    /// `Stock::drain_key`: only the CPUs that stock it are locked), and the
+    /// calling thread's reserve.
+    pub(crate) fn drain_node(&self, node: &Node) -> u64 {
+        use crate::charge::StockKey;
+        let mut drained = self.stock.drain_key(node.usage.as_raw());
+        if let Some(bytes) = self.bytes.get() {
+            drained += (bytes.drain_thread)();
+            if let Some(account) = node.existing_account() {
+                drained += bytes.stock.drain_key(account.as_raw());
+            }
+        }
+        drained
+    }
+
     pub(crate) fn drain(&self, which: &dyn Fn(&UsageCounter) -> bool) -> u64 {
         let mut drained = self.stock.drain_all(which);
         if let Some(bytes) = self.bytes.get() {

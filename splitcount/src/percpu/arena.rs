@@ -5,6 +5,7 @@
 
 use super::chunk::{Chunk, REGION_SLOTS};
 use super::path::{self, AddPath, ArenaOptions, SlotIndex};
+use super::stripe::{Stripe, StripeAlloc, StripeKind};
 use crate::cpu::{self, Machine};
 use crate::sync::{
     lock, Arc, AtomicI64, Mutex,
@@ -122,6 +123,8 @@ pub struct Arena {
 struct Inner {
     machine: Machine,
     alloc: Mutex<Allocator>,
+    /// Stripes for counters' shared items (see `stripe.rs`).
+    stripes: Mutex<StripeAlloc>,
     /// Per-CPU (or per-concurrency-id) regions, the overflow region excluded.
     regions: usize,
     index: SlotIndex,
@@ -173,6 +176,7 @@ impl Arena {
             inner: Arc::new(Inner {
                 machine: machine.clone(),
                 alloc: Mutex::new(Allocator::default()),
+                stripes: Mutex::new(StripeAlloc::default()),
                 regions,
                 index: options.index,
                 rseq: path::resolve(machine, options),
@@ -278,6 +282,11 @@ impl Arena {
             // exists and `at.start < REGION_SLOTS`.
             (field, unsafe { chunk.as_ref().slot(0, at.start) }.as_ptr())
         };
+        #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+        let fs_offset = match rseq_field {
+            0 => NO_FS_OFFSET,
+            _ => cpu::glibc_fs_offset().unwrap_or(NO_FS_OFFSET),
+        };
         Ok(PerCpu {
             arena: self.clone(),
             chunk,
@@ -289,7 +298,45 @@ impl Arena {
             rseq_field,
             #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
             row,
+            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            fs_offset,
+            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            fast_fs_offset: if rseq_field == cpu::CPU_ID_OFFSET {
+                fs_offset
+            } else {
+                NO_FS_OFFSET
+            },
         })
+    }
+
+    /// A zeroed stripe of `kind`: one slot at the same index in regions
+    /// `0, 2^s, 2·2^s, …` of a chunk of stripes of that kind, for the shared
+    /// items of a counter (see `stripe.rs`). Freed with
+    /// [`Arena::free_stripe`] (same kind) by its owner, which must keep the
+    /// arena alive while it uses the stripe.
+    pub(crate) fn alloc_stripe(&self, kind: StripeKind) -> Result<Stripe, ArenaError> {
+        let inner = &self.inner;
+        lock(&inner.stripes)
+            .alloc(inner.regions, &inner.machine, kind)
+            .ok_or(ArenaError::OutOfMemory {
+                bytes: (inner.regions + 1).saturating_mul(super::REGION_BYTES),
+            })
+    }
+
+    /// Free a stripe.
+    ///
+    /// # Safety
+    /// `stripe` came from this arena's [`Arena::alloc_stripe`] with `kind`,
+    /// is freed once, and no reference into it remains.
+    pub(crate) unsafe fn free_stripe(&self, stripe: Stripe, kind: StripeKind) {
+        // SAFETY: forwarded.
+        unsafe { lock(&self.inner.stripes).free(self.inner.regions, stripe, kind) }
+    }
+
+    /// Slots that counters' shared items (tree items, root accumulators)
+    /// hold, 8 bytes each: a stripe counts one per region it uses.
+    pub fn stripe_slots_in_use(&self) -> usize {
+        lock(&self.inner.stripes).slots
     }
 
     /// Slots currently allocated (per CPU).
@@ -368,7 +415,20 @@ pub struct PerCpu {
     /// Address of slot 0 in region 0 (region `r` is `r · 4096` bytes on).
     #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
     row: *mut i64,
+    /// glibc's `__rseq_offset` when the areas are glibc's (every thread's
+    /// at `fs:[offset]`), else [`NO_FS_OFFSET`]: the hot path then needs no
+    /// global load to find the thread's area.
+    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+    fs_offset: isize,
+    /// `fs_offset` in an rseq arena indexed by CPU id — the common case,
+    /// decided by this one field — else [`NO_FS_OFFSET`].
+    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+    fast_fs_offset: isize,
 }
+
+/// [`PerCpu::fs_offset`] when the areas are not glibc's.
+#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+const NO_FS_OFFSET: isize = isize::MIN;
 
 // SAFETY: `chunk` points to atomics owned by the arena that `self.arena`
 // keeps alive; all access through it is atomic.
@@ -521,17 +581,18 @@ impl PerCpu {
     /// `index < self.len()`.
     #[inline(always)]
     pub(crate) unsafe fn add_current(&self, index: usize, delta: i64) -> Option<(usize, i64)> {
+        // The common case first, straight-line: glibc's area, indexed by
+        // CPU id, addressed through the thread pointer.
         #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-        if self.rseq_field != 0 {
-            let area = cpu::rseq_area()?;
-            // SAFETY: `area` is this thread's area (the sequence checks that
-            // it is registered); the slot's region-0 address (`index` from
-            // the caller) and `regions` describe this chunk; in an rseq arena
-            // every write to a CPU's own copy is such a sequence.
+        if self.fast_fs_offset != NO_FS_OFFSET {
+            // SAFETY: `fast_fs_offset` is glibc's `__rseq_offset` in an
+            // arena indexed by CPU id; the slot's region-0 address (`index`
+            // from the caller) and `regions` describe this chunk; in an
+            // rseq arena every write to a CPU's own copy is such a
+            // sequence.
             let (cpu, new) = unsafe {
-                super::rseq_ops::add_return(
-                    area,
-                    self.rseq_field,
+                super::rseq_ops::add_return_fs::<false>(
+                    self.fast_fs_offset,
                     self.row.wrapping_add(index),
                     self.regions,
                     delta,
@@ -539,10 +600,50 @@ impl PerCpu {
             };
             return (cpu < self.regions).then_some((cpu, new));
         }
+        #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+        if self.rseq_field != 0 {
+            // SAFETY: forwarded.
+            return unsafe { self.add_current_rseq(index, delta) };
+        }
         let region = self.current_region()?;
         // SAFETY: `current_region` is below the regions; `index` from the
         // caller.
         Some((region, unsafe { self.atomic_add(region, index, delta) }))
+    }
+
+    /// [`PerCpu::add_current`] in an rseq arena outside its common case:
+    /// concurrency ids, or an area splitcount registered.
+    ///
+    /// # Safety
+    /// `index < self.len()`.
+    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+    #[inline(never)]
+    unsafe fn add_current_rseq(&self, index: usize, delta: i64) -> Option<(usize, i64)> {
+        {
+            let slot0 = self.row.wrapping_add(index);
+            if self.fs_offset != NO_FS_OFFSET {
+                // SAFETY: `fs_offset` is glibc's `__rseq_offset`; the rest
+                // as in `add_current`.
+                let (cpu, new) = unsafe {
+                    super::rseq_ops::add_return_fs::<true>(
+                        self.fs_offset,
+                        slot0,
+                        self.regions,
+                        delta,
+                    )
+                };
+                return (cpu < self.regions).then_some((cpu, new));
+            }
+            let area = cpu::rseq_area()?;
+            // SAFETY: `area` is this thread's area (the sequence checks that
+            // it is registered); the slot's region-0 address (`index` from
+            // the caller) and `regions` describe this chunk; in an rseq arena
+            // every write to a CPU's own copy is such a sequence.
+            let (cpu, new) = unsafe {
+                super::rseq_ops::add_return(area, self.rseq_field, slot0, self.regions, delta)
+            };
+            (cpu < self.regions).then_some((cpu, new))
+        }
     }
 
     /// The kernel's `percpu_counter` step on the current CPU's copy: add

@@ -55,11 +55,16 @@
 #![allow(unsafe_code)]
 
 use super::chunk::REGION_BYTES;
+use crate::rseq_section::rseq_section;
 
 const _: () = assert!(REGION_BYTES == 4096, "the critical sections shift by 12");
 const _: () = assert!(
     crate::cpu::CPU_ID_OFFSET == 4,
     "the sequences check registration at rseq->cpu_id (offset 4)"
+);
+const _: () = assert!(
+    crate::cpu::MM_CID_OFFSET == 24,
+    "add_return_fs reads mm_cid at offset 24"
 );
 
 /// Add `delta` to the calling CPU's copy of a slot and return
@@ -128,6 +133,79 @@ pub(crate) unsafe fn add_return(
             tmp = out(reg) _,
             options(nostack),
         );
+    }
+    (cpu, new)
+}
+
+/// [`add_return`] for glibc's areas, addressed through the thread pointer:
+/// the area is `fs:[offset]` in every thread, so nothing is loaded to find
+/// it. With `MM_CID = false` the id is `cpu_id` itself, and one comparison
+/// does for both checks — an unregistered area's `cpu_id` (`−1` or `−2` as
+/// an unsigned 32-bit value) is never below `regions`. With `MM_CID` the
+/// registration is checked first, as in [`add_return`].
+///
+/// # Safety
+/// `offset` is glibc's `__rseq_offset` (every thread's area is at
+/// `fs:[offset]`, registered with [`crate::cpu`]'s signature or not at
+/// all); `slot0` and `regions` as for [`add_return`].
+#[inline(always)]
+pub(crate) unsafe fn add_return_fs<const MM_CID: bool>(
+    offset: isize,
+    slot0: *mut i64,
+    regions: usize,
+    delta: i64,
+) -> (usize, i64) {
+    let cpu: usize;
+    let new: i64;
+    // SAFETY: see the function's contract; the sequence writes only
+    // `slot0 + cpu·4096` for `cpu < regions`, and the area's `rseq_cs`.
+    unsafe {
+        if MM_CID {
+            rseq_section!(
+                off = offset;
+                body = [
+                    "mov {cpu:e}, dword ptr fs:[{off} + 4]",
+                    "cmp {cpu:e}, -2",
+                    "jae 25f",
+                    "mov {cpu:e}, dword ptr fs:[{off} + 24]",
+                    "cmp {cpu}, {regions}",
+                    "jae 25f",
+                    "mov {tmp}, {cpu}",
+                    "shl {tmp}, 12",
+                    "mov {new}, qword ptr [{tmp} + {slot0}]",
+                    "add {new}, {delta}",
+                    "mov qword ptr [{tmp} + {slot0}], {new}",
+                ];
+                after = [];
+                slot0 = in(reg) slot0,
+                regions = in(reg) regions,
+                delta = in(reg) delta,
+                cpu = out(reg) cpu,
+                new = out(reg) new,
+                options(nostack),
+            );
+        } else {
+            rseq_section!(
+                off = offset;
+                body = [
+                    "mov {cpu:e}, dword ptr fs:[{off} + 4]",
+                    "cmp {cpu}, {regions}",
+                    "jae 25f",
+                    "mov {tmp}, {cpu}",
+                    "shl {tmp}, 12",
+                    "mov {new}, qword ptr [{tmp} + {slot0}]",
+                    "add {new}, {delta}",
+                    "mov qword ptr [{tmp} + {slot0}], {new}",
+                ];
+                after = [];
+                slot0 = in(reg) slot0,
+                regions = in(reg) regions,
+                delta = in(reg) delta,
+                cpu = out(reg) cpu,
+                new = out(reg) new,
+                options(nostack),
+            );
+        }
     }
     (cpu, new)
 }

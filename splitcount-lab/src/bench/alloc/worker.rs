@@ -92,9 +92,20 @@ impl Worker {
     /// Start the lab binary `exe` as a worker on `allocator`, and wait until
     /// it is ready (and runs on the allocator asked for).
     pub fn start(exe: &std::path::Path, allocator: Allocator) -> Result<Worker, String> {
+        Worker::start_with_env(exe, allocator, &[])
+    }
+
+    /// [`Worker::start`] with more environment variables (`bench ffi`
+    /// starts one with `LD_PRELOAD`).
+    pub fn start_with_env(
+        exe: &std::path::Path,
+        allocator: Allocator,
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Result<Worker, String> {
         let mut child = Command::new(exe)
             .arg("alloc-worker")
             .env(ENV, allocator.name())
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

@@ -7,6 +7,7 @@
 
 mod accuracy;
 mod drift;
+mod footprint;
 mod timed;
 mod watchdog;
 
@@ -170,6 +171,20 @@ pub const SUITES: &[Suite] = &[
         run: timed::alloc,
     },
     Suite {
+        name: "ffi",
+        title: "C ABI: a call from C, and C programs' heap",
+        about: "The C API (splitcount-ffi) called through C function pointers, as a C program \
+                calls a shared library, against the same operation from Rust: a tree \
+                counter's add (counter-add-c ÷ counter-add-rust) and a group charge and \
+                uncharge through the stock (group-charge-c ÷ group-charge-rust) — the handle \
+                check, the panic guard and the call boundary. Then the LD_PRELOAD library's \
+                malloc+free on the allocator suite's mixed workload (16 to 512 bytes, 64 \
+                live) in a worker process, against the same worker on glibc alone \
+                (mixed-preload ÷ mixed-glibc); measured when libsplitcount_preload.so lies \
+                beside the lab binary (cargo build --release --workspace).",
+        run: timed::ffi,
+    },
+    Suite {
         name: "async",
         title: "Async: a request loop on tokio, with and without instrument",
         about: "In the Accounted<System> worker process, 8 client tasks on a tokio \
@@ -204,6 +219,16 @@ pub const SUITES: &[Suite] = &[
                 Accounted::reconcile: what the groups account, the headers, glibc's in-use \
                 bytes (mallinfo2) and the resident set, as growth while the set is held.",
         run: drift::run,
+    },
+    Suite {
+        name: "footprint",
+        title: "Footprint: bytes per counter vs CPUs",
+        about: "What one counter of each design takes on simulated machines of 2 to 4096 \
+                CPUs, default batches and fan-outs, computed from its layout: per-CPU slots \
+                (and the arena's overflow copy), shared items in the arena, handle and heap. \
+                tree-padded is the tree with each shared item on a 128-byte line of its own, \
+                as it was laid out before stripes.",
+        run: footprint::run,
     },
     Suite {
         name: "groups",

@@ -1,5 +1,5 @@
 //! The timed suites (`counters`, `layout`, `charge`, `stats`, `alloc`,
-//! `async`, `groups`, `percpu`, `cpu-id`): each runs its `bench` module (interleaved rounds,
+//! `ffi`, `async`, `groups`, `percpu`, `cpu-id`): each runs its `bench` module (interleaved rounds,
 //! [`crate::timing`]) and shows the records as one table — a row per case,
 //! a column per thread count, each cell the time per operation beside the
 //! median ratio to the suite's baseline and its range over the rounds —
@@ -75,13 +75,9 @@ pub fn alloc(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
         .records
         .iter()
         .filter(|r| r.case.ends_with("-accounted"))
-        .map(|r| Bar {
-            label: format!("{} ({}t)", r.case.trim_end_matches("-accounted"), r.threads),
-            value: r.ratio.unwrap_or(f64::NAN),
-            note: r
-                .ratio
-                .map_or_else(String::new, |x| format!("×{}", ratio(x))),
-            color_of: r.case.clone(),
+        .map(|r| {
+            let label = format!("{} ({}t)", r.case.trim_end_matches("-accounted"), r.threads);
+            ratio_bar(r, label)
         })
         .collect();
     out.plots = vec![plots::bar_chart(
@@ -91,6 +87,40 @@ pub fn alloc(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
         &bars,
     )?];
     Ok(out)
+}
+
+/// `ffi`: the C ABI's counter add and group charge vs the same from Rust,
+/// and the preload's `malloc`+`free` vs glibc's, on one thread.
+pub fn ffi(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("the lab binary: {e}"))?;
+    let b = counted(progress, || bench::ffi::run(&exe, &[1], &s.plan()))?;
+    let mut out = outcome("ffi", &b, "call")?;
+    out.settings["preload"] = json!(bench::ffi::find_preload(&exe));
+    let bars: Vec<Bar> = b
+        .records
+        .iter()
+        .filter(|r| r.baseline.as_deref() != Some(&r.case))
+        .map(|r| ratio_bar(r, r.case.clone()))
+        .collect();
+    out.plots = vec![plots::bar_chart(
+        "ffi: a C call ÷ the same from Rust; the preload's malloc+free ÷ glibc's",
+        "× baseline",
+        Axis::Linear,
+        &bars,
+    )?];
+    Ok(out)
+}
+
+/// A bar of a record's ratio to its baseline, labelled `label`.
+fn ratio_bar(r: &Record, label: String) -> Bar {
+    Bar {
+        label,
+        value: r.ratio.unwrap_or(f64::NAN),
+        note: r
+            .ratio
+            .map_or_else(String::new, |x| format!("×{}", ratio(x))),
+        color_of: r.case.clone(),
+    }
 }
 
 /// `async`: a request loop on a tokio runtime, with and without

@@ -1,0 +1,558 @@
+//! Groups: children, removal, limits, charges, usage, peak, events,
+//! cooperative breaches and stat items.
+//!
+//! A handle on a removed group stays valid (except the one passed to
+//! `splitcount_group_remove`, which is released): what would add to the
+//! group — a charge, a child, a limit, a stat update, entering it — is
+//! refused with `SPLITCOUNT_E_REMOVED`; uncharges (they reach the nearest
+//! live ancestor, whose usage holds the group's) and reads still work.
+
+use crate::error::{
+    put, run, text, Error, Result, SPLITCOUNT_E_BUFFER, SPLITCOUNT_E_INVALID, SPLITCOUNT_E_LIMIT,
+    SPLITCOUNT_E_OVER_LIMIT, SPLITCOUNT_E_REMOVED,
+};
+use crate::handle::{id, Registry};
+use crate::hierarchy::HierarchyEntry;
+use crate::splitcount_group;
+use splitcount::charge::Enforcement;
+use splitcount::group::Group;
+use splitcount::stat::StatId;
+use std::ffi::{c_char, c_int};
+use std::sync::Arc;
+
+/// No limit: the value of `max`, `high` and the ceiling of a group without
+/// one.
+pub const SPLITCOUNT_UNLIMITED: u64 = u64::MAX;
+
+/// Over its hard limit, an allocation charged to the group fails (the
+/// preload's `malloc` returns NULL with `errno = ENOMEM`).
+pub const SPLITCOUNT_ENFORCE_REFUSE: u32 = 0;
+/// Over its hard limit, an allocation succeeds as a counted over-charge and
+/// the group is marked breached until `splitcount_group_clear_breach`;
+/// `splitcount_group_check` reports it. The default of a new group.
+pub const SPLITCOUNT_ENFORCE_COOPERATIVE: u32 = 1;
+
+/// Event counts of a group.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct splitcount_events {
+    /// Charges refused at this group (its `max` was in the way).
+    pub max: u64,
+    /// Crossings of `high` upwards.
+    pub high: u64,
+    /// Times the charge path gave up at this group after reclaim and
+    /// draining.
+    pub oom: u64,
+    /// Uncharges of more than the group held (clamped at zero).
+    pub underflow: u64,
+}
+
+/// What a group handle holds.
+pub(crate) struct GroupEntry {
+    pub(crate) group: Group,
+    pub(crate) stat_ids: Arc<[StatId]>,
+    /// The hierarchy handle it came through (0: none — the preload's
+    /// group); destroying that handle releases this one.
+    pub(crate) owner: u64,
+}
+
+pub(crate) static GROUPS: Registry<GroupEntry> = Registry::new(2, "group");
+
+impl GroupEntry {
+    pub(crate) fn new(group: Group, h: &HierarchyEntry, owner: u64) -> GroupEntry {
+        GroupEntry {
+            group,
+            stat_ids: h.stat_ids.clone(),
+            owner,
+        }
+    }
+
+    fn stat(&self, id: u32) -> Result<StatId> {
+        self.stat_ids.get(id as usize).copied().ok_or_else(|| {
+            Error::new(
+                SPLITCOUNT_E_INVALID,
+                format!(
+                    "stat item {id} is not in the schema (it has {} items)",
+                    self.stat_ids.len()
+                ),
+            )
+        })
+    }
+}
+
+/// The group a handle names, removed or not.
+pub(crate) fn any(g: *mut splitcount_group) -> Result<&'static GroupEntry> {
+    GROUPS.get(id(g))
+}
+
+/// The group a handle names, refused if it was removed.
+pub(crate) fn live(g: *mut splitcount_group) -> Result<&'static GroupEntry> {
+    let entry = any(g)?;
+    if entry.group.is_removed() {
+        return Err(Error::new(
+            SPLITCOUNT_E_REMOVED,
+            format!("group {} was removed", entry.group.path()),
+        ));
+    }
+    Ok(entry)
+}
+
+/// Read a number of a group (removed or not) into `*out`.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+unsafe fn read(
+    function: &str,
+    g: *mut splitcount_group,
+    out: *mut u64,
+    f: impl FnOnce(&Group) -> u64,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    run(function, || unsafe { put(out, f(&any(g)?.group)) })
+}
+
+/// Read stat item `item` of a group (removed or not) into `*out`.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+unsafe fn read_stat(
+    function: &str,
+    g: *mut splitcount_group,
+    item: u32,
+    out: *mut i64,
+    f: impl FnOnce(&Group, StatId) -> std::result::Result<i64, splitcount::stat::StatError>,
+) -> c_int {
+    run(function, || {
+        let entry = any(g)?;
+        let v = f(&entry.group, entry.stat(item)?)
+            .map_err(|e| Error::new(SPLITCOUNT_E_INVALID, e.to_string()))?;
+        // SAFETY: the caller's contract.
+        unsafe { put(out, v) }
+    })
+}
+
+/// Create a child named `name` (not empty, no '/', at most 255 bytes,
+/// unique among live siblings) of a live group; its handle in `*out`.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `name` is a NUL-terminated string; `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_group_child(
+    parent: *mut splitcount_group,
+    name: *const c_char,
+    out: *mut *mut splitcount_group,
+) -> c_int {
+    run("splitcount_group_child", || {
+        let p = live(parent)?;
+        // SAFETY: the caller's contract.
+        let name = unsafe { text(name, "name") }?;
+        let entry = GroupEntry {
+            group: p.group.child(name)?,
+            stat_ids: p.stat_ids.clone(),
+            owner: p.owner,
+        };
+        // SAFETY: the caller's contract.
+        unsafe { GROUPS.hand_out(entry, out) }
+    })
+}
+
+/// Remove a group (not the root, and without live children:
+/// `SPLITCOUNT_E_BUSY`) and release this handle. Its usage stays counted at
+/// its ancestors; later uncharges through other handles on it reach them.
+///
+/// Must not run concurrently with other calls using this handle.
+#[no_mangle]
+pub extern "C" fn splitcount_group_remove(group: *mut splitcount_group) -> c_int {
+    run("splitcount_group_remove", || {
+        any(group)?.group.remove()?;
+        GROUPS.remove(id(group)).map(drop)
+    })
+}
+
+/// Release a group handle without removing the group. A second release is
+/// `SPLITCOUNT_E_HANDLE`.
+///
+/// Must not run concurrently with other calls using this handle.
+#[no_mangle]
+pub extern "C" fn splitcount_group_release(group: *mut splitcount_group) -> c_int {
+    run("splitcount_group_release", || {
+        GROUPS.remove(id(group)).map(drop)
+    })
+}
+
+/// Copy the group's path ("/" for the root, "/a/b") with its NUL into
+/// `buf` of `len` bytes. `*needed` (may be NULL) receives the bytes the
+/// path needs with its NUL; `SPLITCOUNT_E_BUFFER` if `len` is smaller
+/// (nothing is written to `buf` then).
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `buf` is NULL or valid for `len` bytes; `needed` is NULL or valid for a
+/// write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_group_path(
+    group: *mut splitcount_group,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> c_int {
+    run("splitcount_group_path", || {
+        let path = any(group)?.group.path();
+        let n = path.len() + 1;
+        if !needed.is_null() {
+            // SAFETY: the caller's contract.
+            unsafe { put(needed, n) }?;
+        }
+        if buf.is_null() || len < n {
+            return Err(Error::new(
+                SPLITCOUNT_E_BUFFER,
+                format!("the path {path} needs {n} bytes, the buffer has {len}"),
+            ));
+        }
+        // SAFETY: `buf` has at least `n` bytes (checked above).
+        unsafe {
+            std::ptr::copy_nonoverlapping(path.as_ptr(), buf.cast::<u8>(), path.len());
+            buf.add(path.len()).write(0);
+        }
+        Ok(())
+    })
+}
+
+/// Whether the group was removed, in `*out`.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_group_is_removed(
+    group: *mut splitcount_group,
+    out: *mut bool,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    run("splitcount_group_is_removed", || unsafe {
+        put(out, any(group)?.group.is_removed())
+    })
+}
+
+/// Set the hard limit (`SPLITCOUNT_UNLIMITED` for none). If the usage is
+/// above it, the group's stocked units are drained and the limit tried
+/// again; `SPLITCOUNT_E_BUSY` (with the usage) if still above.
+///
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn splitcount_group_set_max(group: *mut splitcount_group, max: u64) -> c_int {
+    run("splitcount_group_set_max", || {
+        Ok(live(group)?.group.set_max(max)?)
+    })
+}
+
+/// Set the soft limit: crossing it counts a `high` event, never refuses.
+///
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn splitcount_group_set_high(group: *mut splitcount_group, high: u64) -> c_int {
+    run("splitcount_group_set_high", || {
+        live(group)?.group.set_high(high);
+        Ok(())
+    })
+}
+
+/// What an allocation over the group's hard limit does:
+/// `SPLITCOUNT_ENFORCE_REFUSE` or `SPLITCOUNT_ENFORCE_COOPERATIVE`.
+/// (`splitcount_group_try_charge` is refused either way.)
+///
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn splitcount_group_set_enforcement(
+    group: *mut splitcount_group,
+    enforcement: u32,
+) -> c_int {
+    run("splitcount_group_set_enforcement", || {
+        let e = match enforcement {
+            SPLITCOUNT_ENFORCE_REFUSE => Enforcement::Refuse,
+            SPLITCOUNT_ENFORCE_COOPERATIVE => Enforcement::Cooperative,
+            other => {
+                return Err(Error::new(
+                    SPLITCOUNT_E_INVALID,
+                    format!(
+                        "enforcement {other}: SPLITCOUNT_ENFORCE_REFUSE (0) or \
+                         SPLITCOUNT_ENFORCE_COOPERATIVE (1)"
+                    ),
+                ))
+            }
+        };
+        live(group)?.group.set_enforcement(e);
+        Ok(())
+    })
+}
+
+/// The usage past which even a cooperative group refuses allocations
+/// (`SPLITCOUNT_UNLIMITED`, the default: none).
+///
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn splitcount_group_set_ceiling(
+    group: *mut splitcount_group,
+    ceiling: u64,
+) -> c_int {
+    run("splitcount_group_set_ceiling", || {
+        live(group)?.group.set_ceiling(ceiling);
+        Ok(())
+    })
+}
+
+/// The hard limit in `*out` (`SPLITCOUNT_UNLIMITED` when none).
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_group_max(
+    group: *mut splitcount_group,
+    out: *mut u64,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { read("splitcount_group_max", group, out, Group::max) }
+}
+
+/// The soft limit in `*out` (`SPLITCOUNT_UNLIMITED` when none).
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_group_high(
+    group: *mut splitcount_group,
+    out: *mut u64,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { read("splitcount_group_high", group, out, Group::high) }
+}
+
+/// Charge `n` units regardless of limits (the kernel's forced charge; Rust:
+/// `Group::force_charge`), at the group and every ancestor.
+///
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn splitcount_group_charge(group: *mut splitcount_group, n: u64) -> c_int {
+    run("splitcount_group_charge", || {
+        live(group)?
+            .group
+            .force_charge(n)
+            .map_err(|e| Error::new(SPLITCOUNT_E_INVALID, e.to_string()))
+    })
+}
+
+/// Charge `n` units within the limits of the group and its ancestors
+/// (Rust: `Group::charge`): through this CPU's stock, then the usage
+/// counters; refused after reclaim and draining with `SPLITCOUNT_E_LIMIT`,
+/// the message naming the refusing group, its limit, usage and the request.
+///
+/// Thread-safe; the hot path touches only this CPU's stock.
+#[no_mangle]
+pub extern "C" fn splitcount_group_try_charge(group: *mut splitcount_group, n: u64) -> c_int {
+    run("splitcount_group_try_charge", || {
+        live(group)?
+            .group
+            .charge(n)
+            .map_err(|e| Error::new(SPLITCOUNT_E_LIMIT, e.to_string()))
+    })
+}
+
+/// Give back `n` units (to this CPU's stock, or the usage counters). More
+/// than was charged is clamped at zero and counted as an `underflow`
+/// event. Works on a removed group (the units reach its nearest live
+/// ancestor).
+///
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn splitcount_group_uncharge(group: *mut splitcount_group, n: u64) -> c_int {
+    run("splitcount_group_uncharge", || {
+        any(group)?.group.uncharge(n);
+        Ok(())
+    })
+}
+
+/// The usage (this group and below, stocked units included) in `*out`.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_group_usage(
+    group: *mut splitcount_group,
+    out: *mut u64,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { read("splitcount_group_usage", group, out, Group::usage) }
+}
+
+/// The peak usage since creation or the last `splitcount_group_reset_peak`
+/// in `*out`.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_group_peak(
+    group: *mut splitcount_group,
+    out: *mut u64,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { read("splitcount_group_peak", group, out, Group::peak) }
+}
+
+/// Restart the peak from the current usage.
+///
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn splitcount_group_reset_peak(group: *mut splitcount_group) -> c_int {
+    run("splitcount_group_reset_peak", || {
+        any(group)?.group.reset_peak();
+        Ok(())
+    })
+}
+
+/// The group's event counts in `*out`.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_group_events(
+    group: *mut splitcount_group,
+    out: *mut splitcount_events,
+) -> c_int {
+    run("splitcount_group_events", || {
+        let e = any(group)?.group.events();
+        let events = splitcount_events {
+            max: e.max,
+            high: e.high,
+            oom: e.oom,
+            underflow: e.underflow,
+        };
+        // SAFETY: the caller's contract.
+        unsafe { put(out, events) }
+    })
+}
+
+/// The checkpoint of cooperative enforcement: `SPLITCOUNT_OK`, or
+/// `SPLITCOUNT_E_OVER_LIMIT` with the numbers in the message if an
+/// allocation charged to this group (or below it) went over a cooperative
+/// limit, until `splitcount_group_clear_breach`. One load when nothing
+/// happened.
+///
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn splitcount_group_check(group: *mut splitcount_group) -> c_int {
+    run("splitcount_group_check", || {
+        any(group)?
+            .group
+            .check()
+            .map_err(|e| Error::new(SPLITCOUNT_E_OVER_LIMIT, e.to_string()))
+    })
+}
+
+/// Forget a recorded breach (see `splitcount_group_check`).
+///
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn splitcount_group_clear_breach(group: *mut splitcount_group) -> c_int {
+    run("splitcount_group_clear_breach", || {
+        any(group)?.group.clear_breach();
+        Ok(())
+    })
+}
+
+/// Add `delta` to stat item `item` of a live group on this CPU (a negative
+/// delta to an event item is `SPLITCOUNT_E_INVALID`).
+///
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn splitcount_group_mod_stat(
+    group: *mut splitcount_group,
+    item: u32,
+    delta: i64,
+) -> c_int {
+    run("splitcount_group_mod_stat", || {
+        let g = live(group)?;
+        g.group
+            .mod_stat(g.stat(item)?, delta)
+            .map_err(|e| Error::new(SPLITCOUNT_E_INVALID, e.to_string()))
+    })
+}
+
+/// The hierarchical value of stat item `item` (the group's subtree) in
+/// `*out`, flushing first if enough changed (at most `2·64·ncpu` units of
+/// updates may be missing otherwise).
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_group_stat(
+    group: *mut splitcount_group,
+    item: u32,
+    out: *mut i64,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { read_stat("splitcount_group_stat", group, item, out, Group::stat) }
+}
+
+/// The group's own value of stat item `item` (without its children) in
+/// `*out`, flushing first if enough changed.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_group_stat_local(
+    group: *mut splitcount_group,
+    item: u32,
+    out: *mut i64,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe {
+        read_stat(
+            "splitcount_group_stat_local",
+            group,
+            item,
+            out,
+            Group::stat_local,
+        )
+    }
+}
+
+/// Flush the group's subtree's statistics if `force` or if enough changed;
+/// whether it flushed in `*flushed` (may be NULL).
+///
+/// Thread-safe (one flusher runs at a time; others wait).
+///
+/// # Safety
+/// `flushed` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_group_flush(
+    group: *mut splitcount_group,
+    force: bool,
+    flushed: *mut bool,
+) -> c_int {
+    run("splitcount_group_flush", || {
+        let done = any(group)?.group.flush(force);
+        if !flushed.is_null() {
+            // SAFETY: the caller's contract.
+            unsafe { put(flushed, done) }?;
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,217 @@
+//! Hierarchies: create, destroy, the root, lookup by path, stat item ids,
+//! draining the stocks.
+
+use crate::error::{
+    put, run, text, Error, Result, SPLITCOUNT_E_INVALID, SPLITCOUNT_E_NOT_FOUND, SPLITCOUNT_E_NULL,
+};
+use crate::group::{GroupEntry, GROUPS};
+use crate::handle::{id, Registry};
+use crate::{splitcount_group, splitcount_hierarchy};
+use splitcount::group::{Hierarchy, HierarchyConfig};
+use splitcount::stat::{StatId, StatItem};
+use std::ffi::{c_char, c_int};
+use std::sync::Arc;
+
+/// A stat item of a hierarchy's schema: every group carries one value of
+/// each.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct splitcount_stat_item {
+    /// The item's name (validated like a group name, and no whitespace).
+    pub name: *const c_char,
+    /// `SPLITCOUNT_STAT_GAUGE` (goes up and down) or `SPLITCOUNT_STAT_EVENT`
+    /// (a count: negative deltas are refused).
+    pub kind: u32,
+}
+
+/// A stat item that goes up and down (bytes in use).
+pub const SPLITCOUNT_STAT_GAUGE: u32 = 0;
+/// A stat item that only counts up (events).
+pub const SPLITCOUNT_STAT_EVENT: u32 = 1;
+
+/// What a hierarchy handle holds.
+pub(crate) struct HierarchyEntry {
+    pub(crate) hierarchy: Hierarchy,
+    pub(crate) stat_ids: Arc<[StatId]>,
+}
+
+pub(crate) static HIERARCHIES: Registry<HierarchyEntry> = Registry::new(1, "hierarchy");
+
+impl HierarchyEntry {
+    pub(crate) fn new(hierarchy: Hierarchy) -> HierarchyEntry {
+        let stat_ids = hierarchy
+            .stats()
+            .items()
+            .iter()
+            .filter_map(|i| hierarchy.stat_id(&i.name))
+            .collect();
+        HierarchyEntry {
+            hierarchy,
+            stat_ids,
+        }
+    }
+}
+
+pub(crate) fn hierarchy(h: *mut splitcount_hierarchy) -> Result<&'static HierarchyEntry> {
+    HIERARCHIES.get(id(h))
+}
+
+/// Create a hierarchy with only a root group, whose groups carry the
+/// `count` stat items of `items` (`items` may be NULL when `count` is 0).
+/// Stock: 7 groups per CPU, batch 64. On success `*out` is its handle;
+/// destroy it with `splitcount_hierarchy_destroy`.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `items` points to `count` items whose names are NUL-terminated strings;
+/// `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_hierarchy_create(
+    items: *const splitcount_stat_item,
+    count: usize,
+    out: *mut *mut splitcount_hierarchy,
+) -> c_int {
+    run("splitcount_hierarchy_create", || {
+        let items: &[splitcount_stat_item] = match (items.is_null(), count) {
+            (_, 0) => &[],
+            (true, _) => return Err(Error::new(SPLITCOUNT_E_NULL, "items is NULL")),
+            // SAFETY: `count` items by the caller's contract.
+            (false, n) => unsafe { std::slice::from_raw_parts(items, n) },
+        };
+        let mut schema = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            // SAFETY: NUL-terminated by the caller's contract.
+            let name = unsafe { text(item.name, &format!("items[{i}].name")) }?;
+            schema.push(match item.kind {
+                SPLITCOUNT_STAT_GAUGE => StatItem::gauge(name),
+                SPLITCOUNT_STAT_EVENT => StatItem::event(name),
+                k => {
+                    return Err(Error::new(
+                        SPLITCOUNT_E_INVALID,
+                        format!(
+                            "items[{i}].kind is {k}: SPLITCOUNT_STAT_GAUGE (0) or \
+                             SPLITCOUNT_STAT_EVENT (1)"
+                        ),
+                    ))
+                }
+            });
+        }
+        let h = Hierarchy::new(HierarchyConfig::default().stats(schema))?;
+        // SAFETY: the caller's contract.
+        unsafe { HIERARCHIES.hand_out(HierarchyEntry::new(h), out) }
+    })
+}
+
+/// Destroy a hierarchy handle and every group handle obtained through it
+/// (from `splitcount_hierarchy_root`, `_lookup`, and their children): each
+/// becomes invalid (`SPLITCOUNT_E_HANDLE`). The groups' memory goes when
+/// nothing uses it any more (an allocator's blocks charged to them keep
+/// their accounts). A second destroy of the same handle is
+/// `SPLITCOUNT_E_HANDLE`.
+///
+/// Must not run concurrently with other calls using this hierarchy or its
+/// group handles.
+#[no_mangle]
+pub extern "C" fn splitcount_hierarchy_destroy(hierarchy: *mut splitcount_hierarchy) -> c_int {
+    run("splitcount_hierarchy_destroy", || {
+        let id = id(hierarchy);
+        let entry = HIERARCHIES.remove(id)?;
+        drop(GROUPS.remove_where(|g: &GroupEntry| g.owner == id));
+        drop(entry);
+        Ok(())
+    })
+}
+
+/// A new handle on the root group (path "/") in `*out`.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_hierarchy_root(
+    hierarchy: *mut splitcount_hierarchy,
+    out: *mut *mut splitcount_group,
+) -> c_int {
+    run("splitcount_hierarchy_root", || {
+        let h = self::hierarchy(hierarchy)?;
+        let entry = GroupEntry::new(h.hierarchy.root(), h, id(hierarchy));
+        // SAFETY: the caller's contract.
+        unsafe { GROUPS.hand_out(entry, out) }
+    })
+}
+
+/// A new handle on the live group at `path` ("a/b", "/a/b"; "" or "/" is
+/// the root) in `*out`; `SPLITCOUNT_E_NOT_FOUND` if there is none.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `path` is a NUL-terminated string; `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_hierarchy_lookup(
+    hierarchy: *mut splitcount_hierarchy,
+    path: *const c_char,
+    out: *mut *mut splitcount_group,
+) -> c_int {
+    run("splitcount_hierarchy_lookup", || {
+        let h = self::hierarchy(hierarchy)?;
+        // SAFETY: the caller's contract.
+        let path = unsafe { text(path, "path") }?;
+        let group = h.hierarchy.lookup(path)?;
+        // SAFETY: the caller's contract.
+        unsafe { GROUPS.hand_out(GroupEntry::new(group, h, id(hierarchy)), out) }
+    })
+}
+
+/// The id of the stat item named `name` in `*out` (its position in the
+/// schema given at creation); `SPLITCOUNT_E_NOT_FOUND` if there is none.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `name` is a NUL-terminated string; `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_stat_id(
+    hierarchy: *mut splitcount_hierarchy,
+    name: *const c_char,
+    out: *mut u32,
+) -> c_int {
+    run("splitcount_stat_id", || {
+        let h = self::hierarchy(hierarchy)?;
+        // SAFETY: the caller's contract.
+        let name = unsafe { text(name, "name") }?;
+        let id = h.hierarchy.stat_id(name).ok_or_else(|| {
+            Error::new(
+                SPLITCOUNT_E_NOT_FOUND,
+                format!("no stat item named {name:?} in this hierarchy's schema"),
+            )
+        })?;
+        // SAFETY: the caller's contract.
+        unsafe { put(out, id.index() as u32) }
+    })
+}
+
+/// Return every stocked unit of every group to the usage counters (the
+/// per-CPU stocks and, under the preload, its byte stock and the calling
+/// thread's reserve); the units returned in `*units` (may be NULL).
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `units` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_hierarchy_drain_stocks(
+    hierarchy: *mut splitcount_hierarchy,
+    units: *mut u64,
+) -> c_int {
+    run("splitcount_hierarchy_drain_stocks", || {
+        let drained = self::hierarchy(hierarchy)?.hierarchy.drain_stocks();
+        if !units.is_null() {
+            // SAFETY: the caller's contract.
+            unsafe { put(units, drained) }?;
+        }
+        Ok(())
+    })
+}

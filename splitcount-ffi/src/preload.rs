@@ -1,0 +1,68 @@
+//! What the preload library registers, so that a preloaded program reaches
+//! its hierarchy and its default group through the C API.
+
+use crate::error::{run, Error, SPLITCOUNT_E_STATE};
+use crate::group::{GroupEntry, GROUPS};
+use crate::hierarchy::{HierarchyEntry, HIERARCHIES};
+use crate::{splitcount_group, splitcount_hierarchy};
+use splitcount::group::{Group, Hierarchy};
+use std::ffi::c_int;
+use std::sync::OnceLock;
+
+static PRELOAD: OnceLock<(Hierarchy, Group)> = OnceLock::new();
+
+/// Called once by the preload library when its allocator is attached: the
+/// hierarchy it charges and the group threads outside any scope charge.
+#[doc(hidden)]
+pub fn register_preload(hierarchy: Hierarchy, default_group: Group) {
+    let _ = PRELOAD.set((hierarchy, default_group));
+}
+
+fn preload() -> Result<&'static (Hierarchy, Group), Error> {
+    PRELOAD.get().ok_or_else(|| {
+        Error::new(
+            SPLITCOUNT_E_STATE,
+            "the preload library is not loaded: run the program with \
+             LD_PRELOAD=/path/to/libsplitcount_preload.so",
+        )
+    })
+}
+
+/// A new handle on the hierarchy the preload library charges `malloc` to
+/// (usage in bytes); `SPLITCOUNT_E_STATE` without the preload. Groups
+/// created in it and entered with `splitcount_enter` take the thread's
+/// allocations. Destroying the handle releases it (and the group handles
+/// obtained through it), never the allocator's hierarchy.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_preload_hierarchy(
+    out: *mut *mut splitcount_hierarchy,
+) -> c_int {
+    run("splitcount_preload_hierarchy", || {
+        let (h, _) = preload()?;
+        // SAFETY: the caller's contract.
+        unsafe { HIERARCHIES.hand_out(HierarchyEntry::new(h.clone()), out) }
+    })
+}
+
+/// A new handle on the preload's default group (`/preload`: what threads
+/// outside any group charge, limited by `SPLITCOUNT_PRELOAD_MAX`);
+/// `SPLITCOUNT_E_STATE` without the preload.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_preload_group(out: *mut *mut splitcount_group) -> c_int {
+    run("splitcount_preload_group", || {
+        let (h, g) = preload()?;
+        let entry = GroupEntry::new(g.clone(), &HierarchyEntry::new(h.clone()), 0);
+        // SAFETY: the caller's contract.
+        unsafe { GROUPS.hand_out(entry, out) }
+    })
+}

@@ -1,0 +1,66 @@
+//! The C and C++ tests of the C API: `tests/c/api_test.c` (linked with the
+//! static library) and `tests/c/api_test.cpp` (linked with the shared
+//! one), compiled with the system's `cc` and `c++`, run, and their exit
+//! code and last line checked.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Where cargo put this package's libraries: beside this test's binary.
+fn deps_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.parent().expect("target/<profile>/deps").to_path_buf()
+}
+
+fn compile(compiler: &str, source: &str, out: &Path, link: &[String]) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let status = Command::new(compiler)
+        .args(["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(out)
+        .arg(dir.join("tests/c").join(source))
+        .arg(format!("-I{}", dir.join("include").display()))
+        .args(link)
+        .args(["-lpthread", "-ldl", "-lm"])
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {compiler} (install gcc and g++): {e}"));
+    assert!(status.success(), "{compiler} {source} failed: {status}");
+}
+
+fn run(exe: &Path, expect: &str) {
+    let out = Command::new(exe).output().expect("the test program runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{} failed ({}):\n{stdout}\n{}",
+        exe.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with(expect) && last.ends_with("checks passed"),
+        "{last}"
+    );
+}
+
+#[test]
+fn the_c_test_passes_against_the_static_library() {
+    let deps = deps_dir();
+    let exe = deps.join("splitcount_ffi_api_test_c");
+    let lib = deps.join("libsplitcount_ffi.a");
+    compile("cc", "api_test.c", &exe, &[lib.display().to_string()]);
+    run(&exe, "api_test:");
+}
+
+#[test]
+fn the_cpp_test_passes_against_the_shared_library() {
+    let deps = deps_dir();
+    let exe = deps.join("splitcount_ffi_api_test_cpp");
+    let link = [
+        format!("-L{}", deps.display()),
+        "-lsplitcount_ffi".to_owned(),
+        format!("-Wl,-rpath,{}", deps.display()),
+    ];
+    compile("c++", "api_test.cpp", &exe, &link);
+    run(&exe, "api_test_cpp:");
+}

@@ -1,0 +1,241 @@
+//! The header in front of every block this library hands out, and how a
+//! block is recognized as one of ours.
+//!
+//! ```text
+//!  base (glibc's block)                      user pointer p (16-aligned, or `align`)
+//!  │                                         │
+//!  ▼                                         ▼
+//!  ┌──────────────┬────────────┬────────────┬──────────────────────────────┐
+//!  │ padding      │ tag (8)    │ account (8)│ the program's bytes …        │
+//!  └──────────────┴────────────┴────────────┴──────────────────────────────┘
+//!  ◀──── header: 16 bytes, or the alignment when larger ────▶
+//!  tag = cookie ⊕ p ⊕ (log2(header) << 56)
+//! ```
+//!
+//! **The account** is the Rust wrapper's: the group's account object,
+//! whose bytes keep it alive (null: the block is charged to nothing — made
+//! before the accounting was ready, or by the accounting itself).
+//!
+//! **The size** is not stored: a block is charged its usable size,
+//! `malloc_usable_size(base) − header`, which glibc can tell again at
+//! `free` (it does not change while the block is live).
+//!
+//! **Foreign blocks.** A program may free a block glibc made without us
+//! (allocated before this library took over, or by code calling
+//! `__libc_malloc`). Its 16 bytes before `p` are glibc's chunk header
+//! (`prev_size`, which belongs to the previous chunk's data while that one
+//! is in use, and the chunk size). `find` accepts `p` only if the word at
+//! `p − 16` equals `cookie ⊕ p ⊕ (k << 56)` with `k` in 4..=47: `cookie`
+//! is 64 random bits from the kernel (`AT_RANDOM`), unknown to the
+//! program, so a word that is not ours matches with probability 44 · 2⁻⁶⁴
+//! per free. A stale tag cannot match either: `free` clears the tag before
+//! the block goes back to glibc, and `realloc` clears it before glibc may
+//! move the block (glibc may merge a freed chunk into the top chunk without
+//! writing over it, and a later foreign block may start at the same
+//! address). Unrecognized pointers go to glibc untouched.
+
+use crate::libc_heap::{self, real_usable};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The header of an ordinary block: tag and account.
+pub(crate) const HEADER: usize = 16;
+
+/// The largest alignment served: `k = log2(header)` ≤ 47.
+pub(crate) const MAX_ALIGN: usize = 1 << 47;
+
+const LOW56: u64 = (1 << 56) - 1;
+
+/// The process's cookie (0 until first read).
+static COOKIE: AtomicU64 = AtomicU64::new(0);
+
+/// 64 random bits the kernel gave the process (`AT_RANDOM`), available
+/// before any allocation; inherited by `fork` children, like the blocks.
+#[inline]
+fn cookie() -> u64 {
+    // Relaxed: every thread computes the same value from AT_RANDOM.
+    match COOKIE.load(Ordering::Relaxed) {
+        0 => {
+            // SAFETY: AT_RANDOM is the address of 16 random bytes that live
+            // for the whole process (or 0 without it).
+            let random = unsafe { libc::getauxval(libc::AT_RANDOM) } as *const u64;
+            let c = if random.is_null() {
+                0x9e37_79b9_7f4a_7c15
+            } else {
+                // SAFETY: 16 readable bytes; read unaligned to be safe.
+                (unsafe { random.read_unaligned() }) | 1
+            };
+            COOKIE.store(c, Ordering::Relaxed);
+            c
+        }
+        c => c,
+    }
+}
+
+#[inline]
+fn tag(user: *mut u8, k: u32) -> u64 {
+    cookie() ^ (user as u64) ^ ((k as u64) << 56)
+}
+
+/// One of our blocks, found from its user pointer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Block {
+    user: *mut u8,
+    header: usize,
+    /// The account its bytes were charged to (null: none).
+    pub(crate) account: *const u8,
+}
+
+impl Block {
+    /// Write the header of a new block at `base`; the user pointer.
+    ///
+    /// # Safety
+    /// `base` is a live glibc block of at least `header` bytes (a power of
+    /// two ≥ 16), aligned to `header`.
+    pub(crate) unsafe fn write(base: *mut u8, header: usize, account: *const u8) -> *mut u8 {
+        // SAFETY: `header` ≥ 16 bytes of the block precede the user pointer.
+        unsafe {
+            let user = base.add(header);
+            let words = user.cast::<u64>().sub(2);
+            words.write(tag(user, header.trailing_zeros()));
+            words.add(1).write(account as u64);
+            user
+        }
+    }
+
+    /// The block at `user`, if it is one of ours (see the module docs).
+    ///
+    /// # Safety
+    /// `user` was returned by an allocation function (ours or glibc's), or
+    /// is at least a pointer with 16 readable bytes before it.
+    #[inline]
+    pub(crate) unsafe fn find(user: *mut u8) -> Option<Block> {
+        if (user as usize) < 4096 || (user as usize) % HEADER != 0 {
+            return None;
+        }
+        let words = user.cast::<u64>().wrapping_sub(2);
+        // SAFETY: every glibc block and ours has 16 readable bytes before it.
+        let x = unsafe { words.read() } ^ cookie() ^ (user as u64);
+        let k = (x >> 56) as u32;
+        if x & LOW56 != 0 || !(4..=47).contains(&k) {
+            return None;
+        }
+        Some(Block {
+            user,
+            header: 1 << k,
+            // SAFETY: ours: the word after the tag is the account.
+            account: unsafe { words.add(1).read() } as *const u8,
+        })
+    }
+
+    fn base(&self) -> *mut u8 {
+        self.user.wrapping_sub(self.header)
+    }
+
+    /// The bytes the program may use, and is charged for.
+    ///
+    /// # Safety
+    /// The block is live.
+    #[inline]
+    pub(crate) unsafe fn usable(&self) -> usize {
+        // SAFETY: the caller's contract; glibc's block starts at `base`.
+        unsafe { real_usable(self.base()) }.saturating_sub(self.header)
+    }
+
+    fn clear_tag(&self) {
+        // SAFETY: the tag word of a live block of ours.
+        unsafe { self.user.cast::<u64>().sub(2).write(0) };
+    }
+
+    /// Give the block back to glibc, its tag cleared first.
+    ///
+    /// # Safety
+    /// The block is live; it is not used after.
+    pub(crate) unsafe fn free(self) {
+        self.clear_tag();
+        // SAFETY: glibc's block.
+        unsafe { libc_heap::free(self.base()) };
+    }
+
+    /// `realloc` of one of our blocks. Growth is charged to the block's
+    /// account before glibc moves anything: what is asked for plus the most
+    /// glibc may round it up by (a page and 64 bytes), the excess given
+    /// back once the new usable size is known — so a refusal leaves the
+    /// block untouched, and usage never misses a byte of the new block.
+    ///
+    /// # Safety
+    /// The block is live; `size` > 0.
+    pub(crate) unsafe fn realloc(self, size: usize) -> *mut c_void {
+        let Some(total) = crate::with_header(size, HEADER) else {
+            crate::set_errno(libc::ENOMEM);
+            return std::ptr::null_mut();
+        };
+        if self.header != HEADER {
+            // SAFETY: live.
+            unsafe { return self.move_to_new_block(total, size) };
+        }
+        // SAFETY: live.
+        let old = unsafe { self.usable() };
+        let account = self.account;
+        let prepaid = if size > old {
+            size - old + crate::page_size() + 64
+        } else {
+            0
+        };
+        if !crate::grow(account, prepaid) {
+            crate::set_errno(libc::ENOMEM);
+            return std::ptr::null_mut();
+        }
+        self.clear_tag();
+        // SAFETY: glibc's block of `HEADER + old` bytes or more.
+        let base = unsafe { libc_heap::realloc(self.base(), total) };
+        if base.is_null() {
+            // The old block is as it was: its tag back, the growth returned.
+            // SAFETY: still live, the header's place unchanged.
+            unsafe { Block::write(self.base(), HEADER, account) };
+            crate::uncharge(account, prepaid);
+            return std::ptr::null_mut();
+        }
+        // SAFETY: glibc's new block.
+        let new = unsafe { real_usable(base) } - HEADER;
+        let charged = old + prepaid;
+        if new <= charged {
+            crate::uncharge(account, charged - new);
+        } else {
+            // Beyond glibc's rounding: not reached with glibc's realloc. If a
+            // limit refused it, the free of this block counts an underflow.
+            crate::grow(account, new - charged);
+        }
+        // SAFETY: the new block, 16-aligned, with the header's room.
+        unsafe { Block::write(base, HEADER, account) }.cast()
+    }
+
+    /// `realloc` of an aligned block: realloc need not keep the alignment
+    /// (glibc's does not), so a new ordinary block of `total` bytes,
+    /// charged to the same account, the bytes copied, the old one freed.
+    ///
+    /// # Safety
+    /// The block is live; `total` is `size` plus [`HEADER`].
+    unsafe fn move_to_new_block(self, total: usize, size: usize) -> *mut c_void {
+        // SAFETY: glibc's allocator.
+        let base = unsafe { libc_heap::malloc(total) };
+        if base.is_null() {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: a live glibc block.
+        if !crate::grow(self.account, unsafe { real_usable(base) } - HEADER) {
+            // SAFETY: ours, never handed out.
+            unsafe { libc_heap::free(base) };
+            crate::set_errno(libc::ENOMEM);
+            return std::ptr::null_mut();
+        }
+        // SAFETY: the new block has `size` bytes after its header, the old
+        // one `usable`; then the old one goes (uncharged) as in `free`.
+        unsafe {
+            let new = Block::write(base, HEADER, self.account);
+            std::ptr::copy_nonoverlapping(self.user, new, self.usable().min(size));
+            crate::free(self.user.cast());
+            new.cast()
+        }
+    }
+}

@@ -1,0 +1,474 @@
+//! # splitcount-preload
+//!
+//! An `LD_PRELOAD` library that charges an unmodified C or C++ program's
+//! heap to splitcount groups:
+//!
+//! ```sh
+//! cargo build --release --workspace
+//! SPLITCOUNT_PRELOAD_MAX=512M SPLITCOUNT_PRELOAD_REPORT=1 \
+//!   LD_PRELOAD=$PWD/target/release/libsplitcount_preload.so sqlite3 db.sqlite < work.sql
+//! ```
+//!
+//! It interposes `malloc`, `free`, `calloc`, `realloc`, `reallocarray`,
+//! `posix_memalign`, `aligned_alloc`, `memalign`, `valloc`, `pvalloc` and
+//! `malloc_usable_size`; the blocks come from glibc (`__libc_malloc`,
+//! `__libc_memalign`, …) with a 16-byte header in front (more for larger
+//! alignments) that names the block's **account**, exactly as the Rust
+//! wrapper [`splitcount::alloc::Accounted`] does — this library *is* that
+//! wrapper's charge path, with a header that a size-less `free` can read.
+//! Each block is charged its usable size (what `malloc_usable_size`
+//! reports) to the calling thread's current group: the one it entered
+//! through the C API (`splitcount_enter`, exported by this library), or
+//! the group `/preload`.
+//!
+//! Environment (read once, at load):
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `SPLITCOUNT_PRELOAD_MAX` | the hard limit of `/preload` in bytes (`512M`, `2G`, `1048576`; suffixes K, M, G, T are powers of 1024). A bad value is named on stderr and ignored. |
+//! | `SPLITCOUNT_PRELOAD_ENFORCE` | `refuse` (the default): an allocation over the limit returns NULL with `errno = ENOMEM`; `cooperative`: it succeeds, counted as an over-charge (`events.max`), and `splitcount_group_check` reports the breach. |
+//! | `SPLITCOUNT_PRELOAD_REPORT` | `1`: at exit, print the usage, peak, limit and events of `/preload` and of the root, and glibc's own count of bytes in use, to stderr. |
+//!
+//! How a block is recognized as ours (and one glibc made without us as
+//! not), why the first allocations of a process and of a thread are safe,
+//! and what `fork` does: see `IMPLEMENTATION.md`, §10, and `src/header.rs`.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod header;
+mod libc_heap;
+mod report;
+mod settings;
+
+/// The C API, exported by this library too: a preloaded program reaches
+/// `splitcount_enter` and the rest through the dynamic linker (link
+/// `-lsplitcount_preload`, or `dlsym(RTLD_DEFAULT, "splitcount_enter")`).
+pub use splitcount_ffi::*;
+
+use header::{Block, HEADER};
+use libc_heap::{real_usable, LibcHeap};
+use splitcount::alloc::Accounted;
+use splitcount::group::{Group, Hierarchy};
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+use std::sync::OnceLock;
+
+/// This library's own Rust allocations (its groups, the C API's tables) go
+/// straight to glibc, unaccounted and without a header: they are the
+/// accounting's memory, not the program's.
+#[global_allocator]
+static INTERNAL: LibcHeap = LibcHeap;
+
+/// The charge path: the Rust wrapper's, attached to the preload's
+/// hierarchy at load.
+static ACCOUNTED: Accounted<LibcHeap> = Accounted::new(LibcHeap);
+
+/// The account of `/preload`: what threads outside any group charge.
+static DEFAULT_ACCOUNT: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The hierarchy and `/preload`, for the exit report.
+static PRELOAD: OnceLock<(Hierarchy, Group)> = OnceLock::new();
+
+const UNINIT: u8 = 0;
+const INITIALIZING: u8 = 1;
+const READY: u8 = 2;
+const OFF: u8 = 3;
+static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+
+thread_local! {
+    /// Set while this thread runs the accounting (the charge path, the
+    /// initialization, the report): an allocation made there — by the
+    /// library itself, by Rust's thread-local machinery registering a
+    /// destructor, by glibc on its behalf — passes unaccounted instead of
+    /// recursing. `const` and without a destructor: a plain TLS word,
+    /// readable before `main` and during thread exit, never allocating.
+    static BUSY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Run `f` with this thread's allocations unaccounted.
+#[inline(always)]
+fn busy<R>(f: impl FnOnce() -> R) -> R {
+    let was = BUSY.with(|b| b.replace(true));
+    let r = f();
+    BUSY.with(|b| b.set(was));
+    r
+}
+
+/// Whether allocations are accounted: initializes on first use (from the
+/// load-time constructor, or the first allocation if that comes earlier).
+#[inline]
+fn ready() -> bool {
+    // Acquire: pairs with the Release store at the end of `init`; a thread
+    // that sees READY sees the attached allocator and the default account.
+    match STATE.load(Ordering::Acquire) {
+        READY => true,
+        UNINIT => init(),
+        _ => false,
+    }
+}
+
+/// Build the hierarchy, attach the allocator, create `/preload` with the
+/// environment's limit. One thread does it; allocations meanwhile (its own
+/// included) pass unaccounted.
+#[cold]
+fn init() -> bool {
+    // Relaxed on failure: the winner's Release store publishes the result.
+    if STATE
+        .compare_exchange(UNINIT, INITIALIZING, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        return STATE.load(Ordering::Acquire) == READY;
+    }
+    let state = busy(|| match std::panic::catch_unwind(setup) {
+        Ok(Ok(())) => READY,
+        Ok(Err(why)) => {
+            report::say(&format!("splitcount-preload: accounting off: {why}\n"));
+            OFF
+        }
+        Err(_) => OFF,
+    });
+    // Release: publishes everything `setup` wrote.
+    STATE.store(state, Ordering::Release);
+    state == READY
+}
+
+fn setup() -> Result<(), String> {
+    libc_heap::resolve();
+    let settings = settings::Settings::from_env();
+    for warning in &settings.warnings {
+        report::say(&format!("splitcount-preload: {warning}\n"));
+    }
+    let hierarchy = Hierarchy::default();
+    ACCOUNTED.attach(&hierarchy).map_err(|e| e.to_string())?;
+    let group = hierarchy
+        .root()
+        .child("preload")
+        .map_err(|e| e.to_string())?;
+    if let Some(max) = settings.max {
+        group.set_max(max).map_err(|e| e.to_string())?;
+    }
+    group.set_enforcement(settings.enforcement);
+    DEFAULT_ACCOUNT.store(
+        splitcount::alloc::raw_account(&group) as *mut u8,
+        Ordering::Relaxed,
+    );
+    splitcount_ffi::register_preload(hierarchy.clone(), group.clone());
+    let _ = PRELOAD.set((hierarchy, group));
+    if settings.report {
+        // SAFETY: registers a function without arguments that never unwinds.
+        unsafe { libc::atexit(report::at_exit) };
+    }
+    Ok(())
+}
+
+/// Whether this allocation is to be accounted: the accounting is ready,
+/// and this thread is not running it.
+#[inline]
+fn accounting() -> bool {
+    ready() && !BUSY.with(|b| b.get())
+}
+
+/// Charge a new block of `usable` bytes to the thread's group (when
+/// [`accounting`]); the account for its header (null: unaccounted), `None`
+/// if a limit refused it.
+#[inline]
+fn charge(usable: usize) -> Option<*const u8> {
+    let fallback = DEFAULT_ACCOUNT.load(Ordering::Relaxed);
+    // SAFETY: the fallback is `/preload`'s account, whose group `PRELOAD`
+    // holds for the life of the process.
+    busy(|| unsafe { ACCOUNTED.charge_raw(usable as u64, fallback) })
+}
+
+/// Uncharge `n` bytes of a block charged to `account`.
+#[inline]
+fn uncharge(account: *const u8, n: usize) {
+    if account.is_null() {
+        return;
+    }
+    // SAFETY: `account` is a header's, whose block held `n` charged bytes.
+    busy(|| unsafe { ACCOUNTED.uncharge_raw(account, n as u64) })
+}
+
+/// Charge `n` more bytes to a block's `account` (growth in place).
+#[inline]
+fn grow(account: *const u8, n: usize) -> bool {
+    if account.is_null() || n == 0 {
+        return true;
+    }
+    // SAFETY: `account` is a live block's header's.
+    busy(|| unsafe { ACCOUNTED.grow_raw(account, n as u64) })
+}
+
+fn set_errno(e: i32) {
+    // SAFETY: the thread's errno.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Finish a block of glibc's at `base` (`header` bytes of it in front):
+/// charge its usable size and write the header; NULL (the block freed,
+/// `errno = ENOMEM`) if a limit refused it.
+///
+/// # Safety
+/// `base` is null or a live glibc block of at least `header` bytes,
+/// aligned to `header`.
+unsafe fn finish(base: *mut u8, header: usize) -> *mut c_void {
+    if base.is_null() {
+        return std::ptr::null_mut();
+    }
+    let account = if accounting() {
+        // SAFETY: a live glibc block.
+        let usable = unsafe { real_usable(base) } - header;
+        match charge(usable) {
+            Some(a) => a,
+            None => {
+                // SAFETY: ours, never handed out.
+                unsafe { libc_heap::free(base) };
+                set_errno(libc::ENOMEM);
+                return std::ptr::null_mut();
+            }
+        }
+    } else {
+        std::ptr::null()
+    };
+    // SAFETY: the caller's contract.
+    unsafe { Block::write(base, header, account) }.cast()
+}
+
+/// The total of `n` and a header, if it is a size glibc can serve.
+fn with_header(n: usize, header: usize) -> Option<usize> {
+    n.checked_add(header).filter(|&t| t <= isize::MAX as usize)
+}
+
+/// `malloc(3)`, charged to the calling thread's group.
+///
+/// # Safety
+/// The C contract of `malloc`.
+#[no_mangle]
+pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    let Some(total) = with_header(size, HEADER) else {
+        set_errno(libc::ENOMEM);
+        return std::ptr::null_mut();
+    };
+    // SAFETY: glibc's allocator; a block of `total` bytes, 16-aligned.
+    unsafe { finish(libc_heap::malloc(total), HEADER) }
+}
+
+/// `calloc(3)`, charged to the calling thread's group.
+///
+/// # Safety
+/// The C contract of `calloc`.
+#[no_mangle]
+pub unsafe extern "C" fn calloc(count: usize, size: usize) -> *mut c_void {
+    let Some(total) = count.checked_mul(size).and_then(|n| with_header(n, HEADER)) else {
+        set_errno(libc::ENOMEM);
+        return std::ptr::null_mut();
+    };
+    // SAFETY: glibc's allocator; zeroed, header included.
+    unsafe { finish(libc_heap::calloc(total), HEADER) }
+}
+
+/// `free(3)`: uncharges the block's account. A block this library did not
+/// make (glibc's own, from before it took over) goes to glibc as it is.
+///
+/// # Safety
+/// The C contract of `free`.
+#[no_mangle]
+pub unsafe extern "C" fn free(ptr: *mut c_void) {
+    if ptr.is_null() {
+        return;
+    }
+    // SAFETY: a pointer the program got from an allocation function.
+    match unsafe { Block::find(ptr.cast()) } {
+        Some(block) => {
+            // SAFETY: ours and live.
+            let usable = unsafe { block.usable() };
+            let account = block.account;
+            // SAFETY: ours; the header is cleared so that the memory never
+            // looks like one of our blocks again (see `header`).
+            unsafe { block.free() };
+            uncharge(account, usable);
+        }
+        // SAFETY: not ours: glibc's.
+        None => unsafe { libc_heap::free(ptr.cast()) },
+    }
+}
+
+/// `realloc(3)`: growth is charged to the block's own account (the group
+/// that allocated it), and refused — the old block left as it was, NULL
+/// and `errno = ENOMEM` — when its limit says so.
+///
+/// # Safety
+/// The C contract of `realloc`.
+#[no_mangle]
+pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
+    if ptr.is_null() {
+        // SAFETY: as malloc.
+        return unsafe { malloc(size) };
+    }
+    if size == 0 {
+        // glibc's realloc(p, 0) frees and returns NULL.
+        // SAFETY: as free.
+        unsafe { free(ptr) };
+        return std::ptr::null_mut();
+    }
+    // SAFETY: a pointer the program got from an allocation function.
+    match unsafe { Block::find(ptr.cast()) } {
+        // SAFETY: ours and live.
+        Some(block) => unsafe { block.realloc(size) },
+        // SAFETY: not ours: glibc's, and it stays glibc's (unaccounted).
+        None => unsafe { libc_heap::realloc(ptr.cast(), size) }.cast(),
+    }
+}
+
+/// `reallocarray(3)`.
+///
+/// # Safety
+/// The C contract of `reallocarray`.
+#[no_mangle]
+pub unsafe extern "C" fn reallocarray(ptr: *mut c_void, count: usize, size: usize) -> *mut c_void {
+    match count.checked_mul(size) {
+        // SAFETY: as realloc.
+        Some(n) => unsafe { realloc(ptr, n) },
+        None => {
+            set_errno(libc::ENOMEM);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// An aligned block; `Err(errno)` for an alignment the caller may not ask
+/// for.
+///
+/// # Safety
+/// `align` is a power of two.
+unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
+    if align <= HEADER {
+        // SAFETY: glibc's blocks are 16-aligned.
+        return unsafe { malloc(size) };
+    }
+    // The header takes a whole alignment unit, so the user pointer stays
+    // aligned; at most 2^47 (no larger block fits the address space).
+    let Some(total) = with_header(size, align).filter(|_| align <= header::MAX_ALIGN) else {
+        set_errno(libc::ENOMEM);
+        return std::ptr::null_mut();
+    };
+    // SAFETY: glibc's allocator, `align` a power of two.
+    unsafe { finish(libc_heap::memalign(align, total), align) }
+}
+
+/// `posix_memalign(3)`.
+///
+/// # Safety
+/// The C contract of `posix_memalign`.
+#[no_mangle]
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
+    if !align.is_power_of_two() || align % std::mem::size_of::<*mut c_void>() != 0 {
+        return libc::EINVAL;
+    }
+    // posix_memalign reports through its result, and leaves errno alone.
+    let saved = errno();
+    // SAFETY: a power of two.
+    let p = unsafe { aligned(align, size) };
+    if p.is_null() {
+        set_errno(saved);
+        return libc::ENOMEM;
+    }
+    // SAFETY: the caller's out-pointer.
+    unsafe { out.write(p) };
+    0
+}
+
+fn errno() -> i32 {
+    // SAFETY: the thread's errno.
+    unsafe { *libc::__errno_location() }
+}
+
+/// `aligned_alloc(3)`: any power-of-two alignment (as glibc since 2.36).
+///
+/// # Safety
+/// The C contract of `aligned_alloc`.
+#[no_mangle]
+pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    if !align.is_power_of_two() {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    // SAFETY: a power of two.
+    unsafe { aligned(align, size) }
+}
+
+/// `memalign(3)`: an alignment that is not a power of two is rounded up to
+/// one, as glibc does.
+///
+/// # Safety
+/// The C contract of `memalign`.
+#[no_mangle]
+pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+    let Some(align) = align.max(1).checked_next_power_of_two() else {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    };
+    // SAFETY: a power of two.
+    unsafe { aligned(align, size) }
+}
+
+fn page_size() -> usize {
+    // SAFETY: no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
+/// `valloc(3)`: page-aligned.
+///
+/// # Safety
+/// The C contract of `valloc`.
+#[no_mangle]
+pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
+    // SAFETY: the page size is a power of two.
+    unsafe { aligned(page_size(), size) }
+}
+
+/// `pvalloc(3)`: page-aligned, the size rounded up to whole pages.
+///
+/// # Safety
+/// The C contract of `pvalloc`.
+#[no_mangle]
+pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
+    let page = page_size();
+    let Some(rounded) = size.max(1).checked_next_multiple_of(page) else {
+        set_errno(libc::ENOMEM);
+        return std::ptr::null_mut();
+    };
+    // SAFETY: the page size is a power of two.
+    unsafe { aligned(page, rounded) }
+}
+
+/// `malloc_usable_size(3)`: the bytes the program may use in the block —
+/// what it is charged.
+///
+/// # Safety
+/// The C contract of `malloc_usable_size`.
+#[no_mangle]
+pub unsafe extern "C" fn malloc_usable_size(ptr: *mut c_void) -> usize {
+    if ptr.is_null() {
+        return 0;
+    }
+    // SAFETY: a pointer the program got from an allocation function.
+    match unsafe { Block::find(ptr.cast()) } {
+        // SAFETY: ours and live.
+        Some(block) => unsafe { block.usable() },
+        // SAFETY: glibc's.
+        None => unsafe { real_usable(ptr.cast()) },
+    }
+}
+
+/// Initialize at load, before `main`: the environment is read and the exit
+/// report registered even in a program that allocates nothing before.
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = {
+    extern "C" fn at_load() {
+        ready();
+    }
+    at_load
+};

@@ -1,0 +1,290 @@
+/* A C program under the preload library (linked with it, so that it calls
+ * the C API directly; LD_PRELOAD puts it first as well). Checks, in order:
+ * blocks allocated before main, foreign blocks (glibc's, made without the
+ * preload), accounting that tracks the blocks held exactly, refusal and
+ * cooperative limits, realloc, aligned allocations, threads and
+ * cross-thread frees, fork while other threads allocate. Prints
+ * "heap_test: N checks passed" and exits 0. */
+#define _GNU_SOURCE
+#include "check.h"
+
+#include <errno.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern void *__libc_malloc(size_t);
+extern void *__libc_memalign(size_t, size_t);
+
+static splitcount_hierarchy *h;
+static splitcount_group *preload_group;
+
+static uint64_t usage(splitcount_group *g) {
+  uint64_t v = 0;
+  OK(splitcount_hierarchy_drain_stocks(h, NULL));
+  OK(splitcount_group_usage(g, &v));
+  return v;
+}
+
+static splitcount_group *child(const char *name) {
+  splitcount_group *g = NULL;
+  OK(splitcount_group_child(preload_group, name, &g));
+  return g;
+}
+
+/* Allocated before main (by a constructor), freed in main. */
+static void *early[64];
+
+__attribute__((constructor)) static void before_main(void) {
+  for (int i = 0; i < 64; i++) early[i] = malloc(32 + i * 100);
+}
+
+static void blocks_from_before_main_are_freed(void) {
+  for (int i = 0; i < 64; i++) {
+    CHECK(early[i] != NULL);
+    CHECK(malloc_usable_size(early[i]) >= (size_t)(32 + i * 100));
+    free(early[i]);
+  }
+}
+
+static void foreign_blocks_go_to_glibc(void) {
+  /* Blocks glibc made without the preload: freed, grown, measured. */
+  for (int i = 0; i < 1000; i++) {
+    char *p = __libc_malloc(16 + (i % 50) * 40);
+    CHECK(p != NULL);
+    memset(p, 0xA5, 16);
+    CHECK(malloc_usable_size(p) >= (size_t)(16 + (i % 50) * 40));
+    if (i % 3 == 0) {
+      p = realloc(p, 5000);
+      CHECK(p != NULL && (unsigned char)p[0] == 0xA5);
+    }
+    free(p);
+  }
+  void *a = __libc_memalign(256, 1000);
+  CHECK(a != NULL);
+  free(a);
+}
+
+static void usage_tracks_the_blocks_held(void) {
+  splitcount_group *g = child("track");
+  uint64_t before = usage(g);
+  CHECK(before == 0);
+  enum { N = 20000 };
+  static void *p[N];
+  size_t held = 0;
+  struct mallinfo2 m0 = mallinfo2();
+  OK(splitcount_enter(g));
+  unsigned seed = 7;
+  for (int i = 0; i < N; i++) {
+    seed = seed * 1103515245 + 12345;
+    size_t n = 16 + (seed >> 8) % 4000;
+    if (i % 1000 == 0) n = 200000 + i; /* some mmapped blocks */
+    p[i] = (i % 7 == 0) ? calloc(1, n) : malloc(n);
+    CHECK(p[i] != NULL);
+  }
+  OK(splitcount_leave());
+  for (int i = 0; i < N; i++) held += malloc_usable_size(p[i]);
+  struct mallinfo2 m1 = mallinfo2();
+  uint64_t tracked = usage(g);
+  size_t glibc = (m1.uordblks + m1.hblkhd) - (m0.uordblks + m0.hblkhd);
+  printf("tracked %llu bytes, held (malloc_usable_size) %zu bytes, glibc in use +%zu "
+         "bytes for %d blocks\n",
+         (unsigned long long)tracked, held, glibc, N);
+  /* Exact: every byte of every block, nothing else (the stocks and this
+   * thread's reserve were drained). */
+  CHECK(tracked == held);
+  /* glibc's chunks hold the header (16) and its own word (8) more. */
+  CHECK(glibc >= held && glibc <= held + (size_t)N * 48 + 4096 * 40);
+  for (int i = 0; i < N; i++) free(p[i]);
+  CHECK(usage(g) == 0);
+  OK(splitcount_group_remove(g));
+}
+
+/* A child of /preload with a limit of 1 MiB, entered. */
+static splitcount_group *enter_limited(const char *name, uint32_t enforcement) {
+  splitcount_group *g = child(name);
+  OK(splitcount_group_set_max(g, 1 << 20));
+  OK(splitcount_group_set_enforcement(g, enforcement));
+  OK(splitcount_enter(g));
+  return g;
+}
+
+static void refusal_returns_null_with_enomem(void) {
+  splitcount_group *g = enter_limited("refuse", SPLITCOUNT_ENFORCE_REFUSE);
+  char *small = malloc(100000);
+  errno = 0;
+  char *big = malloc(2 << 20);
+  int err = errno;
+  char *grown = realloc(small, 4 << 20);
+  int err2 = errno;
+  void *al = NULL;
+  int rc = posix_memalign(&al, 64, 3 << 20);
+  void *z = calloc(1 << 10, 1 << 12);
+  OK(splitcount_leave());
+  CHECK(small != NULL);
+  CHECK(big == NULL && err == ENOMEM);
+  CHECK(grown == NULL && err2 == ENOMEM); /* the old block is untouched */
+  CHECK(rc == ENOMEM && al == NULL);
+  CHECK(z == NULL);
+  small[99999] = 1;
+  splitcount_events ev;
+  OK(splitcount_group_events(g, &ev));
+  CHECK(ev.max >= 4);
+  CHECK(usage(g) >= 100000 && usage(g) < 200000);
+  free(small);
+  CHECK(usage(g) == 0);
+  OK(splitcount_group_remove(g));
+}
+
+static void cooperative_limits_let_it_through_and_say_so(void) {
+  splitcount_group *g = enter_limited("cooperative", SPLITCOUNT_ENFORCE_COOPERATIVE);
+  char *big = malloc(3 << 20);
+  OK(splitcount_leave());
+  CHECK(big != NULL);
+  CHECK(splitcount_group_check(g) == SPLITCOUNT_E_OVER_LIMIT);
+  CHECK(strstr(splitcount_last_error(), "went over the limit of /preload/cooperative") != NULL);
+  CHECK(usage(g) >= (3u << 20));
+  free(big);
+  OK(splitcount_group_clear_breach(g));
+  OK(splitcount_group_check(g));
+  OK(splitcount_group_remove(g));
+}
+
+static void realloc_and_aligned_blocks_are_charged_to_their_group(void) {
+  splitcount_group *g = child("shapes");
+  OK(splitcount_enter(g));
+  char *p = malloc(100);
+  strcpy(p, "kept");
+  for (size_t n = 200; n < (8 << 20); n *= 3) {
+    p = realloc(p, n);
+    CHECK(p != NULL && strcmp(p, "kept") == 0);
+  }
+  p = realloc(p, 10);
+  CHECK(p != NULL && memcmp(p, "kept", 5) == 0);
+  void *al[4] = {0};
+  CHECK(posix_memalign(&al[0], 64, 1000) == 0);
+  al[1] = aligned_alloc(4096, 8192);
+  al[2] = memalign(128, 300);
+  al[3] = valloc(5000);
+  CHECK(posix_memalign(&al[0], 3, 10) == EINVAL);
+  OK(splitcount_leave());
+  size_t expect = malloc_usable_size(p);
+  size_t aligns[4] = {64, 4096, 128, 4096};
+  for (int i = 0; i < 4; i++) {
+    CHECK(al[i] != NULL && (uintptr_t)al[i] % aligns[i] == 0);
+    expect += malloc_usable_size(al[i]);
+  }
+  CHECK(usage(g) == expect);
+  size_t old = malloc_usable_size(al[2]);
+  al[2] = realloc(al[2], 10000); /* an aligned block grows as a new block */
+  CHECK(al[2] != NULL);
+  CHECK(usage(g) == expect - old + malloc_usable_size(al[2]));
+  for (int i = 0; i < 4; i++) free(al[i]);
+  free(p);
+  CHECK(usage(g) == 0);
+  errno = 0;
+  /* Sizes that overflow with the header, hidden from the compiler. */
+  volatile size_t huge = SIZE_MAX - 8;
+  CHECK(calloc(huge / 2, 4) == NULL && errno == ENOMEM);
+  CHECK(malloc(huge) == NULL && errno == ENOMEM);
+  OK(splitcount_group_remove(g));
+}
+
+/* Threads allocating in their own groups; every other block freed by the
+ * next thread. */
+enum { THREADS = 4, BLOCKS = 20000 };
+static void *handoff[THREADS][BLOCKS];
+static splitcount_group *thread_group[THREADS];
+static pthread_barrier_t barrier;
+
+static void *worker(void *arg) {
+  int t = (int)(intptr_t)arg;
+  if (splitcount_enter(thread_group[t]) != SPLITCOUNT_OK) return (void *)1;
+  for (int i = 0; i < BLOCKS; i++) {
+    void *p = malloc(16 + (i * 37) % 2000);
+    if (i % 2)
+      free(p);
+    else
+      handoff[t][i] = p;
+  }
+  splitcount_leave();
+  pthread_barrier_wait(&barrier);
+  for (int i = 0; i < BLOCKS; i += 2) free(handoff[(t + 1) % THREADS][i]);
+  return NULL;
+}
+
+static void threads_and_cross_thread_frees(void) {
+  char name[16];
+  for (int t = 0; t < THREADS; t++) {
+    snprintf(name, sizeof name, "thread-%d", t);
+    thread_group[t] = child(name);
+  }
+  pthread_barrier_init(&barrier, NULL, THREADS);
+  pthread_t th[THREADS];
+  for (int t = 0; t < THREADS; t++)
+    CHECK(pthread_create(&th[t], NULL, worker, (void *)(intptr_t)t) == 0);
+  for (int t = 0; t < THREADS; t++) {
+    void *r;
+    pthread_join(th[t], &r);
+    CHECK(r == NULL);
+  }
+  /* The threads exited: their reserves came back. */
+  for (int t = 0; t < THREADS; t++) {
+    CHECK(usage(thread_group[t]) == 0);
+    OK(splitcount_group_remove(thread_group[t]));
+  }
+}
+
+static volatile int spinning = 1;
+
+static void *churn(void *arg) {
+  (void)arg;
+  while (spinning) {
+    void *p[16];
+    for (int i = 0; i < 16; i++) p[i] = malloc(64 + i * 512);
+    for (int i = 0; i < 16; i++) free(p[i]);
+  }
+  return NULL;
+}
+
+static void fork_while_threads_allocate(void) {
+  pthread_t th[3];
+  for (int i = 0; i < 3; i++) CHECK(pthread_create(&th[i], NULL, churn, NULL) == 0);
+  for (int k = 0; k < 40; k++) {
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+      alarm(20); /* a hang in the child is a failure, not a stuck test */
+      void *p[100];
+      for (int i = 0; i < 100; i++) p[i] = malloc(100 + i * 1000);
+      for (int i = 0; i < 100; i++) free(p[i]);
+      splitcount_group *g = NULL;
+      if (splitcount_preload_group(&g) != SPLITCOUNT_OK) _exit(3);
+      _exit(0);
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  spinning = 0;
+  for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+}
+
+int main(void) {
+  OK(splitcount_preload_hierarchy(&h));
+  OK(splitcount_preload_group(&preload_group));
+  blocks_from_before_main_are_freed();
+  foreign_blocks_go_to_glibc();
+  usage_tracks_the_blocks_held();
+  refusal_returns_null_with_enomem();
+  cooperative_limits_let_it_through_and_say_so();
+  realloc_and_aligned_blocks_are_charged_to_their_group();
+  threads_and_cross_thread_frees();
+  fork_while_threads_allocate();
+  printf("heap_test: %d checks passed\n", checks);
+  return 0;
+}

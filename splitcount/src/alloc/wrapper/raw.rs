@@ -1,0 +1,89 @@
+//! The charge path of [`Accounted`] for allocators that keep headers of
+//! their own — the C heap's `LD_PRELOAD` library (`splitcount-preload`),
+//! whose `free` gets no size and whose blocks carry more than an account.
+//! Hidden from the docs: for that library, not for applications.
+//!
+//! The semantics are those of [`Accounted`]'s `GlobalAlloc` methods — a
+//! charge goes through the thread's reserve, the byte stock and the slow
+//! path (reclaim, drains, enforcement, refusal hooks, reporting grace) —
+//! except that a thread in no group charges a group of the caller's choice
+//! (the preload's `/preload`) instead of the root. An account is named by
+//! its address, which the caller stores in its block's header and hands
+//! back when the block is freed or grown. (Header bytes are the caller's:
+//! they are not counted in [`Accounted::reconcile`]'s headers.)
+
+use super::{in_hook, Accounted};
+use crate::alloc::{current, enter_held};
+use crate::group::{AccountKey, Group};
+
+/// A group's account address, to store as a thread's default
+/// (`fallback` of [`Accounted::charge_raw`]). Valid while a handle on the
+/// group (or a block charged to it) exists.
+#[doc(hidden)]
+pub fn raw_account(group: &Group) -> *const u8 {
+    group.account().as_ptr()
+}
+
+impl<A> Accounted<A> {
+    /// Charge `n` bytes as an allocation would: to the thread's current
+    /// account. A thread that entered no group charges `fallback` (from
+    /// [`raw_account`]; null: the root): the first time, the fallback
+    /// becomes the thread's base scope for good, and scopes entered later
+    /// nest on top of it. `Some` with the account to store in the block's
+    /// header (null: nothing was charged — not attached, inside a hook, or
+    /// in the reporting grace), `None` when refused.
+    ///
+    /// # Safety
+    /// `fallback` is null or from [`raw_account`] of a group that a handle
+    /// holds for the rest of the process.
+    #[doc(hidden)]
+    #[inline]
+    pub unsafe fn charge_raw(&self, n: u64, fallback: *const u8) -> Option<*const u8> {
+        // SAFETY: the caller's contract: kept alive by a handle.
+        if let Some(base) = unsafe { AccountKey::from_ptr(fallback) } {
+            if current().is_none() {
+                // Never left: the handle holds the account, no reference
+                // is taken for the scope.
+                std::mem::forget(enter_held(base));
+            }
+        }
+        self.charge(n)
+            .ok()
+            .map(|a| a.map_or(std::ptr::null(), AccountKey::as_ptr))
+    }
+
+    /// Charge the growth of a block by `n` bytes to the block's own
+    /// `account` (as `GlobalAlloc::realloc` does); whether it may grow. A
+    /// block charged to nothing (null) grows uncharged.
+    ///
+    /// # Safety
+    /// `account` is null or was returned by [`Accounted::charge_raw`] for a
+    /// block that is still allocated.
+    #[doc(hidden)]
+    pub unsafe fn grow_raw(&self, account: *const u8, n: u64) -> bool {
+        // SAFETY: the block's bytes keep its account alive.
+        let Some(key) = (unsafe { AccountKey::from_ptr(account) }) else {
+            return true;
+        };
+        let Some(st) = self.attached() else {
+            return false;
+        };
+        if in_hook() {
+            self.charge_bytes(st, key, n).is_ok()
+        } else {
+            self.charge_slow(st, key, n, false) == Ok(Some(key))
+        }
+    }
+
+    /// Uncharge `n` bytes of a block charged to `account` (freed, or
+    /// shrunk), as `GlobalAlloc::dealloc` does.
+    ///
+    /// # Safety
+    /// `account` is null or was returned by [`Accounted::charge_raw`] for a
+    /// block still holding at least `n` charged bytes.
+    #[doc(hidden)]
+    #[inline]
+    pub unsafe fn uncharge_raw(&self, account: *const u8, n: u64) {
+        self.uncharge(account, n)
+    }
+}

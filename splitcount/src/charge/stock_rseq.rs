@@ -1,0 +1,311 @@
+//! The stock's hit paths as rseq critical sections (x86_64 Linux, glibc's
+//! areas), and the remote fence that makes a lock holder safe from them.
+//!
+//! ```text
+//!  consume(key, n)                       stash(key, n, cap)
+//!  21: arm                               21: arm
+//!  22: cpu = rseq->cpu_id                22: cpu = rseq->cpu_id
+//!      cpu ≥ blocks?     → unavailable       cpu ≥ blocks?     → unavailable
+//!      b = base + cpu·128                    b = base + cpu·128
+//!      b.lock ≠ 0?       → busy              b.lock ≠ 0?       → busy
+//!      i = slot of key?  → miss              i = slot of key?  → slow
+//!      u = b.units[i]                        u = b.units[i] + n
+//!      u < n?            → miss              u > cap?          → slow
+//!      u − n < min_left? → slow              b.units[i] = u      ; commit
+//!      b.units[i] = u − n  ; commit
+//!  23:                                   23:
+//!  25: disarm                            25: disarm
+//! ```
+//!
+//! A sequence commits with one plain store and only if, on the CPU it runs
+//! on, the block was unlocked when it looked — from its start to its commit
+//! nothing else ran on that CPU (a preemption, migration or signal restarts
+//! it from the top). Everything else is done under the block's lock:
+//!
+//! - **on the thread's own CPU** by [`lock_local`], a critical section whose
+//!   commit is the locked `cmpxchg` that takes the lock: it ran on the
+//!   block's CPU, so any other thread's sequence on that CPU was preempted
+//!   and will restart — and then find the lock taken;
+//! - **from anywhere else** (drains) by a compare-and-swap followed by
+//!   [`fence_cpu`], `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ)` on
+//!   the block's CPU: it returns once every thread of the process running
+//!   there has been interrupted, which restarts any sequence in flight that
+//!   saw the block unlocked. Only drains of other CPUs pay it (a few hundred
+//!   nanoseconds to a few microseconds).
+//!
+//! Threads without a registered area never run the sequences; they bypass
+//! the stock (a lock taken without the fence would not be safe from the
+//! sequences of other threads).
+
+#![allow(unsafe_code)]
+
+use crate::rseq_section::rseq_section;
+use std::sync::OnceLock;
+
+/// What a critical section did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Committed.
+    Done,
+    /// `consume`: the key has no slot, or too few units.
+    Miss,
+    /// The block's lock is held.
+    Busy,
+    /// No registered area, or a CPU beyond the blocks.
+    Unavailable,
+    /// Needs the lock (`consume`: it would empty a slot that must give up
+    /// its key; `stash`: a new key, or past `cap`).
+    Slow,
+}
+
+fn step(status: u32) -> Step {
+    match status {
+        0 => Step::Done,
+        1 => Step::Miss,
+        2 => Step::Busy,
+        3 => Step::Unavailable,
+        _ => Step::Slow,
+    }
+}
+
+/// Byte offsets in a block (see `stock.rs`): the lock word first, the keys
+/// from 8, the units from 64; blocks are 128 bytes apart.
+pub(crate) const KEYS: usize = 8;
+/// See [`KEYS`].
+pub(crate) const UNITS: usize = 64;
+/// See [`KEYS`].
+pub(crate) const BLOCK: usize = 128;
+
+/// Take `n` units for `key` from the calling CPU's block, leaving at least
+/// `min_left` in the slot.
+///
+/// # Safety
+/// `offset` is glibc's `__rseq_offset`; `base` points to `blocks` blocks of
+/// [`BLOCK`] bytes laid out as `stock.rs` says, of which `slots` key words
+/// are in use; every write to a block's units is such a sequence or made
+/// under its lock as this module describes.
+#[inline(always)]
+pub(crate) unsafe fn consume(
+    offset: isize,
+    base: *mut u8,
+    blocks: usize,
+    slots: usize,
+    key: usize,
+    n: u64,
+    min_left: u64,
+) -> Step {
+    let status: u32;
+    // SAFETY: see the contract; the sequence writes only a unit word of
+    // the calling CPU's block, and the area's `rseq_cs`.
+    unsafe {
+        rseq_section!(
+            off = offset;
+            body = [
+                "mov {cpu:e}, dword ptr fs:[{off} + 4]",
+                "mov eax, 3",
+                "cmp {cpu}, {blocks}",
+                "jae 25f",
+                "shl {cpu}, 7",
+                "add {cpu}, {base}",
+                "mov eax, 2",
+                "cmp dword ptr [{cpu}], 0",
+                "jne 25f",
+                "mov eax, 1",
+                "xor {idx:e}, {idx:e}",
+                "2:",
+                "cmp qword ptr [{cpu} + {idx} * 8 + 8], {key}",
+                "je 3f",
+                "inc {idx}",
+                "cmp {idx}, {slots}",
+                "jb 2b",
+                "jmp 25f",
+                "3:",
+                "mov {tmp:e}, dword ptr [{cpu} + {idx} * 4 + 64]",
+                "cmp {tmp}, {n}",
+                "jb 25f",
+                "sub {tmp}, {n}",
+                "mov eax, 4",
+                "cmp {tmp}, {min}",
+                "jb 25f",
+                "xor eax, eax",
+                "mov dword ptr [{cpu} + {idx} * 4 + 64], {tmp:e}",
+            ];
+            after = [];
+            base = in(reg) base,
+            blocks = in(reg) blocks,
+            slots = in(reg) slots,
+            key = in(reg) key,
+            n = in(reg) n,
+            min = in(reg) min_left,
+            cpu = out(reg) _,
+            idx = out(reg) _,
+            out("eax") status,
+            options(nostack),
+        );
+    }
+    step(status)
+}
+
+/// Add `n` units to `key`'s slot in the calling CPU's block, if the key has
+/// one and the slot stays at or below `cap`.
+///
+/// # Safety
+/// As for [`consume`].
+#[inline(always)]
+pub(crate) unsafe fn stash(
+    offset: isize,
+    base: *mut u8,
+    blocks: usize,
+    slots: usize,
+    key: usize,
+    n: u64,
+    cap: u64,
+) -> Step {
+    let status: u32;
+    // SAFETY: as in `consume`.
+    unsafe {
+        rseq_section!(
+            off = offset;
+            body = [
+                "mov {cpu:e}, dword ptr fs:[{off} + 4]",
+                "mov eax, 3",
+                "cmp {cpu}, {blocks}",
+                "jae 25f",
+                "shl {cpu}, 7",
+                "add {cpu}, {base}",
+                "mov eax, 2",
+                "cmp dword ptr [{cpu}], 0",
+                "jne 25f",
+                "mov eax, 4",
+                "xor {idx:e}, {idx:e}",
+                "2:",
+                "cmp qword ptr [{cpu} + {idx} * 8 + 8], {key}",
+                "je 3f",
+                "inc {idx}",
+                "cmp {idx}, {slots}",
+                "jb 2b",
+                "jmp 25f",
+                "3:",
+                "mov {tmp:e}, dword ptr [{cpu} + {idx} * 4 + 64]",
+                "add {tmp}, {n}",
+                "jc 25f",
+                "cmp {tmp}, {cap}",
+                "ja 25f",
+                "xor eax, eax",
+                "mov dword ptr [{cpu} + {idx} * 4 + 64], {tmp:e}",
+            ];
+            after = [];
+            base = in(reg) base,
+            blocks = in(reg) blocks,
+            slots = in(reg) slots,
+            key = in(reg) key,
+            n = in(reg) n,
+            cap = in(reg) cap,
+            cpu = out(reg) _,
+            idx = out(reg) _,
+            out("eax") status,
+            options(nostack),
+        );
+    }
+    step(status)
+}
+
+/// Take the lock of the calling CPU's block, as a critical section whose
+/// commit is the `cmpxchg` (see the module docs): `Ok(cpu)` with the lock
+/// held, or why not.
+///
+/// # Safety
+/// As for [`consume`].
+#[inline]
+pub(crate) unsafe fn lock_local(
+    offset: isize,
+    base: *mut u8,
+    blocks: usize,
+) -> Result<usize, Step> {
+    let status: u32;
+    let cpu: usize;
+    // SAFETY: as in `consume`; the sequence writes only the calling CPU's
+    // block's lock word (atomically) and the area's `rseq_cs`.
+    unsafe {
+        rseq_section!(
+            off = offset;
+            body = [
+                "mov {cpu:e}, dword ptr fs:[{off} + 4]",
+                "mov {st:e}, 3",
+                "cmp {cpu}, {blocks}",
+                "jae 25f",
+                "mov {tmp}, {cpu}",
+                "shl {tmp}, 7",
+                "add {tmp}, {base}",
+                "mov {one:e}, 1",
+                "xor eax, eax",
+                "lock cmpxchg dword ptr [{tmp}], {one:e}",
+            ];
+            after = [
+                "mov {st:e}, 0",
+                "jz 25f",
+                "mov {st:e}, 2",
+                "jmp 25f",
+            ];
+            base = in(reg) base,
+            blocks = in(reg) blocks,
+            cpu = out(reg) cpu,
+            one = out(reg) _,
+            st = out(reg) status,
+            out("eax") _,
+            options(nostack),
+        );
+    }
+    match step(status) {
+        Step::Done => Ok(cpu),
+        other => Err(other),
+    }
+}
+
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 7;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 8;
+const MEMBARRIER_CMD_FLAG_CPU: libc::c_uint = 1;
+
+/// Whether this process may fence other CPUs' sequences: registered for
+/// `MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ` (once, on first use).
+pub(crate) fn fence_available() -> bool {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    *REGISTERED.get_or_init(|| {
+        // SAFETY: membarrier with a registration command and no pointers.
+        unsafe {
+            libc::syscall(
+                libc::SYS_membarrier,
+                MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ,
+                0,
+                0,
+            ) == 0
+        }
+    })
+}
+
+/// Restart every rseq critical section of this process in flight on `cpu`
+/// (returns once each thread running there was interrupted). Falls back to
+/// every CPU where the kernel does not take a CPU.
+pub(crate) fn fence_cpu(cpu: usize) {
+    // SAFETY: membarrier with a command, flags and a CPU number; no
+    // pointers. The process registered (`fence_available`).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ,
+            MEMBARRIER_CMD_FLAG_CPU,
+            cpu as libc::c_int,
+        )
+    };
+    if rc != 0 {
+        // SAFETY: as above, without the CPU.
+        unsafe {
+            libc::syscall(
+                libc::SYS_membarrier,
+                MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ,
+                0,
+                0,
+            );
+        }
+    }
+}

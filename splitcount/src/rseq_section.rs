@@ -1,0 +1,52 @@
+//! One template for the critical sections that reach glibc's rseq area
+//! through the thread pointer (`fs:[offset]`): the descriptor, the arming,
+//! the abort handler out of line (behind the signature glibc registered,
+//! `0x53053053`), and the disarm. A sequence supplies its body (from the
+//! start, label `22`, to its commit, the last instruction before label
+//! `23`), what runs after the commit on the way out (optional), and its
+//! operands; `{off}` is the area's offset and `{tmp}` a scratch register
+//! (it holds the descriptor's address on entry to the body). Leaving the
+//! body early is a jump to `25f`, the disarm.
+//!
+//! ```text
+//!  __rseq_cs: 20: { version 0, flags 0, start_ip 22, post_commit 23 − 22, abort_ip 24 }
+//!  21: rseq_cs = &20                   (re-armed after every abort)
+//!  22: body … commit
+//!  23: after
+//!  __rseq_failure: ud1 <signature>; 24: jmp 21
+//!  25: rseq_cs = 0
+//! ```
+
+/// See the module docs.
+macro_rules! rseq_section {
+    (off = $off:expr; body = [$($line:literal),+ $(,)?]; after = [$($after:literal),* $(,)?]; $($operands:tt)*) => {
+        std::arch::asm!(
+            ".pushsection __rseq_cs, \"aw\"",
+            ".balign 32",
+            "20:",
+            ".long 0, 0",
+            ".quad 22f, (23f - 22f), 24f",
+            ".popsection",
+            "21:",
+            "lea {tmp}, [rip + 20b]",
+            "mov qword ptr fs:[{off} + 8], {tmp}",
+            "22:",
+            $($line,)+
+            "23:",
+            $($after,)*
+            ".pushsection __rseq_failure, \"ax\"",
+            ".byte 0x0f, 0xb9, 0x3d",
+            ".long 0x53053053",
+            "24:",
+            "jmp 21b",
+            ".popsection",
+            "25:",
+            "mov qword ptr fs:[{off} + 8], 0",
+            off = in(reg) $off,
+            tmp = out(reg) _,
+            $($operands)*
+        )
+    };
+}
+
+pub(crate) use rseq_section;
