@@ -24,8 +24,9 @@
 //! 4. *Carry* the drained groups outside `X` (their marks stay set) to a
 //!    later flush; give back the other references the list held.
 //!
-//! Carried entries exist only after flushes below a root: a flush of a root
-//! folds everything on its CPUs and leaves nothing behind. Why the raw
+//! Carried entries exist only after flushes below a root, or of another
+//! tree's root: a flush of a root folds everything of its tree on its CPUs
+//! and leaves nothing of that tree behind. Why the raw
 //! pointers stay valid is at [`Flusher`].
 
 use super::group::{StatGroup, UpdateNode};
@@ -195,10 +196,12 @@ impl Flusher {
                 // mark is cleared no updater can push the node again, so
                 // `next` cannot change under us. Once it is read, a push
                 // again (which rewrites `next`) no longer matters here.
+                let next = node.next.load(Relaxed);
+                // SAFETY: `owner` is the node's group, kept alive by the
+                // strong reference the list holds for this node (now the
+                // pass's: see `Flusher`).
                 let group = unsafe { &*node.owner };
                 let within = within_prefetching(group, x);
-                if within { node.on_list.store(false, Relaxed); }
-                let next = node.next.load(Relaxed);
                 if within {
                     // Clear the mark of a group about to be folded (before
                     // the fence below, which comes before its values are
