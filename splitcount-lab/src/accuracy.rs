@@ -5,10 +5,15 @@
 //! worst-case schedule on each side, and the largest |approximate − precise|
 //! seen over random walks (tracked against an exact oracle, so each step
 //! costs O(1) even at 4096 CPUs).
+//!
+//! With an error budget (`accuracy --max-error N`) the batch and fan-outs
+//! are not given but chosen by [`Config::max_error`]: [`choose`] reports
+//! the chosen shape and measures it, or the refusal where no shape meets the
+//! budget.
 
 use crate::rng::Rng;
 use serde::Serialize;
-use splitcount::counter::{Arity, Config, Design, Side, SplitCounter};
+use splitcount::counter::{Arity, Config, ConfigError, Design, Side, SplitCounter};
 use splitcount::cpu::{Machine, MAX_NODES};
 
 /// What to simulate.
@@ -28,6 +33,10 @@ pub struct Spec {
     pub seed: u64,
     /// Random-walk steps in total.
     pub steps: usize,
+    /// An error budget: choose the batch (and fan-outs) with
+    /// [`Config::max_error`], keeping `batch` and a non-`auto` `arity` if
+    /// given.
+    pub max_error: Option<u64>,
 }
 
 impl Spec {
@@ -41,6 +50,7 @@ impl Spec {
             arity: Arity::Auto,
             seed: 1,
             steps: 100_000,
+            max_error: None,
         }
     }
 
@@ -50,8 +60,8 @@ impl Spec {
             .clamp(1, self.cpus.clamp(1, MAX_NODES))
     }
 
-    /// The counter this spec describes, on its own simulated machine.
-    pub fn build(&self) -> Result<Box<dyn SplitCounter>, String> {
+    /// The configuration this spec describes, on its own simulated machine.
+    pub fn config(&self) -> Result<Config, String> {
         let m = Machine::simulated(self.cpus, self.nodes()).map_err(|e| e.to_string())?;
         let mut cfg = Config::new(self.design)
             .machine(&m)
@@ -59,16 +69,19 @@ impl Spec {
         if let Some(b) = self.batch {
             cfg = cfg.batch(b);
         }
-        cfg.build().map_err(|e| e.to_string())
+        if let Some(units) = self.max_error {
+            cfg = cfg.max_error(units);
+        }
+        Ok(cfg)
+    }
+
+    /// The counter this spec describes, on its own simulated machine.
+    pub fn build(&self) -> Result<Box<dyn SplitCounter>, String> {
+        self.config()?.build().map_err(|e| e.to_string())
     }
 
     fn config_batch(&self) -> Result<u64, String> {
-        let m = Machine::simulated(self.cpus, self.nodes()).map_err(|e| e.to_string())?;
-        let mut cfg = Config::new(self.design).machine(&m);
-        if let Some(b) = self.batch {
-            cfg = cfg.batch(b);
-        }
-        Ok(cfg.effective_batch())
+        Ok(self.config()?.effective_batch())
     }
 }
 
@@ -129,6 +142,80 @@ pub fn measure(spec: &Spec) -> Result<Record, String> {
         random_worst: random_walks(&*c, spec, batch)?,
         random_steps: spec.steps,
     })
+}
+
+/// One line of `accuracy --max-error N --json`: the shape chosen for the
+/// budget and what it reaches, or why no shape meets the budget.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Choice {
+    /// Design name.
+    pub design: Design,
+    /// Simulated CPUs.
+    pub cpus: usize,
+    /// Simulated NUMA nodes.
+    pub nodes: usize,
+    /// The budget asked for.
+    pub max_error: u64,
+    /// The chosen shape in words, e.g. `tree batch 2, fan-outs 2^2·2^6,
+    /// bound 640 under` (`None` if refused).
+    pub chosen: Option<String>,
+    /// The chosen batch.
+    pub batch: Option<u64>,
+    /// The tree's chosen fan-outs, bottom first (empty for other designs).
+    pub fanouts: Option<Vec<u64>>,
+    /// The chosen shape's bound below `precise`.
+    pub under: Option<u64>,
+    /// The chosen shape's bound above `precise`.
+    pub over: Option<u64>,
+    /// What the `under` worst-case schedule reaches.
+    pub worst_under: Option<u64>,
+    /// What the `over` worst-case schedule reaches.
+    pub worst_over: Option<u64>,
+    /// Largest `|approximate − precise|` over the random walks.
+    pub random_worst: Option<u64>,
+    /// Why no shape meets the budget: the library's error, with the
+    /// smallest bound there is.
+    pub refused: Option<String>,
+}
+
+/// Choose a shape for `spec.max_error` (which must be set) and measure it
+/// as [`measure`] does; a budget no shape meets is a [`Choice`] with
+/// `refused`, any other configuration error an `Err`.
+pub fn choose(spec: &Spec) -> Result<Choice, String> {
+    let max_error = spec.max_error.ok_or("choose needs an error budget")?;
+    let mut choice = Choice {
+        design: spec.design,
+        cpus: spec.cpus,
+        nodes: spec.nodes(),
+        max_error,
+        chosen: None,
+        batch: None,
+        fanouts: None,
+        under: None,
+        over: None,
+        worst_under: None,
+        worst_over: None,
+        random_worst: None,
+        refused: None,
+    };
+    let shape = match spec.config()?.chosen() {
+        Ok(shape) => shape,
+        Err(e @ ConfigError::MaxErrorUnreachable { .. }) => {
+            choice.refused = Some(e.to_string());
+            return Ok(choice);
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    let r = measure(spec)?;
+    choice.chosen = Some(shape.to_string());
+    choice.batch = Some(shape.batch());
+    choice.fanouts = Some(shape.fanouts());
+    choice.under = Some(r.under);
+    choice.over = Some(r.over);
+    choice.worst_under = Some(r.worst_under);
+    choice.worst_over = Some(r.worst_over);
+    choice.random_worst = Some(r.random_worst);
+    Ok(choice)
 }
 
 /// Walks of random CPUs and deltas up to ±2·batch, each walk biased to one
@@ -197,6 +284,37 @@ pub fn print_table(records: &[Record]) {
     }
 }
 
+/// Print choices as a table: one line per (design, CPUs), the chosen shape
+/// or the refusal last.
+pub fn print_choices(choices: &[Choice]) {
+    if let Some(c) = choices.first() {
+        println!("  max error {} units", c.max_error);
+    }
+    println!(
+        "  {:<8} {:>6} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12}  chosen",
+        "design", "cpus", "nodes", "under", "over", "worst_under", "worst_over", "random_worst"
+    );
+    let cell = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+    for c in choices {
+        let what = match (&c.chosen, &c.refused) {
+            (Some(shape), _) => shape.clone(),
+            (None, Some(why)) => format!("refused: {why}"),
+            (None, None) => String::new(),
+        };
+        println!(
+            "  {:<8} {:>6} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12}  {what}",
+            c.design.name(),
+            c.cpus,
+            c.nodes,
+            cell(c.under),
+            cell(c.over),
+            cell(c.worst_under),
+            cell(c.worst_over),
+            cell(c.random_worst),
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,6 +328,30 @@ mod tests {
                 let r = measure(&spec).unwrap();
                 assert_eq!((r.worst_under, r.worst_over), (r.under, r.over), "{r:?}");
                 assert!(r.random_worst <= r.under.max(r.over), "{r:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_budget_is_met_where_a_shape_can_meet_it_and_refused_elsewhere() {
+        for design in Design::ALL {
+            for cpus in [1, 8, 4096] {
+                let mut spec = Spec::new(design, cpus);
+                spec.steps = 2_000;
+                spec.max_error = Some(1000);
+                let c = choose(&spec).unwrap();
+                if design == Design::Tree && cpus > 1000 {
+                    let why = c.refused.as_deref().unwrap();
+                    assert!(
+                        why.contains("smallest the configuration allows is 4,096"),
+                        "{why}"
+                    );
+                    continue;
+                }
+                assert_eq!(c.refused, None);
+                assert!(c.worst_under.unwrap() <= 1000, "{c:?}");
+                assert_eq!(c.worst_under, c.under, "{c:?}");
+                assert_eq!(c.worst_over, c.over, "{c:?}");
             }
         }
     }

@@ -77,6 +77,11 @@ enum Command {
         /// Random-walk steps per (design, CPUs).
         #[arg(long, default_value_t = 100_000)]
         steps: usize,
+        /// Choose the batch (and the tree's fan-outs) with the cheapest add
+        /// whose error bound is at most N units, and report that shape, or
+        /// why none meets N (`--batch` and a non-`auto` `--arity` are kept).
+        #[arg(long, value_name = "N")]
+        max_error: Option<u64>,
         /// JSON lines instead of a table.
         #[arg(long)]
         json: bool,
@@ -290,14 +295,25 @@ fn run(cli: Cli) -> Result<(), String> {
             shape,
             seed,
             steps,
+            max_error,
             json,
         } => {
             let mut records = Vec::new();
+            let mut choices = Vec::new();
             for d in designs(&design)? {
                 for &n in &cpu_counts(&cpus)? {
                     let mut s = spec(d, n, &shape)?;
                     s.seed = seed;
                     s.steps = steps;
+                    s.max_error = max_error;
+                    if max_error.is_some() {
+                        let c = accuracy::choose(&s)?;
+                        if json {
+                            println!("{}", serde_json::to_string(&c).map_err(|e| e.to_string())?);
+                        }
+                        choices.push(c);
+                        continue;
+                    }
                     let r = accuracy::measure(&s)?;
                     if json {
                         println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
@@ -305,7 +321,9 @@ fn run(cli: Cli) -> Result<(), String> {
                     records.push(r);
                 }
             }
-            if !json {
+            if !json && max_error.is_some() {
+                accuracy::print_choices(&choices);
+            } else if !json {
                 accuracy::print_table(&records);
             }
         }

@@ -186,6 +186,91 @@ fn accuracy_json_reports_bound_worst_case_and_random_walks() {
 }
 
 #[test]
+fn accuracy_max_error_reports_the_chosen_shape_or_the_refusal() {
+    let args = [
+        "accuracy",
+        "--max-error",
+        "1000",
+        "--cpus",
+        "8,256,4096",
+        "--steps",
+        "2000",
+    ];
+    let (ok, out, err) = lab(&[&args[..], &["--json"]].concat(), "");
+    assert!(ok, "{err}");
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 4 * 3, "one line per design and CPU count");
+    for l in &lines {
+        assert_eq!(l["max_error"], 1000);
+        if l["refused"].is_null() {
+            assert!(l["under"].as_u64().unwrap() <= 1000, "{l}");
+            assert!(l["over"].as_u64().unwrap() <= 1000, "{l}");
+            assert_eq!(
+                l["under"], l["worst_under"],
+                "the schedule reaches the bound"
+            );
+            assert_eq!(l["over"], l["worst_over"]);
+            assert!(l["chosen"].is_string() && l["batch"].is_u64(), "{l}");
+        } else {
+            assert!(l["chosen"].is_null() && l["batch"].is_null(), "{l}");
+        }
+    }
+    let find = |design: &str, cpus: u64| {
+        lines
+            .iter()
+            .find(|l| l["design"] == design && l["cpus"] == cpus)
+            .unwrap()
+    };
+    let tree256 = find("tree", 256);
+    assert_eq!(
+        tree256["chosen"],
+        "tree batch 2, fan-outs 2^2·2^6, bound 640 under"
+    );
+    assert_eq!(tree256["fanouts"], serde_json::json!([4, 64]));
+    assert_eq!(find("batched", 8)["batch"], 126, "8·125 = 1000");
+    let refusal = find("tree", 4096)["refused"].as_str().unwrap();
+    assert!(
+        refusal.contains("within 1,000 units")
+            && refusal.contains("smallest the configuration allows is 4,096"),
+        "{refusal}"
+    );
+
+    let (ok, out, err) = lab(&args, "");
+    assert!(ok, "{err}");
+    assert!(out.contains("max error 1000 units"), "{out}");
+    assert!(
+        out.contains("refused: no tree shape on 4,096 CPUs"),
+        "{out}"
+    );
+    assert!(out.contains("atomic, bound 0"), "{out}");
+
+    // A configured batch is kept and checked against the budget.
+    let (ok, out, err) = lab(
+        &[
+            "accuracy",
+            "--design",
+            "batched",
+            "--cpus",
+            "8",
+            "--batch",
+            "64",
+            "--max-error",
+            "503",
+            "--json",
+        ],
+        "",
+    );
+    assert!(ok, "{err}");
+    assert!(
+        json_lines(&out)[0]["refused"]
+            .as_str()
+            .unwrap()
+            .contains("is 504 (batched batch 64, bound 504 each side)"),
+        "{out}"
+    );
+}
+
+#[test]
 fn bad_flags_are_refused_with_the_valid_values() {
     let refused = |args: &[&str], needles: &[&str]| {
         let (ok, _, err) = lab(args, "");
@@ -200,6 +285,11 @@ fn bad_flags_are_refused_with_the_valid_values() {
         &["\"foo\"", "atomic, batched, pernode, tree, or all"],
     );
     refused(&["accuracy", "--cpus", "0"], &["CPU count", "valid: 1 to"]);
+    refused(
+        &["accuracy", "--max-error", "lots"],
+        &["--max-error", "invalid"],
+    );
+    refused(&["accuracy", "--max-error=-1"], &["--max-error", "invalid"]);
     refused(
         &[
             "accuracy", "--design", "tree", "--cpus", "8", "--arity", "foo",

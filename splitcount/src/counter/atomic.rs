@@ -32,8 +32,10 @@ impl Atomic {
             .expect("the atomic design has nothing to validate")
     }
 
-    /// A zero counter for `config`'s machine (the batch is ignored).
+    /// A zero counter for `config`'s machine (the batch is ignored; every
+    /// error budget is met).
     pub fn with_config(config: &Config) -> Result<Atomic, ConfigError> {
+        let config = &*config.resolved()?;
         config.validated_batch()?;
         Ok(Atomic {
             value: CachePadded::new(AtomicI64::new(0)),

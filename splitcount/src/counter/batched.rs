@@ -55,8 +55,10 @@ impl Batched {
             .expect("the host defaults are valid unless memory is exhausted")
     }
 
-    /// A zero counter as `config` says.
+    /// A zero counter as `config` says (an error budget is resolved first:
+    /// see [`Config::max_error`]).
     pub fn with_config(config: &Config) -> Result<Batched, ConfigError> {
+        let config = &*config.resolved()?;
         let batch = config.validated_batch()? as i64;
         Ok(Batched {
             slots: config.arena_for()?.alloc(1)?,

@@ -1,8 +1,10 @@
 //! Choosing and validating a counter: design, batch, tree arity, sharing.
 
-use super::{Atomic, Batched, PerNode, SplitCounter, Tree};
+use super::budget::{self, grouped, Shape};
+use super::{Accuracy, Atomic, Batched, PerNode, SplitCounter, Tree};
 use crate::cpu::Machine;
 use crate::percpu::{Arena, ArenaError};
+use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
 
@@ -140,6 +142,16 @@ pub enum ConfigError {
     UnknownDesign(String),
     /// The per-CPU memory could not be allocated.
     Arena(ArenaError),
+    /// No shape the configuration allows has an error bound within the
+    /// budget given to [`Config::max_error`].
+    MaxErrorUnreachable {
+        /// The budget asked for, in counter units.
+        requested: u64,
+        /// The shape with the smallest bound the configuration allows (its
+        /// configured batch and fan-outs kept): its
+        /// [`bound`](Shape::bound) is above `requested`.
+        smallest: Box<Shape>,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -178,6 +190,18 @@ impl fmt::Display for ConfigError {
                 "unknown design {s:?} (known: atomic, batched, pernode, tree)"
             ),
             ConfigError::Arena(e) => write!(f, "{e}"),
+            ConfigError::MaxErrorUnreachable {
+                requested,
+                smallest,
+            } => write!(
+                f,
+                "no {} shape on {} CPUs has an error bound within {} units: the smallest the \
+                 configuration allows is {} ({smallest})",
+                smallest.design(),
+                grouped(smallest.cpus() as u64),
+                grouped(*requested),
+                grouped(smallest.bound()),
+            ),
         }
     }
 }
@@ -198,7 +222,9 @@ impl From<ArenaError> for ConfigError {
 }
 
 /// How to build a counter: design, machine, batch and (for the tree) arity
-/// and sharing. Every field has a default; [`Config::build`] validates.
+/// and sharing — or, instead of a batch and arity, an error budget
+/// ([`Config::max_error`]). Every field has a default; [`Config::build`]
+/// validates, and [`Config::chosen`] says what it would build.
 ///
 /// ```
 /// use splitcount::counter::{Arity, Config, Design};
@@ -224,6 +250,7 @@ pub struct Config {
     pub(crate) sharing: Sharing,
     pub(crate) machine: Machine,
     pub(crate) arena: Option<Arena>,
+    pub(crate) max_error: Option<u64>,
 }
 
 impl Config {
@@ -236,6 +263,7 @@ impl Config {
             sharing: Sharing::ById,
             machine: Machine::host(),
             arena: None,
+            max_error: None,
         }
     }
 
@@ -270,16 +298,103 @@ impl Config {
         self
     }
 
+    /// Build the cheapest counter whose error bound, `max(under, over)`, is
+    /// at most `units`: the batch (and, for the tree, the fan-outs) are
+    /// chosen for this configuration's machine when the counter is built.
+    /// [`Config::chosen`] says what was chosen; [`Config::build`] refuses
+    /// with [`ConfigError::MaxErrorUnreachable`], naming the smallest
+    /// bound there is, when no shape meets the budget.
+    ///
+    /// **Cost model** (a model of what an add touches, not a timing of this
+    /// machine; the machine enters through its CPU and node counts):
+    ///
+    /// - A larger batch is cheaper: a CPU's adds leave its own cache line
+    ///   (a spill, a carry) once per `batch` units. Every bound grows with
+    ///   the batch, so the largest batch that fits is taken.
+    /// - [`Tree`]: the fan-outs from the table ([`super::fanout_orders_for`])
+    ///   rank above any other fan-outs, whatever the batch; only when batch
+    ///   2 misses the budget with them are the top intermediate levels folded
+    ///   into the root, one at a time (`8·8·8` → `8·64` → `512`), each fold
+    ///   removing that level's share of the bound at the price of more CPUs
+    ///   per root line. The batch is a power of two from 2 to [`MAX_BATCH`].
+    ///   No tree has a bound below one unit per CPU (batch 2, every slot
+    ///   holding back 1), so smaller budgets are refused.
+    /// - [`Batched`], [`PerNode`]: batch `⌊units / parts⌋ + 1` (`parts` =
+    ///   CPUs or node slots), at most [`MAX_BATCH`]; batch 1 (every add
+    ///   spills, bound 0) meets a budget of 0.
+    /// - [`Atomic`]: bound 0, every budget is met.
+    ///
+    /// A batch or a (non-[`Arity::Auto`]) arity set on the configuration is
+    /// kept, not searched: the budget is checked against it.
+    ///
+    /// ```
+    /// use splitcount::counter::{Config, ConfigError, Design};
+    /// use splitcount::cpu::Machine;
+    ///
+    /// let m = Machine::simulated(512, 4).unwrap();
+    /// let tree = Config::new(Design::Tree).machine(&m);
+    ///
+    /// // The table's 8·8·8 at the largest batch that fits (batch 64: 89,088).
+    /// let cfg = tree.clone().max_error(50_000);
+    /// let shape = cfg.chosen().unwrap();
+    /// assert_eq!(shape.to_string(), "tree batch 32, fan-outs 2^3·2^3·2^3, bound 44,544 under");
+    /// assert_eq!(cfg.effective_batch(), 32);
+    /// assert_eq!(cfg.build().unwrap().accuracy().under, 44_544);
+    ///
+    /// // 8·8·8 at batch 2 holds back 2,304 and 8·64 1,408: only 512 fits.
+    /// let shape = tree.clone().max_error(1_000).chosen().unwrap();
+    /// assert_eq!(shape.to_string(), "tree batch 2, fan-outs 2^9, bound 512 under");
+    ///
+    /// let err = tree.clone().max_error(511).build().unwrap_err();
+    /// assert!(matches!(err, ConfigError::MaxErrorUnreachable { requested: 511, .. }));
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "no tree shape on 512 CPUs has an error bound within 511 units: the smallest the \
+    ///      configuration allows is 512 (tree batch 2, fan-outs 2^9, bound 512 under)"
+    /// );
+    ///
+    /// // The kernel's counter spills more often instead: ⌊10,000 / 512⌋ + 1.
+    /// let shape = Config::new(Design::Batched).machine(&m).max_error(10_000).chosen().unwrap();
+    /// assert_eq!(shape.to_string(), "batched batch 20, bound 9,728 each side");
+    /// ```
+    pub fn max_error(mut self, units: u64) -> Config {
+        self.max_error = Some(units);
+        self
+    }
+
     /// The design this configuration builds.
     pub fn design(&self) -> Design {
         self.design
     }
 
-    /// The batch the design will use: the configured one, or the default —
-    /// `max(32, 2·ncpu)` for [`Batched`] (the kernel's), `max(32,
-    /// 2·cpus_per_node)` for [`PerNode`], 32 for [`Tree`], 1 for [`Atomic`]
-    /// (which has no batch).
+    /// What [`Config::build`] would build — design, batch, fan-outs, bound —
+    /// or the error it would return, without allocating the counter. With
+    /// an error budget ([`Config::max_error`]) this is the shape the search
+    /// chose.
+    pub fn chosen(&self) -> Result<Shape, ConfigError> {
+        Shape::of(&*self.resolved()?)
+    }
+
+    /// The accuracy bound of the counter [`Config::build`] would build: the
+    /// one [`Config::chosen`] reports.
+    pub fn accuracy(&self) -> Result<Accuracy, ConfigError> {
+        self.chosen().map(|s| s.accuracy())
+    }
+
+    /// The batch the design will use: with an error budget, the chosen one
+    /// (where no shape meets the budget, the batch without it, and `build()`
+    /// refuses); otherwise the configured one, or the default — `max(32, 2·ncpu)` for
+    /// [`Batched`] (the kernel's), `max(32, 2·cpus_per_node)` for
+    /// [`PerNode`], 32 for [`Tree`], 1 for [`Atomic`] (which has no batch).
     pub fn effective_batch(&self) -> u64 {
+        match self.resolved() {
+            Ok(c) => c.configured_batch(),
+            Err(_) => self.configured_batch(),
+        }
+    }
+
+    /// The configured batch or the design's default, ignoring any budget.
+    fn configured_batch(&self) -> u64 {
         let cpus = self.machine.cpus() as u64;
         let nodes = self.machine.topology().nodes() as u64;
         self.batch.unwrap_or(match self.design {
@@ -290,9 +405,20 @@ impl Config {
         })
     }
 
-    /// Check the batch for this design.
+    /// This configuration with its error budget, if any, replaced by the
+    /// batch and arity it chose. Every design's `with_config` starts here.
+    pub(crate) fn resolved(&self) -> Result<Cow<'_, Config>, ConfigError> {
+        match self.max_error {
+            None => Ok(Cow::Borrowed(self)),
+            Some(units) => budget::resolve(self, units).map(Cow::Owned),
+        }
+    }
+
+    /// Check the configured batch (a budget must be resolved first) for
+    /// this design.
     pub(crate) fn validated_batch(&self) -> Result<u64, ConfigError> {
-        let b = self.effective_batch();
+        debug_assert!(self.max_error.is_none(), "resolve the budget first");
+        let b = self.configured_batch();
         if b == 0 {
             return Err(ConfigError::ZeroBatch);
         }

@@ -46,6 +46,7 @@
 
 mod atomic;
 mod batched;
+mod budget;
 mod config;
 mod pernode;
 mod total;
@@ -54,6 +55,7 @@ mod tree_shape;
 
 pub use atomic::Atomic;
 pub use batched::Batched;
+pub use budget::Shape;
 pub use config::{Arity, Config, ConfigError, Design, Sharing, MAX_BATCH};
 pub use pernode::{PerNode, MAX_NODE_SLOTS};
 pub use tree::{Tree, MAX_ROOT_PARTS};

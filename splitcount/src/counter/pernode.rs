@@ -15,7 +15,7 @@ use super::total::Total;
 use super::{
     Accuracy, Config, ConfigError, CounterError, Design, Footprint, Side, SplitCounter, Step,
 };
-use crate::cpu::Machine;
+use crate::cpu::{Machine, Topology};
 use crate::percpu::SpillTarget;
 use crate::sync::{
     AtomicI64,
@@ -42,8 +42,10 @@ impl PerNode {
         PerNode::with_config(&Config::new(Design::PerNode)).expect("the host defaults are valid")
     }
 
-    /// A zero counter as `config` says.
+    /// A zero counter as `config` says (an error budget is resolved first:
+    /// see [`Config::max_error`]).
     pub fn with_config(config: &Config) -> Result<PerNode, ConfigError> {
+        let config = &*config.resolved()?;
         let batch = config.validated_batch()? as i64;
         let topo = config.machine.topology();
         // Only nodes with CPUs get a slot (numbered densely, then folded
@@ -59,6 +61,7 @@ impl PerNode {
             }
         }
         let slots = with_cpus.clamp(1, MAX_NODE_SLOTS);
+        debug_assert_eq!(slots, node_slots_for(topo));
         Ok(PerNode {
             nodes: (0..slots)
                 .map(|_| CachePadded::new(AtomicI64::new(0)))
@@ -96,6 +99,20 @@ impl PerNode {
             self.global.end(moved);
         }
     }
+}
+
+/// The node slots a [`PerNode`] on `topology` keeps: one per node with CPUs,
+/// folded to at most [`MAX_NODE_SLOTS`].
+pub(crate) fn node_slots_for(topology: &Topology) -> usize {
+    let mut has_cpus = vec![false; topology.nodes().max(1)];
+    for c in 0..topology.cpus() {
+        has_cpus[topology.node_of(c)] = true;
+    }
+    has_cpus
+        .iter()
+        .filter(|&&h| h)
+        .count()
+        .clamp(1, MAX_NODE_SLOTS)
 }
 
 impl Default for PerNode {

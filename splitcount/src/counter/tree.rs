@@ -137,8 +137,10 @@ impl Tree {
             .expect("the host defaults are valid unless memory is exhausted")
     }
 
-    /// A zero counter as `config` says.
+    /// A zero counter as `config` says (an error budget is resolved first:
+    /// see [`Config::max_error`]).
     pub fn with_config(config: &Config) -> Result<Tree, ConfigError> {
+        let config = &*config.resolved()?;
         let batch = config.validated_batch()?;
         let shape = TreeShape::new(
             config.machine.topology(),

@@ -100,22 +100,7 @@ impl TreeShape {
         sharing: Sharing,
     ) -> Result<TreeShape, ConfigError> {
         let cpus = topology.cpus();
-        let k = order_of(cpus);
-        let orders = match arity {
-            Arity::Auto => fanout_orders_for(cpus),
-            Arity::Binary => vec![1; k as usize],
-            Arity::Orders(o) => o.clone(),
-        };
-        if let Some(bad) = orders.iter().find(|&&o| o == 0 || o > 20) {
-            return Err(ConfigError::BadFanout(format!("2^{bad}")));
-        }
-        if orders.iter().sum::<u32>() != k {
-            return Err(ConfigError::ArityMismatch {
-                fanouts: orders.iter().map(|&o| 1u64 << o).collect(),
-                expected_order: k,
-                cpus,
-            });
-        }
+        let orders = orders_for(cpus, arity)?;
         let shifts = std::iter::once(0)
             .chain(orders.iter().scan(0, |s, &o| {
                 *s += o;
@@ -224,15 +209,55 @@ impl TreeShape {
             })
     }
 
+    /// The fan-out orders, bottom first (the last is the root's).
+    pub fn orders(&self) -> &[u32] {
+        &self.orders
+    }
+
     /// The bound `under` (see the module docs); `over` is 0.
     pub fn under(&self) -> u64 {
-        let mut sum = self.cpus as u128 * (self.batch as u128 - 1);
-        for l in 1..self.levels() {
-            let held = (self.level_batch(l) - self.level_batch(l - 1)) as u128;
-            sum += self.items_at(l) as u128 * held;
-        }
-        sum.min(u64::MAX as u128) as u64
+        under_for(self.cpus, self.batch, &self.orders)
     }
+}
+
+/// The validated fan-out orders `arity` gives a tree on `cpus` CPUs: each
+/// order from 1 to 20, adding up to `ceil(log2 cpus)`.
+pub(crate) fn orders_for(cpus: usize, arity: &Arity) -> Result<Vec<u32>, ConfigError> {
+    let k = order_of(cpus);
+    let orders = match arity {
+        Arity::Auto => fanout_orders_for(cpus),
+        Arity::Binary => vec![1; k as usize],
+        Arity::Orders(o) => o.clone(),
+    };
+    if let Some(bad) = orders.iter().find(|&&o| o == 0 || o > 20) {
+        return Err(ConfigError::BadFanout(format!("2^{bad}")));
+    }
+    if orders.iter().sum::<u32>() != k {
+        return Err(ConfigError::ArityMismatch {
+            fanouts: orders.iter().map(|&o| 1u64 << o).collect(),
+            expected_order: k,
+            cpus,
+        });
+    }
+    Ok(orders)
+}
+
+/// `under = ncpu·(B₀ − 1) + Σ_{l=1}^{L−1} nₗ·(Bₗ − Bₗ₋₁)` for validated
+/// `orders` and a batch ≥ 1, without building the shape (the error-budget
+/// search evaluates it for many batches). Saturates at `u64::MAX`, which no
+/// shape within [`super::MAX_BATCH`] and [`crate::cpu::MAX_CPUS`] reaches.
+pub(crate) fn under_for(cpus: usize, batch: u64, orders: &[u32]) -> u64 {
+    let b = batch as u128;
+    let mut sum = cpus as u128 * (b - 1);
+    let mut shift = 0;
+    // The intermediate levels 1..L−1; the root (the last order) holds nothing back.
+    for &o in &orders[..orders.len().saturating_sub(1)] {
+        let below = b << shift;
+        shift += o;
+        let items = cpus.div_ceil(1 << shift) as u128;
+        sum += items * ((b << shift) - below);
+    }
+    sum.min(u64::MAX as u128) as u64
 }
 
 /// CPUs ordered so that those sharing a cache are adjacent: by NUMA node,
