@@ -605,7 +605,13 @@ fn a_subtree_flush_folds_its_subtree_only() {
     let b = stats.group(Some(&a)).unwrap();
     let c = stats.group(Some(&a)).unwrap();
     let d = stats.group(Some(&r)).unwrap();
-    for (cpu, g, delta) in [(0, &b, 1), (1, &c, 10), (0, &a, 100), (1, &d, 1000), (0, &r, 5)] {
+    for (cpu, g, delta) in [
+        (0, &b, 1),
+        (1, &c, 10),
+        (0, &a, 100),
+        (1, &d, 1000),
+        (0, &r, 5),
+    ] {
         m.set_current_cpu(cpu).unwrap();
         g.mod_stat(&stats, 0, delta).unwrap();
     }
@@ -621,7 +627,13 @@ fn a_subtree_flush_folds_its_subtree_only() {
     d.mod_stat(&stats, 0, 2000).unwrap();
     assert!(stats.flush(&r, true));
     assert_eq!(
-        [b.value(0), a.value(0), d.value(0), r.value(0), r.local_value(0)],
+        [
+            b.value(0),
+            a.value(0),
+            d.value(0),
+            r.value(0),
+            r.local_value(0)
+        ],
         [Some(3), Some(113), Some(3000), Some(3118), Some(5)]
     );
 }
@@ -645,7 +657,10 @@ fn a_dropped_group_lives_until_its_updates_are_folded() {
     let weak = Arc::downgrade(&gone);
     drop(gone);
     assert!(stats.flush(&a, true));
-    assert!(weak.upgrade().is_some(), "carried: its update is not folded");
+    assert!(
+        weak.upgrade().is_some(),
+        "carried: its update is not folded"
+    );
     assert!(stats.flush(&r, true));
     assert!(weak.upgrade().is_none(), "folded, then freed");
     assert_eq!(r.value(0), Some(8));
@@ -682,5 +697,8 @@ fn a_flush_of_one_root_leaves_another_tree_alone() {
     assert_eq!([r1.value(0), g1.value(0)], [Some(1), Some(1)]);
     assert_eq!([r2.value(0), g2.value(0)], [Some(0), Some(0)]);
     assert!(stats.flush(&r2, true));
-    assert_eq!([r1.value(0), r2.value(0), g2.value(0)], [Some(1), Some(2), Some(2)]);
+    assert_eq!(
+        [r1.value(0), r2.value(0), g2.value(0)],
+        [Some(1), Some(2), Some(2)]
+    );
 }

@@ -315,7 +315,12 @@ impl Flusher {
 
 /// Move the carried entries within `x` to `fold` (their references with
 /// them); keep the others.
-fn take_carried_within(carried: &mut Vec<Carried>, cpu: usize, x: &StatGroup, fold: &mut Vec<Fold>) {
+fn take_carried_within(
+    carried: &mut Vec<Carried>,
+    cpu: usize,
+    x: &StatGroup,
+    fold: &mut Vec<Fold>,
+) {
     carried.retain(|c| {
         // SAFETY: a carried entry owns a reference.
         let g = unsafe { c.group.as_ref() };

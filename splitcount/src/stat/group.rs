@@ -342,15 +342,19 @@ impl StatGroup {
     /// `cpu` is a CPU of the `Stats` that made this group and `k` its item
     /// count (the slots' addresses are computed from them unchecked).
     #[inline]
-    pub(crate) unsafe fn take_own_deltas(&self, cpu: usize, k: usize, deltas: &mut Vec<(usize, i64)>) {
+    pub(crate) unsafe fn take_own_deltas(
+        &self,
+        cpu: usize,
+        k: usize,
+        deltas: &mut Vec<(usize, i64)>,
+    ) {
         let Some(values) = &self.values else {
             return; // no items: never pushed
         };
         // SAFETY: the caller's bounds (`cpu < regions`, `2k` slots); an
         // allocation's slots on one CPU are contiguous in that CPU's region
         // (the arena's layout), so they are one run of `2k` atomics.
-        let row: &[AtomicI64] =
-            unsafe { std::slice::from_raw_parts(values.slot(cpu, 0), 2 * k) };
+        let row: &[AtomicI64] = unsafe { std::slice::from_raw_parts(values.slot(cpu, 0), 2 * k) };
         let (current, prev) = row.split_at(k);
         for (item, (now, prev)) in current.iter().zip(prev).enumerate() {
             let now = now.load(SeqCst);
