@@ -66,3 +66,69 @@ fn a_node_pushed_again_during_the_drain_keeps_the_rest_of_its_list() {
         assert_eq!(b.local_value(0), Some(1));
     });
 }
+
+/// A group folded by a flush is updated again while the flush walks the
+/// list it is on (`a → b`): the walk clears a node's mark (letting its
+/// group be pushed again) only after it has read the node's `next`.
+/// Clearing the mark first lets the updater push `a` again, rewriting
+/// `a.next` before the walk reads it: `b` is dropped from the walk with its
+/// mark set, and its update is never folded. (The last update of `a`
+/// pushes it again whatever the race did: loom models SeqCst as acquire and
+/// release only, so it also lets the racing update slip past both the mark
+/// and the flush — see `tests/stats.rs` for that race on hardware.)
+#[test]
+fn a_folded_node_pushed_again_during_the_drain_keeps_the_rest_of_its_list() {
+    loom::model(|| {
+        let m = Machine::simulated(1, 1).unwrap();
+        let stats = Arc::new(Stats::new(&m, vec![StatItem::gauge("x")]).unwrap());
+        let r = stats.group(None).unwrap();
+        let a = stats.group(Some(&r)).unwrap();
+        let b = stats.group(Some(&r)).unwrap();
+        b.mod_stat(&stats, 0, 1).unwrap();
+        a.mod_stat(&stats, 0, 10).unwrap(); // the list is now a → b
+        let again = {
+            let (stats, a) = (stats.clone(), a.clone());
+            thread::spawn(move || a.mod_stat(&stats, 0, 100).unwrap())
+        };
+        stats.flush(&r, true);
+        again.join().unwrap();
+        a.mod_stat(&stats, 0, 1000).unwrap();
+        b.mod_stat(&stats, 0, 10_000).unwrap();
+        stats.flush(&r, true);
+        assert_eq!(a.local_value(0), Some(1110));
+        assert_eq!(b.local_value(0), Some(10_001));
+        assert_eq!(r.value(0), Some(11_111));
+    });
+}
+
+/// A flush of one subtree racing an update of a group beside it: the flush
+/// drains that group and carries it (its mark stays set, so the racing
+/// update cannot push it a second time), passes the subtree's delta to the
+/// parent, and the next flush of the root folds both exactly once. Clearing
+/// the mark of a carried group, or folding it without clearing its mark,
+/// loses the racing update or counts it twice.
+#[test]
+fn a_group_beside_the_flushed_subtree_is_carried_and_folded_once() {
+    loom::model(|| {
+        let m = Machine::simulated(1, 1).unwrap();
+        let stats = Arc::new(Stats::new(&m, vec![StatItem::gauge("x")]).unwrap());
+        let r = stats.group(None).unwrap();
+        let a = stats.group(Some(&r)).unwrap();
+        let b = stats.group(Some(&r)).unwrap();
+        a.mod_stat(&stats, 0, 1).unwrap();
+        b.mod_stat(&stats, 0, 10).unwrap(); // the list is now b → a
+        let racing = {
+            let (stats, b) = (stats.clone(), b.clone());
+            thread::spawn(move || b.mod_stat(&stats, 0, 100).unwrap())
+        };
+        stats.flush(&a, true);
+        assert_eq!(a.value(0), Some(1));
+        assert_eq!(r.value(0), Some(0), "r is outside a's subtree");
+        racing.join().unwrap();
+        stats.flush(&r, true);
+        b.mod_stat(&stats, 0, 1000).unwrap(); // pushed again after the fold
+        stats.flush(&r, true);
+        assert_eq!(b.local_value(0), Some(1110));
+        assert_eq!(r.value(0), Some(1111));
+    });
+}

@@ -490,3 +490,215 @@ fn a_flush_racing_updates_on_another_thread_never_loses_them() {
     unpin(&online);
     println!("{rounds} rounds");
 }
+
+/// Standalone statistics (one item) on a random tree of `n` groups: each
+/// new group's parent is a random earlier one.
+fn standalone_tree(
+    stats: &splitcount::stat::Stats,
+    n: usize,
+    rng: &mut Rng,
+) -> (
+    Vec<std::sync::Arc<splitcount::stat::StatGroup>>,
+    Vec<Option<usize>>,
+) {
+    let mut groups = vec![stats.group(None).unwrap()];
+    let mut parents = vec![None];
+    for i in 1..n {
+        let p = rng.below(i as u64) as usize;
+        groups.push(stats.group(Some(&groups[p])).unwrap());
+        parents.push(Some(p));
+    }
+    (groups, parents)
+}
+
+/// The naive reader: every group's own updates and its subtree's, summed
+/// from the updates themselves (what a full walk of every group's per-CPU
+/// values adds up to).
+fn full_walk(own: &[i64], parents: &[Option<usize>]) -> (Vec<i64>, Vec<i64>) {
+    (own.to_vec(), subtree_sums(own, parents))
+}
+
+/// 10,000 groups in a random tree; three threads update random groups on
+/// random CPUs of an 8-CPU simulated machine while a fourth flushes the
+/// root and random subtrees (so groups are carried from one flush to the
+/// next, and deltas wait in the pending values of the flushed groups'
+/// parents). A last flush of the root leaves every group's local and
+/// hierarchical values equal to the full walk's, without any other flush.
+#[test]
+fn flushes_of_a_ten_thousand_group_tree_equal_the_full_walk() {
+    use splitcount::stat::Stats;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    const GROUPS: usize = 10_000;
+    let m = Machine::simulated(8, 1).unwrap();
+    let stats = Stats::new(&m, vec![StatItem::gauge("x"), StatItem::event("y")]).unwrap();
+    let mut rng = Rng::new(10_000);
+    let (groups, parents) = standalone_tree(&stats, GROUPS, &mut rng);
+    let stop = AtomicBool::new(false);
+    let own: Vec<[Vec<i64>; 2]> = std::thread::scope(|s| {
+        let (stats, groups, stop, m) = (&stats, &groups, &stop, &m);
+        s.spawn(move || {
+            let mut rng = Rng::new(7);
+            let mut flushes = 0u64;
+            while !stop.load(Relaxed) || flushes < 50 {
+                let g = if rng.below(3) == 0 {
+                    &groups[0]
+                } else {
+                    &groups[rng.below(GROUPS as u64) as usize]
+                };
+                stats.flush(g, true);
+                flushes += 1;
+            }
+        });
+        let updaters: Vec<_> = (0..3u64)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut rng = Rng::new(100 + t);
+                    let mut own = [vec![0i64; GROUPS], vec![0i64; GROUPS]];
+                    for _ in 0..60_000 {
+                        // The simulated CPU is shared by the threads: an
+                        // update lands on whichever CPU was set last.
+                        m.set_current_cpu(rng.below(8) as usize).unwrap();
+                        let g = rng.below(GROUPS as u64) as usize;
+                        let item = rng.below(2) as usize;
+                        let d = if item == 0 {
+                            rng.delta(1000)
+                        } else {
+                            rng.below(10) as i64
+                        };
+                        groups[g].mod_stat(stats, item, d).unwrap();
+                        own[item][g] += d;
+                    }
+                    own
+                })
+            })
+            .collect();
+        let own = updaters.into_iter().map(|u| u.join().unwrap()).collect();
+        stop.store(true, Relaxed);
+        own
+    });
+    assert!(stats.flush(&groups[0], true));
+    for item in 0..2 {
+        let own: Vec<i64> = (0..GROUPS)
+            .map(|g| own.iter().map(|o| o[item][g]).sum())
+            .collect();
+        let (local, hier) = full_walk(&own, &parents);
+        for (i, g) in groups.iter().enumerate() {
+            assert_eq!(g.local_value(item), Some(local[i]), "local {item} of {i}");
+            assert_eq!(g.value(item), Some(hier[i]), "hierarchical {item} of {i}");
+        }
+    }
+}
+
+/// A flush of a subtree folds that subtree and nothing else: its groups
+/// read their exact values, the groups above and beside it keep theirs
+/// until a flush reaches them, and that later flush neither loses nor
+/// counts twice what the first one passed up.
+#[test]
+fn a_subtree_flush_folds_its_subtree_only() {
+    use splitcount::stat::Stats;
+    let m = Machine::simulated(2, 1).unwrap();
+    let stats = Stats::new(&m, vec![StatItem::gauge("x")]).unwrap();
+    // r ─ a ─ b        r ─ d
+    //       └ c
+    let r = stats.group(None).unwrap();
+    let a = stats.group(Some(&r)).unwrap();
+    let b = stats.group(Some(&a)).unwrap();
+    let c = stats.group(Some(&a)).unwrap();
+    let d = stats.group(Some(&r)).unwrap();
+    for (cpu, g, delta) in [
+        (0, &b, 1),
+        (1, &c, 10),
+        (0, &a, 100),
+        (1, &d, 1000),
+        (0, &r, 5),
+    ] {
+        m.set_current_cpu(cpu).unwrap();
+        g.mod_stat(&stats, 0, delta).unwrap();
+    }
+    assert!(stats.flush(&a, true));
+    assert_eq!(
+        [b.value(0), c.value(0), a.value(0), a.local_value(0)],
+        [Some(1), Some(10), Some(111), Some(100)]
+    );
+    assert_eq!([r.value(0), d.value(0)], [Some(0), Some(0)], "outside a");
+    // Updates after the first flush, inside and outside the subtree.
+    m.set_current_cpu(1).unwrap();
+    b.mod_stat(&stats, 0, 2).unwrap();
+    d.mod_stat(&stats, 0, 2000).unwrap();
+    assert!(stats.flush(&r, true));
+    assert_eq!(
+        [
+            b.value(0),
+            a.value(0),
+            d.value(0),
+            r.value(0),
+            r.local_value(0)
+        ],
+        [Some(3), Some(113), Some(3000), Some(3118), Some(5)]
+    );
+}
+
+/// A group whose last handle is dropped while its updates wait on a CPU's
+/// list stays alive until a flush has folded them: a flush of another
+/// subtree carries it, a flush of its root folds it and then frees it. The
+/// same for a parent holding deltas that a flush of its child passed up.
+#[test]
+fn a_dropped_group_lives_until_its_updates_are_folded() {
+    use splitcount::stat::Stats;
+    use std::sync::Arc;
+    let m = Machine::simulated(2, 1).unwrap();
+    let stats = Stats::new(&m, vec![StatItem::gauge("x")]).unwrap();
+    let r = stats.group(None).unwrap();
+    let a = stats.group(Some(&r)).unwrap();
+    let gone = stats.group(Some(&r)).unwrap();
+    m.set_current_cpu(1).unwrap();
+    gone.mod_stat(&stats, 0, 7).unwrap();
+    a.mod_stat(&stats, 0, 1).unwrap();
+    let weak = Arc::downgrade(&gone);
+    drop(gone);
+    assert!(stats.flush(&a, true));
+    assert!(
+        weak.upgrade().is_some(),
+        "carried: its update is not folded"
+    );
+    assert!(stats.flush(&r, true));
+    assert!(weak.upgrade().is_none(), "folded, then freed");
+    assert_eq!(r.value(0), Some(8));
+
+    // r ─ p ─ c: a flush of c passes its delta to p, whose handles are
+    // then all dropped (c's included).
+    let p = stats.group(Some(&r)).unwrap();
+    let c = stats.group(Some(&p)).unwrap();
+    c.mod_stat(&stats, 0, 30).unwrap();
+    assert!(stats.flush(&c, true));
+    let weak = Arc::downgrade(&p);
+    drop((p, c));
+    assert!(weak.upgrade().is_some(), "p holds a delta not folded");
+    assert!(stats.flush(&r, true));
+    assert!(weak.upgrade().is_none(), "folded, then freed");
+    assert_eq!(r.value(0), Some(38));
+}
+
+/// Groups of two trees share the statistics: a flush of one root folds its
+/// tree and leaves the other tree's updates for that tree's flush.
+#[test]
+fn a_flush_of_one_root_leaves_another_tree_alone() {
+    use splitcount::stat::Stats;
+    let m = Machine::simulated(2, 1).unwrap();
+    let stats = Stats::new(&m, vec![StatItem::gauge("x")]).unwrap();
+    let (r1, r2) = (stats.group(None).unwrap(), stats.group(None).unwrap());
+    let (g1, g2) = (
+        stats.group(Some(&r1)).unwrap(),
+        stats.group(Some(&r2)).unwrap(),
+    );
+    g1.mod_stat(&stats, 0, 1).unwrap();
+    g2.mod_stat(&stats, 0, 2).unwrap();
+    assert!(stats.flush(&r1, true));
+    assert_eq!([r1.value(0), g1.value(0)], [Some(1), Some(1)]);
+    assert_eq!([r2.value(0), g2.value(0)], [Some(0), Some(0)]);
+    assert!(stats.flush(&r2, true));
+    assert_eq!(
+        [r1.value(0), r2.value(0), g2.value(0)],
+        [Some(1), Some(2), Some(2)]
+    );
+}

@@ -24,14 +24,22 @@ pub(crate) struct UpdateNode {
     /// The group owning this node (a strong reference is held for it while
     /// the node is on a list).
     pub(crate) owner: *const StatGroup,
-    /// Recorded in this CPU's set of updated groups (flusher only; beside
-    /// the fields the drain touches anyway, to save a cache line).
+    /// Carried on this CPU to a later flush for its `pending` (a flush of
+    /// a child passed deltas up to it): it holds a fold not done yet.
+    /// Written by the flusher only, on that rare path; read by
+    /// [`StatGroup::has_unfolded`].
     pub(crate) queued: AtomicBool,
-    /// Drained from this CPU's list since the last fold: its own deltas on
-    /// this CPU need reading (flusher only). A group recorded only as an
-    /// ancestor folds just what its children passed up.
-    pub(crate) own: AtomicBool,
 }
+
+/// One cache line of folded values (see [`StatGroup::folded`]).
+#[repr(align(64))]
+pub(crate) struct FoldedLine(
+    // Read as part of one run of atomics (`StatGroup::folded_values`).
+    #[allow(dead_code)] [AtomicI64; FOLDED_PER_LINE],
+);
+
+/// Folded values per [`FoldedLine`].
+pub(crate) const FOLDED_PER_LINE: usize = 8;
 
 /// Where a full per-CPU batch of update counts goes: the group's shared
 /// `stats_updates` (a count, so nothing needs announcing).
@@ -62,29 +70,63 @@ impl crate::percpu::SpillTarget for UpdateCount<'_> {
 /// from that `Stats`' arenas and it is pushed onto that `Stats`' update
 /// lists. Every operation that takes a `Stats` checks it is that one and
 /// refuses another with [`StatError::ForeignGroup`].
+///
+/// Layout (`repr(C)`; the struct starts on a 128-byte boundary): the first
+/// line holds the read-only fields both an update and a flush read —
+/// `parent` (an update's threshold climb, the flush's climb), `depth`,
+/// `items`, `root`, `folded`, `nodes`, `owner_stats` — so a flush that climbs
+/// from a recently updated group finds its ancestors' first lines cached. The
+/// per-CPU handles follow; the write-shared `stats_updates` is on a line
+/// pair of its own, and the folded values (written by the flusher) in an
+/// allocation of their own.
+#[repr(C)]
 pub struct StatGroup {
-    pub(crate) id: u64,
+    pub(crate) parent: Option<Arc<StatGroup>>,
+    pub(crate) depth: u32,
+    /// Number of items (at most [`super::MAX_STAT_ITEMS`]).
+    items: u32,
+    /// The root of this group's tree (itself for a root): the tree's
+    /// groups are all within it, which a flush of a root tests without a
+    /// climb. Kept alive by the chain of parents.
+    pub(crate) root: *const StatGroup,
+    /// Folded values, `3k` of them on whole lines: `0..k` this group's own
+    /// updates (local), `k..2k` its subtree's (hierarchical), `2k..3k`
+    /// deltas a flush of a child passed up and no flush folded here yet
+    /// (pending). Written by the flusher only. Local and hierarchical come
+    /// first, so a fold writes one line for up to four items; pending is
+    /// touched only after flushes below a root.
+    pub(crate) folded: Box<[FoldedLine]>,
+    pub(crate) nodes: Box<[UpdateNode]>,
     /// The identity of the [`Stats`] this group belongs to.
     pub(crate) owner_stats: u64,
-    pub(crate) depth: u32,
-    pub(crate) parent: Option<Arc<StatGroup>>,
+    /// Per CPU: |delta| not yet moved to `stats_updates` (rseq arena).
+    pub(crate) unflushed: Option<PerCpu>,
     /// Per CPU: slots `0..k` hold the running total of each item's updates
     /// on that CPU; slots `k..2k` the same as of the last flush (written by
     /// the flusher only). Side by side, so a fold reads one line per CPU.
     pub(crate) values: Option<PerCpu>,
-    /// Per CPU: |delta| not yet moved to `stats_updates` (rseq arena).
-    pub(crate) unflushed: Option<PerCpu>,
-    pub(crate) nodes: Box<[UpdateNode]>,
+    pub(crate) id: u64,
     /// Updates (|delta|) in this subtree since its last flush, moved here in
     /// batches of [`STAT_BATCH`] per CPU.
     pub(crate) stats_updates: CachePadded<AtomicU64>,
-    /// Number of items.
-    pub(crate) items: usize,
-    /// Folded values, `3k` of them: `0..k` this group's own updates
-    /// (local), `k..2k` its subtree's (hierarchical), `2k..3k` deltas
-    /// flushed from children and not yet folded here (flusher only). One
-    /// allocation, so a fold touches as few lines as possible.
-    pub(crate) folded: Box<[AtomicI64]>,
+}
+
+// The fields listed first in `StatGroup` (the flush's climb and an update
+// read them) fill its first cache line and no more.
+const _: () = assert!(std::mem::offset_of!(StatGroup, unflushed) == 64);
+
+// A line of folded values is its atomics and nothing else, so the lines
+// of a group are contiguous atomics (`StatGroup::folded_values` relies on
+// it).
+const _: () = assert!(
+    std::mem::size_of::<FoldedLine>() == FOLDED_PER_LINE * std::mem::size_of::<AtomicI64>()
+);
+
+/// `a += d` with a plain load and store: for values only the flusher (one
+/// at a time, under the flush lock) writes.
+#[inline(always)]
+fn add_folded(a: &AtomicI64, d: i64) {
+    a.store(a.load(Relaxed).wrapping_add(d), Relaxed);
 }
 
 // SAFETY: `owner` points to the group itself (kept alive by whoever holds
@@ -120,36 +162,34 @@ impl StatGroup {
                 cpus,
             )
         };
-        let zeros = |n: usize| (0..n).map(|_| AtomicI64::new(0)).collect::<Box<[_]>>();
+        let lines = (3 * k).div_ceil(FOLDED_PER_LINE);
+        let folded = (0..lines)
+            .map(|_| FoldedLine(std::array::from_fn(|_| AtomicI64::new(0))))
+            .collect();
         let depth = parent.as_ref().map_or(0, |p| p.depth + 1);
+        let parents_root = parent.as_ref().map(|p| p.root);
         Ok(Arc::new_cyclic(|me: &std::sync::Weak<StatGroup>| {
             StatGroup {
-                id,
-                owner_stats: stats.identity(),
-                depth,
                 parent,
-                values,
-                unflushed,
+                depth,
+                items: k as u32,
+                root: parents_root.unwrap_or(me.as_ptr()),
+                folded,
                 nodes: (0..cpus)
                     .map(|_| UpdateNode {
                         next: AtomicPtr::new(std::ptr::null_mut()),
                         on_list: AtomicBool::new(false),
                         owner: me.as_ptr(),
                         queued: AtomicBool::new(false),
-                        own: AtomicBool::new(false),
                     })
                     .collect(),
+                owner_stats: stats.identity(),
+                unflushed,
+                values,
+                id,
                 stats_updates: CachePadded::new(AtomicU64::new(0)),
-                items: k,
-                folded: zeros(3 * k),
             }
         }))
-    }
-
-    /// Whether `ancestor` is this group or one of its ancestors.
-    pub(crate) fn is_within(&self, ancestor: &StatGroup) -> bool {
-        std::iter::successors(Some(self), |g| g.parent.as_deref())
-            .any(|g| std::ptr::eq(g, ancestor))
     }
 
     /// Add `delta` to item `item` on the current CPU and mark the group
@@ -272,11 +312,17 @@ impl StatGroup {
         }
     }
 
+    /// Number of items.
+    #[inline(always)]
+    pub(crate) fn k(&self) -> usize {
+        self.items as usize
+    }
+
     /// Whether some CPU may hold updates of this group not folded yet (it
     /// is on a CPU's update list, or drained and waiting for its fold).
     /// False for a group never updated: removing it needs no flush.
     pub(crate) fn has_unfolded(&self) -> bool {
-        self.items > 0
+        self.k() > 0
             && self
                 .nodes
                 .iter()
@@ -288,51 +334,110 @@ impl StatGroup {
         self.stats_updates.load(Relaxed)
     }
 
-    /// Fold CPU `cpu`'s delta since the last flush into the local and
-    /// hierarchical values, and pass it (with what the children passed up)
-    /// to the parent. Flusher only.
-    pub(crate) fn fold(&self, cpu: usize) {
-        // Only the flusher (under the flush lock) writes `prev`, `local`,
-        // `hier` and `pending`, so plain loads and stores suffice: no locked
-        // instruction per item. Readers load `local`/`hier` relaxed.
-        let add = |a: &AtomicI64, d: i64| a.store(a.load(Relaxed).wrapping_add(d), Relaxed);
-        let k = self.items;
+    /// Take CPU `cpu`'s deltas since the last flush: move `prev` up to the
+    /// current values and append the nonzero deltas to `deltas`. Flusher
+    /// only (plain loads and stores: no locked instruction per item).
+    ///
+    /// # Safety
+    /// `cpu` is a CPU of the `Stats` that made this group and `k` its item
+    /// count (the slots' addresses are computed from them unchecked).
+    #[inline]
+    pub(crate) unsafe fn take_own_deltas(
+        &self,
+        cpu: usize,
+        k: usize,
+        deltas: &mut Vec<(usize, i64)>,
+    ) {
         let Some(values) = &self.values else {
-            return; // no items: nothing is ever queued
+            return; // no items: never pushed
         };
-        let own = self.nodes[cpu].own.load(Relaxed);
-        if own {
-            self.nodes[cpu].own.store(false, Relaxed);
-        }
-        for item in 0..k {
-            let mut delta_cpu = 0;
-            if own {
-                // SAFETY: the flusher passes CPUs of the owning `Stats`
-                // (`cpu < regions`); `item < k` and `k + item < 2k` slots.
-                let (now, prev) = unsafe {
-                    (
-                        values.slot(cpu, item).load(SeqCst),
-                        values.slot(cpu, k + item),
-                    )
-                };
-                delta_cpu = now.wrapping_sub(prev.load(Relaxed));
-                if delta_cpu != 0 {
-                    prev.store(now, Relaxed);
-                    add(&self.folded[item], delta_cpu);
-                }
-            }
-            let pending = self.folded[2 * k + item].load(Relaxed);
-            if pending != 0 {
-                self.folded[2 * k + item].store(0, Relaxed);
-            }
-            let delta = delta_cpu.wrapping_add(pending);
+        // SAFETY: the caller's bounds (`cpu < regions`, `2k` slots); an
+        // allocation's slots on one CPU are contiguous in that CPU's region
+        // (the arena's layout), so they are one run of `2k` atomics.
+        let row: &[AtomicI64] = unsafe { std::slice::from_raw_parts(values.slot(cpu, 0), 2 * k) };
+        let (current, prev) = row.split_at(k);
+        for (item, (now, prev)) in current.iter().zip(prev).enumerate() {
+            let now = now.load(SeqCst);
+            let delta = now.wrapping_sub(prev.load(Relaxed));
             if delta != 0 {
-                add(&self.folded[k + item], delta);
-                if let Some(p) = &self.parent {
-                    add(&p.folded[2 * k + item], delta);
-                }
+                prev.store(now, Relaxed);
+                deltas.push((item, delta));
             }
         }
+    }
+
+    /// Take the deltas flushes of children passed up (`pending`),
+    /// appending the nonzero ones to `deltas`. Flusher only.
+    pub(crate) fn take_pending(&self, deltas: &mut Vec<(usize, i64)>) {
+        for item in 0..self.k() {
+            let pending = self.folded(2 * self.k() + item);
+            let delta = pending.load(Relaxed);
+            if delta != 0 {
+                pending.store(0, Relaxed);
+                deltas.push((item, delta));
+            }
+        }
+    }
+
+    /// Add `sums` (one delta per item) to the hierarchical values.
+    /// Flusher only.
+    pub(crate) fn add_hier_sums(&self, sums: &[i64]) {
+        let hier = &self.folded_values()[self.k()..2 * self.k()];
+        for (value, &delta) in hier.iter().zip(sums) {
+            if delta != 0 {
+                add_folded(value, delta);
+            }
+        }
+    }
+
+    /// Add `sums` (one delta per item) to the pending values. Flusher only.
+    pub(crate) fn add_pending(&self, sums: &[i64]) {
+        let pending = &self.folded_values()[2 * self.k()..];
+        for (value, &delta) in pending.iter().zip(sums) {
+            add_folded(value, delta);
+        }
+    }
+
+    /// Add `deltas` to the local values. Flusher only.
+    #[inline(always)]
+    pub(crate) fn add_local(&self, deltas: &[(usize, i64)]) {
+        let local = &self.folded_values()[..self.k()];
+        for &(item, delta) in deltas {
+            add_folded(&local[item], delta);
+        }
+    }
+
+    /// Add `deltas` to the hierarchical values. Flusher only.
+    #[inline(always)]
+    pub(crate) fn add_hier(&self, deltas: &[(usize, i64)]) {
+        let hier = &self.folded_values()[self.k()..];
+        for &(item, delta) in deltas {
+            add_folded(&hier[item], delta);
+        }
+    }
+
+    /// The first line of the folded values (local and hierarchical for up
+    /// to four items): what a fold writes.
+    #[inline(always)]
+    pub(crate) fn folded_line(&self) -> *const FoldedLine {
+        self.folded.as_ptr()
+    }
+
+    /// All `3k` folded values: `0..k` local, `k..2k` hierarchical,
+    /// `2k..3k` pending.
+    #[inline(always)]
+    fn folded_values(&self) -> &[AtomicI64] {
+        // SAFETY: the lines are one allocation of arrays without padding
+        // (asserted at compile time above), so they are contiguous atomics,
+        // at least `3k` of them (`new` allocates `ceil(3k / 8)` lines).
+        unsafe { std::slice::from_raw_parts(self.folded.as_ptr().cast(), 3 * self.k()) }
+    }
+
+    /// Folded value `i` (`0..k` local, `k..2k` hierarchical, `2k..3k`
+    /// pending).
+    #[inline(always)]
+    fn folded(&self, i: usize) -> &AtomicI64 {
+        &self.folded_values()[i]
     }
 
     /// The threshold count as a flush starts: every update it includes was
@@ -357,23 +462,23 @@ impl StatGroup {
     /// The folded hierarchical value of item `item` (this group's subtree,
     /// as of the last flush that reached it), or `None` outside the schema.
     pub fn value(&self, item: usize) -> Option<i64> {
-        (item < self.items).then(|| self.hier(item))
+        (item < self.k()).then(|| self.hier(item))
     }
 
     /// The folded value of item `item` for this group's own updates, or
     /// `None` outside the schema.
     pub fn local_value(&self, item: usize) -> Option<i64> {
-        (item < self.items).then(|| self.local(item))
+        (item < self.k()).then(|| self.local(item))
     }
 
     /// The folded hierarchical value of `item` (no flush).
     pub(crate) fn hier(&self, item: usize) -> i64 {
-        self.folded[self.items + item].load(Relaxed)
+        self.folded(self.k() + item).load(Relaxed)
     }
 
     /// The folded local value of `item` (no flush).
     pub(crate) fn local(&self, item: usize) -> i64 {
-        self.folded[item].load(Relaxed)
+        self.folded(item).load(Relaxed)
     }
 }
 

@@ -12,11 +12,12 @@
 //! - **Flush** ([`Stats::flush`]): skipped unless forced or the group's
 //!   subtree counted more than `64 · ncpu` updates since its last flush. One
 //!   flusher at a time; per CPU, an empty list is skipped without a locked
-//!   instruction; otherwise the list is drained into the CPU's set of updated
-//!   groups, and the updated part of the subtree is visited children before
-//!   parents: each `(group, cpu)` delta since the last flush is folded into
-//!   the group's local and hierarchical values and passed to the parent.
-//!   The cost follows what changed, not the size of the tree.
+//!   instruction; otherwise the list is drained: each drained group within
+//!   the subtree has its `(group, cpu)` delta since the last flush folded
+//!   into its local value and into the hierarchical values of it and its
+//!   ancestors up to the flushed group; groups outside are carried to a
+//!   later flush (see `flush.rs`). The cost follows what changed, not the
+//!   size of the tree.
 //! - **Staleness.** A read that skips the flush misses at most the updates
 //!   not yet counted: below `64` per CPU per group plus the `64 · ncpu`
 //!   threshold, so at most `2 · 64 · ncpu` units of |delta| per group; a
@@ -26,6 +27,7 @@
 //! Diagrams and the ordering argument are in `IMPLEMENTATION.md`; the race
 //! between a push and a drain is model-checked by `tests/loom_stat.rs`.
 
+mod flush;
 mod group;
 mod schema;
 mod stats;

@@ -1,0 +1,361 @@
+//! The flusher's state and one *pass* of a flush: the updates one CPU made
+//! within the flushed subtree, folded.
+//!
+//! Everything here runs under the flush lock of [`super::Stats`], one
+//! thread at a time. The buffers are kept from one flush to the next, so a
+//! flush allocates nothing once they have grown to the work it sees.
+//!
+//! A pass on CPU `c` for the subtree of `X`:
+//!
+//! 1. *Drain.* `c`'s list is taken with one exchange and walked. Each
+//!    drained group is tested for being within `X` (one comparison when
+//!    `X` is a root), and the lines its fold will write are prefetched:
+//!    they arrive while the pass goes on.
+//! 2. *Marks.* The marks of the drained groups within `X` are cleared,
+//!    then one `fence(SeqCst)`, then their values are read (the ordering
+//!    argument is at [`Flusher::pass`]).
+//! 3. *Fold.* Each such group's delta on `c` since the last flush goes into
+//!    its local value and, climbing, into the hierarchical values of the
+//!    group and of every ancestor up to `X`; what crosses `X`
+//!    goes to the `pending` of `X`'s parent, which is *carried* on `c` to a
+//!    later flush of an ancestor (which folds it then). A climb costs what
+//!    the threshold climb of one update of that group already cost the
+//!    updater.
+//! 4. *Carry* the drained groups outside `X` (their marks stay set) to a
+//!    later flush; give back the other references the list held.
+//!
+//! Carried entries exist only after flushes below a root, or of another
+//! tree's root: a flush of a root folds everything of its tree on its CPUs
+//! and leaves nothing of that tree behind. Why the raw
+//! pointers stay valid is at [`Flusher`].
+
+use super::group::{StatGroup, UpdateNode};
+use crate::sync::{
+    fence, AtomicPtr,
+    Ordering::{Acquire, Relaxed, SeqCst},
+};
+use crossbeam_utils::CachePadded;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// A group kept in a CPU's carried set; the entry owns a strong reference.
+#[derive(Clone, Copy)]
+struct Carried {
+    group: NonNull<StatGroup>,
+    /// Carried for its `pending` (a flush of a child passed deltas up to
+    /// it), not as a drained group outside the flushed subtree.
+    holder: bool,
+}
+
+/// A group to fold in this pass; it owns a strong reference (a list's or
+/// a carried entry's).
+#[derive(Clone, Copy)]
+struct Fold {
+    group: NonNull<StatGroup>,
+    /// Its deltas are `deltas[previous fold's end..end]`.
+    end: usize,
+    /// Fold its `pending` (a carried holder) rather than its values on
+    /// this CPU (a drained group).
+    holder: bool,
+}
+
+/// The flusher's state: what each CPU carries to a later flush, and the
+/// scratch of a pass. Only ever used under the flush lock.
+///
+/// **Why the raw pointers are valid.** Every group pointer of a pass is:
+///
+/// - a drained group: the list held a strong reference for its node
+///   (taken by the pusher with `Arc::into_raw`); the pass gives it back
+///   only at its end, after the last use of any pointer of the pass, or
+///   keeps it for the group's carried entry;
+/// - a carried group: its entry owns a strong reference, taken when it was
+///   carried and, once the group is folded, given back at the end of the
+///   pass likewise;
+/// - an ancestor of one of those: a group holds an `Arc` of its parent,
+///   which never changes before the group is dropped;
+/// - the flushed group `X`, borrowed by the caller, or its parent.
+pub(crate) struct Flusher {
+    carried: Box<[Vec<Carried>]>,
+    fold: Vec<Fold>,
+    /// The nonzero deltas of the groups in `fold`, `(item, delta)`.
+    deltas: Vec<(usize, i64)>,
+    /// Their sum per item: what reaches `X` (and its parent's `pending`).
+    sum: Vec<i64>,
+}
+
+// SAFETY: the pointers are to `StatGroup`s (which are `Send + Sync`), kept
+// alive as the type's docs say; the flusher is only used under the flush
+// lock.
+unsafe impl Send for Flusher {}
+
+/// Hint the processor to fetch the line at `p` (no effect on results).
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    // SAFETY: a prefetch never faults nor changes memory, whatever the
+    // address.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(p.cast());
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+    let _ = p;
+}
+
+/// Whether `g` is `x` or below it; prefetches the folded values a fold of
+/// `g` within `x` writes.
+///
+/// When `x` is a root the test is one comparison (`g`'s root), and the
+/// prefetch covers `g` and its parent — the groups near the root are the
+/// ones every flush writes, and stay cached. Otherwise a climb to `x`'s
+/// depth prefetches every group it passes.
+#[inline]
+fn within_prefetching(g: &StatGroup, x: &StatGroup) -> bool {
+    prefetch(g.folded_line());
+    if x.parent.is_none() {
+        if let Some(p) = g.parent.as_deref() {
+            prefetch(p.folded_line());
+        }
+        return std::ptr::eq(g.root, x);
+    }
+    let mut at = g;
+    while at.depth > x.depth {
+        match at.parent.as_deref() {
+            Some(p) => at = p,
+            None => return false,
+        }
+        prefetch(at.folded_line());
+    }
+    std::ptr::eq(at, x)
+}
+
+/// `g`'s parent if `g` is below `x` (which `g` is within).
+#[inline(always)]
+fn below<'a>(g: &'a StatGroup, x: &StatGroup) -> Option<&'a StatGroup> {
+    if std::ptr::eq(g, x) {
+        None
+    } else {
+        g.parent.as_deref()
+    }
+}
+
+impl Flusher {
+    pub(crate) fn new(cpus: usize) -> Flusher {
+        Flusher {
+            carried: (0..cpus).map(|_| Vec::new()).collect(),
+            fold: Vec::new(),
+            deltas: Vec::new(),
+            sum: Vec::new(),
+        }
+    }
+
+    /// Fold CPU `cpu`'s updates within `x`'s subtree; `list` is that CPU's
+    /// update list and `k` the item count. Carries the rest to a later
+    /// flush.
+    ///
+    /// **Ordering.** Updater: SeqCst add to its value, then SeqCst load of
+    /// its node's mark. Flusher: clear the marks of the drained groups
+    /// about to be folded (relaxed stores), one `fence(SeqCst)`, then load
+    /// their values. Either the updater's load of the mark follows the
+    /// fence in the SeqCst order — it sees the mark cleared and pushes the
+    /// group again — or it precedes the fence, and then so does its add,
+    /// which the flusher's load after the fence sees. A group drained but
+    /// not folded keeps its mark set (so it cannot be pushed twice) and is
+    /// carried.
+    pub(crate) fn pass(
+        &mut self,
+        cpu: usize,
+        list: &AtomicPtr<UpdateNode>,
+        x: &StatGroup,
+        k: usize,
+    ) {
+        // Speculative: an empty list and nothing carried cost one plain
+        // load, no locked instruction.
+        let list_empty = list.load(Relaxed).is_null();
+        if list_empty && self.carried[cpu].is_empty() {
+            return;
+        }
+        let Flusher {
+            carried,
+            fold,
+            deltas,
+            sum,
+        } = self;
+        let carried = &mut carried[cpu];
+        if !carried.is_empty() {
+            take_carried_within(carried, cpu, x, fold);
+        }
+        if !list_empty {
+            // Acquire: pairs with the pushers' Release (their `next`).
+            let mut p = list.swap(std::ptr::null_mut(), Acquire);
+            while !p.is_null() {
+                // SAFETY: a node on the list belongs to a group the list
+                // holds a strong reference to.
+                let node = unsafe { &*p };
+                // Read `next` while the node's mark is still set: until the
+                // mark is cleared no updater can push the node again, so
+                // `next` cannot change under us. Once it is read, a push
+                // again (which rewrites `next`) no longer matters here.
+                let next = node.next.load(Relaxed);
+                // SAFETY: `owner` is the node's group, kept alive by the
+                // strong reference the list holds for this node (now the
+                // pass's: see `Flusher`).
+                let group = unsafe { &*node.owner };
+                let within = within_prefetching(group, x);
+                if within {
+                    // Clear the mark of a group about to be folded (before
+                    // the fence below, which comes before its values are
+                    // read: see above).
+                    node.on_list.store(false, Relaxed);
+                    fold.push(Fold {
+                        group: NonNull::from(group),
+                        end: 0,
+                        holder: false,
+                    });
+                } else {
+                    // Its mark stays set; the list's reference becomes the
+                    // entry's.
+                    carried.push(Carried {
+                        group: NonNull::from(group),
+                        holder: false,
+                    });
+                }
+                p = next;
+            }
+        }
+        // One fence between clearing the marks and reading the values.
+        if fold.iter().any(|f| !f.holder) {
+            fence(SeqCst);
+        }
+        // Take each group's deltas — its values on this CPU (on lines the
+        // updater just wrote) or a holder's pending — and add them to its
+        // ancestors above its parent and below `x`: groups shared by many
+        // climbs, which stay cached. The groups' own folded lines and their
+        // parents' come last: those are the lines the drain prefetched, the
+        // farthest from the cache, and every step before gives them time to
+        // arrive. `x` gets the sum of all deltas, once.
+        deltas.clear();
+        sum.clear();
+        sum.resize(k, 0);
+        for f in fold.iter_mut() {
+            // SAFETY: valid for the pass (and so are its ancestors); `cpu`
+            // is a CPU of the group's `Stats` and `k` its item count.
+            let g = unsafe { f.group.as_ref() };
+            let start = deltas.len();
+            if f.holder {
+                g.take_pending(deltas);
+            } else {
+                // SAFETY: as above.
+                unsafe { g.take_own_deltas(cpu, k, deltas) };
+            }
+            f.end = deltas.len();
+            let ds = &deltas[start..];
+            for &(item, d) in ds {
+                sum[item] = sum[item].wrapping_add(d);
+            }
+            if let Some(mut at) = below(g, x).and_then(|p| below(p, x)) {
+                while !std::ptr::eq(at, x) {
+                    at.add_hier(ds);
+                    // `g` is within `x`: the climb meets it before the top.
+                    at = at.parent.as_deref().expect("within x");
+                }
+            }
+        }
+        let mut start = 0;
+        for f in fold.iter() {
+            let ds = &deltas[start..f.end];
+            start = f.end;
+            // SAFETY: as above.
+            let g = unsafe { f.group.as_ref() };
+            if let Some(parent) = below(g, x) {
+                if !std::ptr::eq(parent, x) {
+                    parent.add_hier(ds);
+                }
+                g.add_hier(ds);
+            }
+            if !f.holder {
+                g.add_local(ds);
+            }
+        }
+        x.add_hier_sums(sum);
+        if let Some(parent) = x.parent.as_deref() {
+            if sum.iter().any(|&d| d != 0) {
+                parent.add_pending(sum);
+                carry_holder(carried, parent, cpu);
+            }
+        }
+        for f in fold.drain(..) {
+            // SAFETY: the reference this fold owned (a list's or a carried
+            // entry's), given back once; no pointer of the pass is used
+            // after this.
+            unsafe { Arc::decrement_strong_count(f.group.as_ptr()) };
+        }
+    }
+
+    /// Give back every reference the lists and the carried sets hold (when
+    /// the `Stats` goes away), folding nothing.
+    pub(crate) fn release_all(&mut self, lists: &[CachePadded<AtomicPtr<UpdateNode>>]) {
+        for (list, carried) in lists.iter().zip(self.carried.iter_mut()) {
+            let mut p = list.swap(std::ptr::null_mut(), Acquire);
+            while !p.is_null() {
+                // SAFETY: as in `pass`.
+                let node = unsafe { &*p };
+                p = node.next.load(Relaxed);
+                // SAFETY: the list's reference, given back once; `next` was
+                // read before.
+                unsafe { Arc::decrement_strong_count(node.owner) };
+            }
+            for c in carried.drain(..) {
+                // SAFETY: the carried entry's own reference.
+                unsafe { Arc::decrement_strong_count(c.group.as_ptr()) };
+            }
+        }
+    }
+}
+
+/// Move the carried entries within `x` to `fold` (their references with
+/// them); keep the others.
+fn take_carried_within(
+    carried: &mut Vec<Carried>,
+    cpu: usize,
+    x: &StatGroup,
+    fold: &mut Vec<Fold>,
+) {
+    carried.retain(|c| {
+        // SAFETY: a carried entry owns a reference.
+        let g = unsafe { c.group.as_ref() };
+        if !within_prefetching(g, x) {
+            return true;
+        }
+        if c.holder {
+            g.nodes[cpu].queued.store(false, Relaxed);
+        } else {
+            // A drained group's mark, set since: cleared before the fence.
+            g.nodes[cpu].on_list.store(false, Relaxed);
+        }
+        fold.push(Fold {
+            group: c.group,
+            end: 0,
+            holder: c.holder,
+        });
+        false
+    });
+}
+
+/// Carry `parent` (whose `pending` just grew) on `cpu` unless it is
+/// carried there as a holder already.
+fn carry_holder(carried: &mut Vec<Carried>, parent: &StatGroup, cpu: usize) {
+    let node = &parent.nodes[cpu];
+    if node.queued.load(Relaxed) {
+        return;
+    }
+    node.queued.store(true, Relaxed);
+    let group = NonNull::from(parent);
+    // SAFETY: `parent` is alive (the flushed group holds it); the entry
+    // owns this new reference until it is folded.
+    unsafe { Arc::increment_strong_count(group.as_ptr()) };
+    carried.push(Carried {
+        group,
+        holder: true,
+    });
+}
