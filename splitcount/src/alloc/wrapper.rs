@@ -78,8 +78,8 @@ impl Attached {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum AttachError {
-    /// This allocator is attached to a hierarchy already, or the hierarchy
-    /// to an allocator.
+    /// This allocator is attached to another hierarchy already, or the
+    /// hierarchy to another allocator.
     AlreadyAttached,
     /// The byte stock could not be built for the hierarchy's machine.
     Stock(StockError),
@@ -89,7 +89,7 @@ impl fmt::Display for AttachError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AttachError::AlreadyAttached => f.write_str(
-                "this allocator (or this hierarchy) is attached already: attach once per process",
+                "this allocator (or this hierarchy) is attached to another one already: one hierarchy per allocator per process",
             ),
             AttachError::Stock(e) => write!(f, "cannot build the allocator's byte stock: {e}"),
         }
@@ -157,11 +157,49 @@ impl<A, C: Charging> Accounted<A, C> {
     }
 
     /// Start accounting into `hierarchy` (threads outside any scope charge
-    /// its root; usage counters then count bytes). Once per allocator, and
-    /// once per hierarchy.
+    /// its root; usage counters then count bytes). An allocator accounts
+    /// into one hierarchy for the life of the process, and a hierarchy has
+    /// at most one allocator: attaching again to the *same* hierarchy is
+    /// `Ok` and changes nothing; another hierarchy, or a hierarchy another
+    /// allocator has, is refused with [`AttachError::AlreadyAttached`].
+    ///
+    /// Being idempotent, `attach` can run at the start of every test of a
+    /// suite that shares one allocator, racing or not, with the hierarchy
+    /// in a `static`:
+    ///
+    /// ```
+    /// use splitcount::alloc::Accounted;
+    /// use splitcount::group::Hierarchy;
+    /// use std::alloc::System;
+    /// use std::sync::OnceLock;
+    ///
+    /// // #[global_allocator] in a real suite.
+    /// static ALLOC: Accounted<System> = Accounted::new(System);
+    /// static MEMORY: OnceLock<Hierarchy> = OnceLock::new();
+    ///
+    /// fn memory() -> &'static Hierarchy {
+    ///     let h = MEMORY.get_or_init(Hierarchy::default);
+    ///     ALLOC.attach(h).expect("the suite's one hierarchy");
+    ///     h
+    /// }
+    ///
+    /// // Each test starts with `memory()` (two tests here):
+    /// assert!(memory().counts_bytes());
+    /// assert!(memory().counts_bytes());
+    /// assert!(ALLOC.attach(&Hierarchy::default()).is_err()); // another one
+    /// ```
     pub fn attach(&self, hierarchy: &Hierarchy) -> Result<(), AttachError> {
-        if !self.state.load(Acquire).is_null() {
-            return Err(AttachError::AlreadyAttached);
+        // Attaches are rare: one lock for all of them makes "is it this
+        // hierarchy?" a plain question, also for racing first attaches (no
+        // allocation path takes it).
+        static ATTACH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _serial = ATTACH.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(st) = self.attached() {
+            return if Arc::ptr_eq(st.hierarchy.shared(), hierarchy.shared()) {
+                Ok(())
+            } else {
+                Err(AttachError::AlreadyAttached)
+            };
         }
         // Everything the charge path touches that initializes lazily (and
         // could allocate) is initialized here, outside the allocator.

@@ -106,7 +106,7 @@ impl Group {
             match self.child(name) {
                 Err(GroupError::NameTaken { .. }) => {
                     // Taken a moment ago; gone again if it was removed since.
-                    if let Some(n) = self.node.children().get(name).cloned() {
+                    if let Some(n) = self.node.children_read().get(name).cloned() {
                         return Ok(Group::new(self.shared.clone(), n));
                     }
                 }
@@ -424,6 +424,29 @@ impl Group {
         self.charge_slow(node.clone(), n)
     }
 
+    /// Charge exactly `n` units, without the stock, through the slow path
+    /// (reclaim hooks, drains, OOM hooks): the group's usage moves by `n`
+    /// and nothing is left stocked ([`super::Reservation`]'s exact mode).
+    pub(crate) fn charge_unstocked(&self, n: u64) -> Result<(), ChargeError> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.charge_slow(self.live().clone(), n)
+    }
+
+    /// Return `n` units straight to the usage counters of the nearest live
+    /// group (no stock): the inverse of [`Group::charge_unstocked`].
+    pub(crate) fn uncharge_unstocked(&self, n: u64) {
+        if n != 0 {
+            self.live().usage.uncharge(n);
+        }
+    }
+
+    /// The group's node, for the group module's other files.
+    pub(crate) fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
     #[cold]
     fn charge_slow(&self, node: Arc<Node>, n: u64) -> Result<(), ChargeError> {
         if n > MAX_REQUEST {
@@ -531,6 +554,8 @@ impl Group {
     pub fn remove(&self) -> Result<(), GroupError> {
         self.shared.unlink(&self.node)?;
         self.shared.drain_node(&self.node);
+        // The group's user data goes with it (dropped here, outside locks).
+        self.node.extensions.close();
         // Fold its statistics now (they stay in its ancestors' values), if
         // it has any that were not folded yet.
         if self.node.stats.has_unfolded() {

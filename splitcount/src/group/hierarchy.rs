@@ -112,6 +112,11 @@ pub(crate) struct Shared {
 /// default period.
 pub const DEFAULT_FLUSH_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// The shortest period [`Hierarchy::start_flusher`] accepts: a flush walks
+/// the whole hierarchy's update lists, so a shorter period (zero above all)
+/// would only spin the flusher thread on a CPU.
+pub const MIN_FLUSH_PERIOD: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// A tree of named groups sharing per-CPU stocks. Cheap to clone.
 ///
 /// ```
@@ -199,13 +204,16 @@ impl Hierarchy {
     }
 
     /// The live group at `path` (`"a/b"`, `"/a/b"`; `""` or `"/"` is the
-    /// root). Walks the path one group at a time, each child map locked
-    /// only while it is read: lookups of different parts of the tree never
-    /// wait for each other.
+    /// root). Walks the path one group at a time and takes each parent's
+    /// child-map *read* lock only while it finds the next name (`O(log
+    /// siblings)`); there is no global lock. Lookups never wait for each
+    /// other, even through the root; one waits only for a creation or
+    /// removal of a child of a group on its path, which holds that group's
+    /// write lock for an insertion or removal in its map.
     pub fn lookup(&self, path: &str) -> Result<Group, GroupError> {
         let mut node = self.shared.root.clone();
         for name in components(path) {
-            let next = node.children().get(name).cloned();
+            let next = node.children_read().get(name).cloned();
             node = next.ok_or_else(|| GroupError::NotFound {
                 path: path.to_owned(),
             })?;
@@ -247,7 +255,25 @@ impl Hierarchy {
     /// forces a flush of the whole hierarchy every `period`. It stops with
     /// [`Hierarchy::stop_flusher`] or when the last handle of the hierarchy
     /// is dropped.
+    ///
+    /// A period below [`MIN_FLUSH_PERIOD`] is refused (`GroupError::Config`,
+    /// naming the minimum) and leaves a running flusher as it was.
+    ///
+    /// ```
+    /// use splitcount::group::{Hierarchy, MIN_FLUSH_PERIOD};
+    /// use std::time::Duration;
+    /// let h = Hierarchy::default();
+    /// let e = h.start_flusher(Duration::ZERO).unwrap_err();
+    /// assert!(e.to_string().contains("at least 1ms"));
+    /// h.start_flusher(MIN_FLUSH_PERIOD).unwrap();
+    /// h.stop_flusher();
+    /// ```
     pub fn start_flusher(&self, period: std::time::Duration) -> Result<(), GroupError> {
+        if period < MIN_FLUSH_PERIOD {
+            return Err(GroupError::Config(format!(
+                "the flusher's period must be at least {MIN_FLUSH_PERIOD:?} (MIN_FLUSH_PERIOD), not {period:?}"
+            )));
+        }
         let f = Flusher::start(Arc::downgrade(&self.shared), period)
             .map_err(|e| GroupError::Thread(super::error::ThreadError(std::sync::Arc::new(e))))?;
         let old = self
@@ -359,7 +385,7 @@ impl Shared {
     }
 
     pub(crate) fn children_of(&self, node: &Node) -> Vec<Arc<Node>> {
-        node.children().values().cloned().collect()
+        node.children_read().values().cloned().collect()
     }
 
     /// Unlink `node` (which must have no live children) from the tree and

@@ -26,7 +26,7 @@ use crate::sync::{
 };
 use crossbeam_utils::CachePadded;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 /// Read-mostly: read by every charge.
 pub(crate) struct Hot {
@@ -47,7 +47,11 @@ pub(crate) struct Node {
     breached: std::sync::atomic::AtomicBool,
     breach: Mutex<Option<OverLimit>>,
     /// Live children, by name (see `Shared::create_child`, `unlink`).
-    children: Mutex<BTreeMap<String, Arc<Node>>>,
+    /// Read-mostly: lookups and listings take the read lock, creation and
+    /// removal the write lock.
+    children: RwLock<BTreeMap<String, Arc<Node>>>,
+    /// Typed user data ([`super::Extensions`]), dropped at removal.
+    pub(crate) extensions: super::extensions::Store,
 }
 
 impl std::ops::Deref for Node {
@@ -78,13 +82,23 @@ impl Node {
             account: OnceLock::new(),
             breached: std::sync::atomic::AtomicBool::new(false),
             breach: Mutex::new(None),
-            children: Mutex::new(BTreeMap::new()),
+            children: RwLock::new(BTreeMap::new()),
+            extensions: Default::default(),
         }
     }
 
-    /// The live children, locked (never across a user callback).
-    pub(crate) fn children(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Node>>> {
-        self.children.lock().unwrap_or_else(|e| e.into_inner())
+    /// The live children, write-locked, to change them (never across a
+    /// user callback).
+    pub(crate) fn children(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Arc<Node>>> {
+        self.children.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The live children, read-locked: readers (lookups, listings) never
+    /// wait for each other, only for a creation or removal under this node.
+    pub(crate) fn children_read(
+        &self,
+    ) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Node>>> {
+        self.children.read().unwrap_or_else(|e| e.into_inner())
     }
 
     #[inline]
@@ -164,13 +178,13 @@ impl Node {
     }
 
     /// The `k` live children with the largest usage, largest first (ties by
-    /// name). One pass over the children under their lock, keeping `k`
+    /// name). One pass over the children under their read lock, keeping `k`
     /// candidates; nothing if the lock stays busy (see `hooks`).
     pub(crate) fn top(&self, k: usize) -> Vec<Consumer> {
         if k == 0 {
             return Vec::new();
         }
-        let Some(children) = try_lock_a_while(&self.children) else {
+        let Some(children) = try_read_a_while(&self.children) else {
             return Vec::new();
         };
         // Ascending by (usage, then reversed name order): the first is the
@@ -250,6 +264,18 @@ impl Node {
 fn try_lock_a_while<T>(m: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
     for _ in 0..1_000 {
         match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
+        }
+    }
+    None
+}
+
+/// [`try_lock_a_while`] for a read lock.
+fn try_read_a_while<T>(m: &RwLock<T>) -> Option<std::sync::RwLockReadGuard<'_, T>> {
+    for _ in 0..1_000 {
+        match m.try_read() {
             Ok(g) => return Some(g),
             Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
