@@ -114,9 +114,13 @@ pub struct Record {
 pub fn measure(spec: &Spec) -> Result<Record, String> {
     let worst = |side: Side| -> Result<u64, String> {
         let c = spec.build()?;
+        let schedule = spec
+            .config()?
+            .worst_case_schedule(side)
+            .map_err(|e| e.to_string())?;
         let mut oracle = 0i128;
         let mut worst = 0i128;
-        for s in c.worst_case_schedule(side) {
+        for s in schedule {
             c.add_on(s.cpu, s.delta).map_err(|e| e.to_string())?;
             oracle += s.delta as i128;
             let dev = match side {

@@ -83,6 +83,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
+#![warn(missing_debug_implementations)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod alloc;
@@ -102,7 +103,7 @@ pub mod task;
 pub use alloc::{Accounted, AttachError};
 pub use charge::Enforcement;
 pub use counter::{Config, ConfigError, CounterError, Design, SplitCounter, Tree};
-pub use group::{ChargeError, Group, GroupError, Hierarchy};
+pub use group::{ChargeError, Group, GroupError, Hierarchy, Reservation};
 
 /// The README's examples, compiled and run as doctests so they stay true.
 #[cfg(doctest)]

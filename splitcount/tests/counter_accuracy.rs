@@ -12,9 +12,18 @@ use std::cmp::Ordering;
 
 const SIZES: [usize; 7] = [1, 2, 3, 8, 64, 256, 1024];
 
-fn counter(design: Design, cpus: usize) -> Box<dyn SplitCounter> {
+fn config(design: Design, cpus: usize) -> Config {
     let m = Machine::simulated(cpus, cpus.min(4)).unwrap();
-    Config::new(design).machine(&m).build().unwrap()
+    Config::new(design).machine(&m)
+}
+
+fn counter(design: Design, cpus: usize) -> Box<dyn SplitCounter> {
+    config(design, cpus).build().unwrap()
+}
+
+/// The worst-case schedule of the counter `counter(design, cpus)` builds.
+fn schedule(design: Design, cpus: usize, side: Side) -> Vec<splitcount::counter::Step> {
+    config(design, cpus).worst_case_schedule(side).unwrap()
 }
 
 fn cpus_of(c: &dyn SplitCounter, fallback: usize) -> usize {
@@ -61,7 +70,7 @@ fn the_worst_case_schedule_reaches_the_bound_exactly() {
                 let c = counter(design, cpus);
                 let acc = c.accuracy();
                 let mut oracle = 0i64;
-                for s in c.worst_case_schedule(side) {
+                for s in schedule(design, cpus, side) {
                     c.add_on(s.cpu, s.delta).unwrap();
                     oracle += s.delta;
                     assert!(
@@ -124,7 +133,7 @@ fn comparisons_at_the_edges_of_the_band() {
         for cpus in [1, 3, 64] {
             for side in [Side::Under, Side::Over] {
                 let c = counter(design, cpus);
-                for s in c.worst_case_schedule(side) {
+                for s in schedule(design, cpus, side) {
                     c.add_on(s.cpu, s.delta).unwrap();
                 }
                 let (a, p) = (c.approximate(), c.precise());
@@ -238,13 +247,10 @@ fn comparisons_agree_with_the_wrapped_value_after_an_overflow() {
 fn pernode_bound_is_tight_on_uneven_node_shapes() {
     for (cpus, nodes) in [(4usize, 3usize), (5, 4), (7, 3), (64, 64), (100, 33)] {
         let m = Machine::simulated(cpus, nodes).unwrap();
-        let c = Config::new(Design::PerNode)
-            .machine(&m)
-            .batch(32)
-            .build()
-            .unwrap();
+        let cfg = Config::new(Design::PerNode).machine(&m).batch(32);
+        let c = cfg.build().unwrap();
         let (under, _) = c.accuracy().bounds();
-        for step in c.worst_case_schedule(Side::Under) {
+        for step in cfg.worst_case_schedule(Side::Under).unwrap() {
             c.add_on(step.cpu, step.delta).unwrap();
         }
         assert_eq!(

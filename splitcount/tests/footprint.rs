@@ -112,7 +112,11 @@ fn trees_sharing_stripes_stay_apart_and_reused_stripes_start_at_zero() {
         assert_eq!((c.approximate(), c.precise()), (0, 0), "{cpus} CPUs");
         // The reused items start empty: the worst case reaches the bound
         // exactly, no more.
-        for step in c.worst_case_schedule(splitcount::counter::Side::Under) {
+        let cfg = Config::new(Design::Tree).machine(&m).arena(&arena);
+        for step in cfg
+            .worst_case_schedule(splitcount::counter::Side::Under)
+            .unwrap()
+        {
             c.add_on(step.cpu, step.delta).unwrap();
         }
         assert_eq!(

@@ -265,7 +265,7 @@ fn the_worst_case_schedule_reaches_the_chosen_bound_and_no_further() {
                     let c = cfg.build().unwrap();
                     assert_eq!(c.accuracy(), shape.accuracy(), "{shape}");
                     let mut oracle = 0i128;
-                    for s in c.worst_case_schedule(side) {
+                    for s in cfg.worst_case_schedule(side).unwrap() {
                         c.add_on(s.cpu, s.delta).unwrap();
                         oracle += s.delta as i128;
                     }

@@ -75,6 +75,17 @@ impl Attached {
 }
 
 /// Why `attach` failed.
+///
+/// ```
+/// use splitcount::{Accounted, AttachError, Hierarchy};
+/// use std::alloc::System;
+///
+/// static ALLOC: Accounted<System> = Accounted::new(System); // not the global one here
+/// let (one, two) = (Hierarchy::default(), Hierarchy::default());
+/// ALLOC.attach(&one).unwrap();
+/// ALLOC.attach(&one).unwrap();                    // the same hierarchy again: fine
+/// assert!(matches!(ALLOC.attach(&two), Err(AttachError::AlreadyAttached)));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum AttachError {

@@ -100,6 +100,7 @@ impl StockKey for Arc<UsageCounter> {
 
 /// The answer of [`Stock::consume`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Consumed {
     /// The units were taken from this CPU's stock.
     Hit,

@@ -172,6 +172,15 @@ impl Default for EventCounts {
 /// a group's hard limit (`max`) refuses it, after reclaim and draining. (A
 /// [`crate::group::Group::charge`] is refused either way: its caller gets
 /// the error.)
+///
+/// ```
+/// use splitcount::{Enforcement, Hierarchy};
+///
+/// let h = Hierarchy::default();
+/// let g = h.root().child("g").unwrap();
+/// assert_eq!(g.enforcement(), Enforcement::Cooperative);
+/// g.set_enforcement(Enforcement::Refuse);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Enforcement {

@@ -176,10 +176,13 @@ impl SplitCounter for Batched {
             self.precise().cmp(&v)
         }
     }
+}
 
+/// The test and lab tool [`Config::worst_case_schedule`] builds on.
+impl Batched {
     /// `batch − 1` (of the side's sign) on every CPU: no slot spills, and
     /// the total stays 0.
-    fn worst_case_schedule(&self, side: Side) -> Vec<Step> {
+    pub(crate) fn worst_case_schedule(&self, side: Side) -> Vec<Step> {
         super::spill_worst_case(0..self.slots.cpus(), self.batch, side)
     }
 }

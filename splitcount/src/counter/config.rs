@@ -1,7 +1,7 @@
 //! Choosing and validating a counter: design, batch, tree arity, sharing.
 
 use super::budget::{self, grouped, Shape};
-use super::{Accuracy, Atomic, Batched, PerNode, SplitCounter, Tree};
+use super::{Accuracy, Atomic, Batched, PerNode, Side, SplitCounter, Step, Tree};
 use crate::cpu::Machine;
 use crate::percpu::{Arena, ArenaError};
 use std::borrow::Cow;
@@ -13,9 +13,18 @@ use std::str::FromStr;
 pub const MAX_BATCH: u64 = 1 << 32;
 
 /// The counter designs. See [`crate::counter`] for what each one is.
+///
+/// ```
+/// use splitcount::counter::Design;
+///
+/// let d: Design = "tree".parse().unwrap();
+/// assert_eq!(d, Design::Tree);
+/// assert_eq!(d.name(), "tree");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
+#[non_exhaustive]
 pub enum Design {
     /// One shared atomic.
     Atomic,
@@ -65,6 +74,7 @@ impl FromStr for Design {
 
 /// The fan-outs of a [`Tree`]'s levels above the per-CPU level.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Arity {
     /// From the table indexed by `ceil(log2 ncpu)` ([`super::fanout_orders_for`]).
     #[default]
@@ -98,6 +108,7 @@ impl FromStr for Arity {
 
 /// Which CPUs share a [`Tree`] item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Sharing {
     /// CPUs with neighbouring ids share items (the kernel's choice).
     #[default]
@@ -109,7 +120,15 @@ pub enum Sharing {
 }
 
 /// A counter configuration that cannot be built.
+///
+/// ```
+/// use splitcount::counter::{Config, ConfigError, Design};
+///
+/// let e = Config::new(Design::Batched).batch(0).build().unwrap_err();
+/// assert_eq!(e, ConfigError::ZeroBatch);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// A batch of zero.
     ZeroBatch,
@@ -455,6 +474,33 @@ impl Config {
             Design::Batched => Box::new(Batched::with_config(self)?),
             Design::PerNode => Box::new(PerNode::with_config(self)?),
             Design::Tree => Box::new(Tree::with_config(self)?),
+        })
+    }
+
+    /// A test and lab tool, not for production code: a sequence of updates
+    /// that drives a fresh (zero) counter of this configuration to the edge
+    /// of its accuracy band on `side` — afterwards `precise − approximate`
+    /// equals `under` (or `approximate − precise` equals `over`). Empty for
+    /// a side whose bound is 0. It shows that a bound is reached, not merely
+    /// respected.
+    ///
+    /// ```
+    /// use splitcount::counter::{Config, Design, Side, SplitCounter};
+    /// use splitcount::cpu::Machine;
+    ///
+    /// let cfg = Config::new(Design::Tree).machine(&Machine::simulated(8, 1).unwrap());
+    /// let c = cfg.build().unwrap();
+    /// for step in cfg.worst_case_schedule(Side::Under).unwrap() {
+    ///     c.add_on(step.cpu, step.delta).unwrap();
+    /// }
+    /// assert_eq!(c.precise() - c.approximate(), c.accuracy().under as i64);
+    /// ```
+    pub fn worst_case_schedule(&self, side: Side) -> Result<Vec<Step>, ConfigError> {
+        Ok(match self.design {
+            Design::Atomic => Atomic::with_config(self)?.worst_case_schedule(side),
+            Design::Batched => Batched::with_config(self)?.worst_case_schedule(side),
+            Design::PerNode => PerNode::with_config(self)?.worst_case_schedule(side),
+            Design::Tree => Tree::with_config(self)?.worst_case_schedule(side),
         })
     }
 }

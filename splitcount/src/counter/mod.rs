@@ -17,7 +17,7 @@
 //! `precise − under ≤ approximate ≤ precise + over`: `under` is how far the
 //! cheap value may lag below the truth, `over` how far it may run above it.
 //! The derivations are in `IMPLEMENTATION.md`; every bound is tight (the
-//! design's [`SplitCounter::worst_case_schedule`] reaches it exactly).
+//! design's [`Config::worst_case_schedule`] reaches it exactly).
 //!
 //! **Arithmetic.** Values are `i64` and wrap on overflow, like the kernel's
 //! `s64` counters and Rust's atomics: checking every add for overflow would
@@ -160,7 +160,16 @@ pub struct Step {
 }
 
 /// An operation refused by a counter.
+///
+/// ```
+/// use splitcount::counter::{Config, CounterError, Design};
+/// use splitcount::cpu::Machine;
+///
+/// let c = Config::new(Design::Tree).machine(&Machine::simulated(4, 1).unwrap()).build().unwrap();
+/// assert_eq!(c.add_on(4, 1), Err(CounterError::NoSuchCpu { cpu: 4, cpus: 4 }));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CounterError {
     /// `add_on` named a CPU the counter's machine does not have.
     NoSuchCpu {
@@ -185,6 +194,18 @@ impl std::error::Error for CounterError {}
 
 /// The operations every split-counter design supports. See the module docs
 /// for the designs and their bounds.
+///
+/// ```
+/// use splitcount::counter::{Config, Design, SplitCounter};
+///
+/// // Every design behind one trait: pick one by name, use it the same way.
+/// for design in Design::ALL {
+///     let c: Box<dyn SplitCounter> = Config::new(design).build().unwrap();
+///     c.add(5);
+///     assert_eq!(c.precise(), 5);
+///     assert!(c.accuracy().admits(c.approximate(), 5));
+/// }
+/// ```
 pub trait SplitCounter: Send + Sync + fmt::Debug {
     /// Which design this is.
     fn design(&self) -> Design;
@@ -232,13 +253,6 @@ pub trait SplitCounter: Send + Sync + fmt::Debug {
     fn approximate_compare(&self, v: i64) -> ApproxOrdering {
         approximate_compare_in_band(self.approximate(), self.accuracy(), v)
     }
-
-    /// A sequence of updates that drives a fresh (zero) counter to the edge
-    /// of its accuracy band on `side`: afterwards `precise − approximate`
-    /// equals `under` (or `approximate − precise` equals `over`). Empty for
-    /// a side whose bound is 0. The lab and the tests use it to show that
-    /// the bound is reached, not merely respected.
-    fn worst_case_schedule(&self, side: Side) -> Vec<Step>;
 
     /// The bytes this counter takes: its per-CPU slots, its shared items in
     /// the arena, and its handle and heap (see [`Footprint`]). Computed from

@@ -183,9 +183,12 @@ impl SplitCounter for PerNode {
     fn set(&self, v: i64) {
         self.global.add(v.wrapping_sub(self.precise()));
     }
+}
 
+/// The test and lab tool [`Config::worst_case_schedule`] builds on.
+impl PerNode {
     /// `batch − 1` (of the side's sign) on one CPU of every node slot.
-    fn worst_case_schedule(&self, side: Side) -> Vec<Step> {
+    pub(crate) fn worst_case_schedule(&self, side: Side) -> Vec<Step> {
         let one_cpu_per_slot = (0..self.nodes.len())
             .filter_map(|slot| self.slot_of.iter().position(|&s| s as usize == slot));
         super::spill_worst_case(one_cpu_per_slot, self.batch, side)

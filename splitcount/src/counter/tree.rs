@@ -381,13 +381,16 @@ impl SplitCounter for Tree {
         self.bias()
             .fetch_add(v.wrapping_sub(self.precise()), Relaxed);
     }
+}
 
+/// The test and lab tool [`Config::worst_case_schedule`] builds on.
+impl Tree {
     /// Top level first, each intermediate item gets `(aₗ − 1)·Bₗ₋₁` from a
     /// CPU under it (a multiple of every lower batch, so it passes the lower
     /// levels untouched and stays whole in the item), then every slot gets
     /// `B₀ − 1`. Nothing reaches the root, and every residue is at its
     /// maximum. `over` is 0, so the `Over` schedule is empty.
-    fn worst_case_schedule(&self, side: Side) -> Vec<Step> {
+    pub(crate) fn worst_case_schedule(&self, side: Side) -> Vec<Step> {
         if side == Side::Over {
             return Vec::new();
         }

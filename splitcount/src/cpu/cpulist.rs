@@ -11,6 +11,7 @@ pub const MAX_CPU_ID: u32 = 1 << 20;
 
 /// A CPU list that could not be parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CpuListError {
     /// The text that was being parsed.
     pub input: String,

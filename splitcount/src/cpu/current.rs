@@ -39,6 +39,7 @@ pub use super::rseq::RseqOwner;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
+#[non_exhaustive]
 pub enum CpuIdSource {
     /// The rseq area glibc registered for the thread.
     GlibcRseq,

@@ -49,6 +49,7 @@ struct Simulated {
 
 /// Setting the current CPU of a machine that cannot take it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MachineError {
     /// The host's current CPU is chosen by the scheduler, not by us.
     NotSimulated,

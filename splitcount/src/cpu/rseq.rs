@@ -53,6 +53,7 @@ const AT_RSEQ_FEATURE_SIZE: libc::c_ulong = 27;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
+#[non_exhaustive]
 pub enum RseqOwner {
     /// glibc registered it for every thread; we read its area.
     Glibc,

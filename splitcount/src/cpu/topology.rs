@@ -26,6 +26,7 @@ pub const MAX_NODES: usize = 1 << 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
+#[non_exhaustive]
 pub enum TopologySource {
     /// Read from sysfs.
     Sysfs,
@@ -50,6 +51,7 @@ pub struct CacheLevel {
 
 /// A shape that cannot describe a machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TopologyError {
     /// A simulated machine needs at least one CPU and at most [`MAX_CPUS`].
     BadCpuCount(usize),

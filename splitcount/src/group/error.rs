@@ -38,6 +38,17 @@ fn write_top(f: &mut fmt::Formatter<'_>, under: &str, top: &[Consumer]) -> fmt::
 }
 
 /// Why a group operation was refused.
+///
+/// ```
+/// use splitcount::{GroupError, Hierarchy};
+///
+/// let h = Hierarchy::default();
+/// h.root().child("a").unwrap();
+/// match h.root().child("a") {
+///     Err(GroupError::NameTaken { path }) => assert_eq!(path, "/a"),
+///     other => panic!("{other:?}"),
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum GroupError {
@@ -167,6 +178,16 @@ pub enum ChargeErrorKind {
 
 /// A refused charge, with the numbers that explain it (read through its
 /// accessors; `Display` says it all in one line).
+///
+/// ```
+/// use splitcount::{ChargeError, Hierarchy};
+///
+/// let h = Hierarchy::default();
+/// let g = h.root().child("g").unwrap();
+/// g.set_max(100).unwrap();
+/// let e: ChargeError = g.charge(150).unwrap_err();
+/// assert_eq!((e.group(), e.limit(), e.usage(), e.request()), ("/g", 100, 0, 150));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChargeError {
     pub(crate) kind: ChargeErrorKind,

@@ -18,6 +18,20 @@ use std::sync::Arc;
 /// A handle on a group. Cheap to clone, `Send + Sync`. A handle that
 /// outlives its group's removal keeps working: charges and uncharges act on
 /// the nearest live ancestor (the kernel's reparenting).
+///
+/// ```
+/// use splitcount::Hierarchy;
+///
+/// let h = Hierarchy::default();
+/// let a = h.root().child("a").unwrap();
+/// assert_eq!(a, h.lookup("a").unwrap());          // identity: the same group
+/// assert_eq!(a.path(), "/a");
+/// a.charge(10).unwrap();                          // through this CPU's stock
+/// h.drain_stocks();                               // stocked units back to the counters
+/// assert_eq!(h.root().usage(), 10);               // charges reach every ancestor
+/// a.uncharge(10);
+/// a.remove().unwrap();
+/// ```
 #[derive(Clone)]
 pub struct Group {
     shared: Arc<Shared>,

@@ -134,6 +134,22 @@ pub struct Hierarchy {
     shared: Arc<Shared>,
 }
 
+impl std::fmt::Debug for Hierarchy {
+    /// The configuration, whether an allocator is attached, and the root's
+    /// usage (stocked units included).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = &self.shared.config;
+        f.debug_struct("Hierarchy")
+            .field("cpus", &c.machine.cpus())
+            .field("stock_batch", &c.stock_batch)
+            .field("stock_slots", &c.stock_slots)
+            .field("stats", &c.stats.len())
+            .field("allocator_attached", &self.shared.bytes.get().is_some())
+            .field("root_usage", &self.root().usage())
+            .finish()
+    }
+}
+
 impl Default for Hierarchy {
     fn default() -> Self {
         Hierarchy::new(HierarchyConfig::default()).expect("the default configuration is valid")

@@ -63,7 +63,7 @@ pub enum ReservationMode {
 /// assert_eq!(pool.usage(), 10);               // exact: no stock batch shows through
 ///
 /// let e = sort.try_grow(95).unwrap_err();     // 105 > 100: refused, nothing changes
-/// assert_eq!((e.group.as_str(), e.limit, e.usage, e.request), ("/pool", 100, 10, 95));
+/// assert_eq!((e.group(), e.limit(), e.usage(), e.request()), ("/pool", 100, 10, 95));
 /// assert_eq!(sort.size(), 10);
 ///
 /// sort.grow(95);                              // forced: memory already in use

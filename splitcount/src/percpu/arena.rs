@@ -16,6 +16,7 @@ use std::ptr::NonNull;
 
 /// Why an arena operation was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ArenaError {
     /// An allocation of zero slots.
     ZeroLength,

@@ -21,6 +21,7 @@ use std::sync::OnceLock;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
+#[non_exhaustive]
 pub enum AddPath {
     /// rseq where available, else atomic (also honours
     /// `SPLITCOUNT_PERCPU_ADD`).
@@ -36,6 +37,7 @@ pub enum AddPath {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
+#[non_exhaustive]
 pub enum SlotIndex {
     /// The CPU the thread runs on: one region per possible CPU.
     #[default]

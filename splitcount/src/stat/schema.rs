@@ -6,6 +6,7 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
+#[non_exhaustive]
 pub enum StatKind {
     /// A level that goes up and down (bytes of anonymous memory in use).
     Gauge,
@@ -60,6 +61,7 @@ pub const MAX_STAT_ITEMS: usize = crate::percpu::REGION_SLOTS / 2;
 
 /// A stat operation refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StatError {
     /// The schema is invalid.
     Schema(String),
