@@ -44,6 +44,6 @@ pub mod cpu_id {
 /// stock: what the group's stock charges in batches. Charging it directly
 /// bypasses the group's hooks, events and stock — for benchmarks and
 /// stress tests.
-pub fn usage_counter(group: &crate::Group) -> &std::sync::Arc<UsageCounter> {
+pub fn usage_counter(group: &crate::Group) -> &UsageCounter {
     group.usage_counter()
 }
