@@ -601,6 +601,19 @@ impl PerCpu {
             };
             return (cpu < self.regions).then_some((cpu, new));
         }
+        // SAFETY: forwarded.
+        unsafe { self.add_current_slow(index, delta) }
+    }
+
+    /// [`PerCpu::add_current`] outside its common case, out of line so that
+    /// callers inline only the common case (a caller's frame then saves no
+    /// registers for paths it rarely takes).
+    ///
+    /// # Safety
+    /// `index < self.len()`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn add_current_slow(&self, index: usize, delta: i64) -> Option<(usize, i64)> {
         #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
         if self.rseq_field != 0 {
             // SAFETY: forwarded.
