@@ -12,7 +12,7 @@
 //! back when the block is freed or grown. (Header bytes are the caller's:
 //! they are not counted in [`Accounted::reconcile`]'s headers.)
 
-use super::{in_hook, Accounted};
+use super::Accounted;
 use crate::alloc::{current, enter_held};
 use crate::group::{AccountKey, Group};
 
@@ -65,14 +65,7 @@ impl<A> Accounted<A> {
         let Some(key) = (unsafe { AccountKey::from_ptr(account) }) else {
             return true;
         };
-        let Some(st) = self.attached() else {
-            return false;
-        };
-        if in_hook() {
-            self.charge_bytes(st, key, n).is_ok()
-        } else {
-            self.charge_slow(st, key, n, false) == Ok(Some(key))
-        }
+        self.charge_growth(key, n)
     }
 
     /// Uncharge `n` bytes of a block charged to `account` (freed, or
