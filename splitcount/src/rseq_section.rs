@@ -1,12 +1,14 @@
-//! One template for the critical sections that reach glibc's rseq area
-//! through the thread pointer (`fs:[offset]`): the descriptor, the arming,
+//! One template for every rseq critical section: the descriptor, the arming,
 //! the abort handler out of line (behind the signature glibc registered,
 //! `0x53053053`), and the disarm. A sequence supplies its body (from the
 //! start, label `22`, to its commit, the last instruction before label
 //! `23`), what runs after the commit on the way out (optional), and its
-//! operands; `{off}` is the area's offset and `{tmp}` a scratch register
-//! (it holds the descriptor's address on entry to the body). Leaving the
-//! body early is a jump to `25f`, the disarm.
+//! operands. The area is reached through the thread pointer (`off = …`:
+//! `{off}` is glibc's offset, the area `fs:[{off}]`) or through its address
+//! (`area = …`: `{area}`, for areas splitcount registered and concurrency
+//! ids). `{tmp}` is a scratch register (it holds the descriptor's address
+//! on entry to the body). Leaving the body early is a jump to `25f`, the
+//! disarm.
 //!
 //! ```text
 //!  __rseq_cs: 20: { version 0, flags 0, start_ip 22, post_commit 23 − 22, abort_ip 24 }
@@ -43,6 +45,34 @@ macro_rules! rseq_section {
             "25:",
             "mov qword ptr fs:[{off} + 8], 0",
             off = in(reg) $off,
+            tmp = out(reg) _,
+            $($operands)*
+        )
+    };
+    (area = $area:expr; body = [$($line:literal),+ $(,)?]; after = [$($after:literal),* $(,)?]; $($operands:tt)*) => {
+        std::arch::asm!(
+            ".pushsection __rseq_cs, \"aw\"",
+            ".balign 32",
+            "20:",
+            ".long 0, 0",
+            ".quad 22f, (23f - 22f), 24f",
+            ".popsection",
+            "21:",
+            "lea {tmp}, [rip + 20b]",
+            "mov qword ptr [{area} + 8], {tmp}",
+            "22:",
+            $($line,)+
+            "23:",
+            $($after,)*
+            ".pushsection __rseq_failure, \"ax\"",
+            ".byte 0x0f, 0xb9, 0x3d",
+            ".long 0x53053053",
+            "24:",
+            "jmp 21b",
+            ".popsection",
+            "25:",
+            "mov qword ptr [{area} + 8], 0",
+            area = in(reg) $area,
             tmp = out(reg) _,
             $($operands)*
         )
