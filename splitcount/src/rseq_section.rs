@@ -21,35 +21,20 @@
 
 /// See the module docs.
 macro_rules! rseq_section {
-    (off = $off:expr; body = [$($line:literal),+ $(,)?]; after = [$($after:literal),* $(,)?]; $($operands:tt)*) => {
-        std::arch::asm!(
-            ".pushsection __rseq_cs, \"aw\"",
-            ".balign 32",
-            "20:",
-            ".long 0, 0",
-            ".quad 22f, (23f - 22f), 24f",
-            ".popsection",
-            "21:",
-            "lea {tmp}, [rip + 20b]",
-            "mov qword ptr fs:[{off} + 8], {tmp}",
-            "22:",
-            $($line,)+
-            "23:",
-            $($after,)*
-            ".pushsection __rseq_failure, \"ax\"",
-            ".byte 0x0f, 0xb9, 0x3d",
-            ".long 0x53053053",
-            "24:",
-            "jmp 21b",
-            ".popsection",
-            "25:",
-            "mov qword ptr fs:[{off} + 8], 0",
-            off = in(reg) $off,
-            tmp = out(reg) _,
-            $($operands)*
-        )
+    (off = $off:expr; $($rest:tt)*) => {
+        rseq_section!(@ off = $off,
+            arm = "mov qword ptr fs:[{off} + 8], {tmp}",
+            disarm = "mov qword ptr fs:[{off} + 8], 0";
+            $($rest)*)
     };
-    (area = $area:expr; body = [$($line:literal),+ $(,)?]; after = [$($after:literal),* $(,)?]; $($operands:tt)*) => {
+    (area = $area:expr; $($rest:tt)*) => {
+        rseq_section!(@ area = $area,
+            arm = "mov qword ptr [{area} + 8], {tmp}",
+            disarm = "mov qword ptr [{area} + 8], 0";
+            $($rest)*)
+    };
+    (@ $base:ident = $value:expr, arm = $arm:literal, disarm = $disarm:literal;
+     body = [$($line:literal),+ $(,)?]; after = [$($after:literal),* $(,)?]; $($operands:tt)*) => {
         std::arch::asm!(
             ".pushsection __rseq_cs, \"aw\"",
             ".balign 32",
@@ -59,7 +44,7 @@ macro_rules! rseq_section {
             ".popsection",
             "21:",
             "lea {tmp}, [rip + 20b]",
-            "mov qword ptr [{area} + 8], {tmp}",
+            $arm,
             "22:",
             $($line,)+
             "23:",
@@ -71,8 +56,8 @@ macro_rules! rseq_section {
             "jmp 21b",
             ".popsection",
             "25:",
-            "mov qword ptr [{area} + 8], 0",
-            area = in(reg) $area,
+            $disarm,
+            $base = in(reg) $value,
             tmp = out(reg) _,
             $($operands)*
         )
