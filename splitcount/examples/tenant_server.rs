@@ -25,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use splitcount::alloc::Accounted;
-use splitcount::group::{Group, Hierarchy, OverLimit};
+use splitcount::group::{BreachMode, Group, Hierarchy, OverLimit};
 use splitcount::task::{drain_on_park, spawn_in_current, GroupLayer};
 use std::alloc::System;
 use std::collections::HashMap;
@@ -50,10 +50,15 @@ pub fn app(memory: Hierarchy) -> Router {
     let per_request = GroupLayer::new(
         move |req: &Request<axum::body::Body>| -> Option<Group> {
             let tenant = req.headers().get("x-tenant")?.to_str().ok()?;
-            let t = tenants.child_or_create(tenant).ok()?;
-            if t.max() == splitcount::charge::UNLIMITED {
-                t.set_max(TENANT_MAX).ok()?;
-            }
+            // The tenant's limit is set once, when its group is made (a
+            // limit an operator changes later stays); its breach lasts
+            // while it is over the limit, not for ever.
+            let t = tenants
+                .child_or_create_with(tenant, |t| {
+                    t.set_breach_mode(BreachMode::Level);
+                    t.set_max(TENANT_MAX)
+                })
+                .ok()?;
             let id = next.fetch_add(1, Ordering::Relaxed);
             let g = t.child(&format!("req-{id}")).ok()?;
             g.set_max(REQUEST_MAX).ok()?;
@@ -112,12 +117,15 @@ async fn usage(State(memory): State<Hierarchy>) -> String {
         .iter()
         .map(|t| {
             format!(
-                "{} usage={} peak={} max={} refusals={} requests={}\n",
+                "{} usage={} peak={} max={} over_limit={} refused={} requests={}\n",
                 t.name(),
                 t.usage(),
                 t.peak(),
                 t.max(),
-                t.events().max,
+                // The request groups are gone: their counts live on in the
+                // tenant's subtree totals.
+                t.subtree_events().breaches,
+                t.subtree_events().refused,
                 t.children().len()
             )
         })

@@ -103,7 +103,7 @@ pub mod task;
 pub use alloc::{Accounted, AttachError};
 pub use charge::Enforcement;
 pub use counter::{Config, ConfigError, CounterError, Design, SplitCounter, Tree};
-pub use group::{ChargeError, Group, GroupError, Hierarchy, Reservation};
+pub use group::{BreachMode, ChargeError, Group, GroupError, Hierarchy, Reservation};
 
 /// The README's examples, compiled and run as doctests so they stay true.
 #[cfg(doctest)]

@@ -71,6 +71,11 @@ fn the_example_server_fails_a_request_over_its_limit_and_serves_the_others() {
             usage.contains("acme usage=") && usage.contains("requests=0"),
             "{usage}"
         );
+        // The 507 is counted at its tenant after its request group is gone.
+        let greedy = usage.lines().find(|l| l.starts_with("greedy ")).unwrap();
+        assert!(greedy.contains(" over_limit=1 refused=0 "), "{usage}");
+        let acme = usage.lines().find(|l| l.starts_with("acme ")).unwrap();
+        assert!(acme.contains(" over_limit=0 refused=0 "), "{usage}");
     });
     drop(rt);
     std::thread::sleep(Duration::from_millis(50));
@@ -91,6 +96,8 @@ fn the_example_server_fails_a_request_over_its_limit_and_serves_the_others() {
     assert_eq!(
         greedy.events().max,
         0,
-        "the request's limit refused, not the tenant's"
+        "the request's limit was passed, not the tenant's"
     );
+    let e = greedy.subtree_events();
+    assert_eq!((e.breaches, e.refused, e.oom), (1, 0, 0), "{e:?}");
 }

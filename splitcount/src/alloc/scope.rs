@@ -41,14 +41,6 @@ pub(crate) fn run_unaccounted(f: &mut dyn FnMut()) {
     without_accounting(f)
 }
 
-/// Take `n` bytes of the reporting grace, if that much is left.
-pub(crate) fn take_grace(n: u64) -> bool {
-    STATE.with(|t| {
-        let left = t.grace.get();
-        (left >= n).then(|| t.grace.set(left - n)).is_some()
-    })
-}
-
 /// Grant (or with 0, end) the reporting grace.
 pub(crate) fn set_grace(bytes: u64) {
     STATE.with(|t| t.grace.set(bytes));

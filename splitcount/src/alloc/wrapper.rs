@@ -4,18 +4,12 @@
 
 use super::charging::{Charging, Requested};
 use super::reconcile::Reconciliation;
-use super::reserve::{drain_thread, flush_headers, RESERVE_BATCH};
-use super::scope::{in_hook, run_unaccounted, set_grace, take_grace, without_accounting};
+use super::reserve::{drain_thread, flush_headers};
+use super::scope::{in_hook, run_unaccounted, without_accounting};
 use super::thread::{arm_exit_guard, STATE};
-use crate::charge::usage::EPISODE_REFUSED;
-use crate::charge::{
-    Consumed, Enforcement, StockError, UsageCounter, MAX_REQUEST, MAX_STOCK_SLOTS, UNLIMITED,
-};
+use crate::charge::{Consumed, StockError, UsageCounter, MAX_STOCK_SLOTS};
 use crate::cpu::{self, Machine};
-use crate::group::{
-    emit_event, AccountKey, Bytes, EventKind, Group, Hierarchy, Node, OverLimit, Refusal, Shared,
-    TOP_CONSUMERS,
-};
+use crate::group::{AccountKey, Bytes, Group, Hierarchy, Refusal};
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::RefCell;
 use std::fmt;
@@ -359,70 +353,6 @@ impl<A, C: Charging> Accounted<A, C> {
         }
     }
 
-    /// Everything but a reserve hit: redirect a removed group's scope to the
-    /// nearest live ancestor, refill the reserve, or charge exactly (with
-    /// reclaim, draining and hooks); over a limit, what the refusing group's
-    /// [`Enforcement`] says.
-    #[cold]
-    fn charge_slow(
-        &self,
-        st: &Attached,
-        acc: AccountKey,
-        n: u64,
-        redirect: bool,
-    ) -> Result<Option<AccountKey>, ()> {
-        flush_headers();
-        // A scope on a removed group charges the nearest live ancestor.
-        let mut held: Option<Arc<Node>> = None;
-        let acc = if redirect && acc.is_removed() {
-            match acc.live_node() {
-                Some(node) => {
-                    let a = node.existing_account().unwrap_or(st.root);
-                    held = Some(node);
-                    a
-                }
-                None => st.root,
-            }
-        } else {
-            acc
-        };
-        // A reserve refill, unless the thread is past its exit guard (no one
-        // would return it).
-        let exiting = STATE.try_with(|t| t.exiting.get()).unwrap_or(true);
-        if n < RESERVE_BATCH && !exiting && self.charge_bytes(st, acc, n + RESERVE_BATCH).is_ok() {
-            set_grace(0);
-            if let Ok(Some((old, bytes))) = STATE.try_with(|t| t.reserve.refill(acc, RESERVE_BATCH))
-            {
-                self.uncharge_shared(st, old, bytes);
-            }
-            return Ok(Some(acc));
-        }
-        if n > MAX_REQUEST {
-            return self.refuse(st, acc, n, acc.usage());
-        }
-        let node = match held.take().or_else(|| acc.node()) {
-            Some(node) => node,
-            None => acc.live_node().ok_or(())?,
-        };
-        let shared = st.hierarchy.shared();
-        let mut try_charge = || self.charge_bytes(st, acc, n);
-        // With accounting off: nothing on this path may charge the full
-        // group (its own bookkeeping, the hooks).
-        let charged = without_accounting(|| {
-            shared.charge_with_reclaim(&node, n, &mut try_charge, run_unaccounted)
-        });
-        match charged {
-            Ok(crossed) => {
-                set_grace(0);
-                if crossed {
-                    shared.pressure(&node, run_unaccounted);
-                }
-                Ok(Some(acc))
-            }
-            Err(refuser) => self.over_limit(st, acc, &node, &refuser, n),
-        }
-    }
-
     /// Charge the growth of a block by `realloc` (`n` bytes) to `key`, the
     /// account in its header — the one its free will uncharge. Inside a
     /// hook the growth is still charged (and may be refused), only without
@@ -490,113 +420,8 @@ impl<A, C: Charging> Accounted<A, C> {
         acc.try_charge(n).map_err(|r| r as *const UsageCounter)
     }
 
-    /// Reclaim and draining did not make room under `refuser`'s limit.
-    #[cold]
-    fn over_limit(
-        &self,
-        st: &Attached,
-        acc: AccountKey,
-        node: &Arc<Node>,
-        refuser: &Arc<Node>,
-        n: u64,
-    ) -> Result<Option<AccountKey>, ()> {
-        let limit = &refuser.usage;
-        if limit.enforcement() == Enforcement::Cooperative {
-            // The nearest ceiling in the way, if any.
-            let ceiling = acc
-                .usage()
-                .chain()
-                .find(|c| c.ceiling() != UNLIMITED && c.usage().saturating_add(n) > c.ceiling());
-            match ceiling {
-                None => {
-                    if acc.force_charge(n) {
-                        st.hierarchy.shared().pressure(node, run_unaccounted);
-                    }
-                    let shared = st.hierarchy.shared();
-                    without_accounting(|| record_breach(shared, node, refuser, n));
-                    set_grace(0);
-                    return Ok(Some(acc));
-                }
-                Some(c) => return self.refuse(st, acc, n, c),
-            }
-        }
-        self.refuse(st, acc, n, limit)
-    }
-
-    /// Refuse an allocation of `n` bytes charged through `acc` because of
-    /// `by`'s limit: remember it, run the refusal hooks (one more try if one
-    /// freed memory), then — unless the thread is in its reporting grace —
-    /// return the refusal.
-    #[cold]
-    fn refuse(
-        &self,
-        st: &Attached,
-        acc: AccountKey,
-        n: u64,
-        by: &UsageCounter,
-    ) -> Result<Option<AccountKey>, ()> {
-        // While the thread panics (a panic message, a backtrace, unwinding)
-        // and within the reporting grace, allocations that would be refused
-        // pass through unaccounted: error reports always print.
-        if std::thread::panicking() || (n <= REPORTING_GRACE_ALLOCATION && take_grace(n)) {
-            return Ok(None);
-        }
-        let retry = without_accounting(|| {
-            let node = acc.node().or_else(|| acc.live_node());
-            let group = node
-                .as_ref()
-                .map(|n| n.find(by).path.clone())
-                .unwrap_or_default();
-            let limit = if by.usage().saturating_add(n) > by.ceiling() {
-                by.ceiling()
-            } else {
-                by.max()
-            };
-            let refuser = node.as_ref().map(|n| n.find(by));
-            let refusal = Refusal {
-                request: n,
-                group,
-                limit,
-                usage: by.usage(),
-                top: refuser
-                    .as_ref()
-                    .map_or_else(Vec::new, |r| r.top(TOP_CONSUMERS)),
-            };
-            let _ = LAST_REFUSAL.try_with(|r| *r.borrow_mut() = Some(refusal.clone()));
-            // The charged group's subscribers first, then its ancestors'.
-            let mut n_ = node;
-            while let Some(g) = n_ {
-                if let Some(h) = g.hooks() {
-                    for hook in &h.alloc_refusal {
-                        if crate::group::run_hook(false, || hook(&refusal)) {
-                            return true;
-                        }
-                    }
-                }
-                n_ = g.parent.clone();
-            }
-            false
-        });
-        if retry && self.charge_bytes(st, acc, n).is_ok() {
-            return Ok(Some(acc));
-        }
-        if by.begin_episode(EPISODE_REFUSED) {
-            if let Some(refuser) = acc.node().or_else(|| acc.live_node()).map(|n| n.find(by)) {
-                let shared = st.hierarchy.shared();
-                emit_event(
-                    shared,
-                    &refuser,
-                    EventKind::MaxRefused,
-                    by.usage(),
-                    by.max(),
-                    None,
-                );
-            }
-        }
-        set_grace(REPORTING_GRACE);
-        Err(())
-    }
-
+    /// Return `n` bytes charged through the account `acc` (null: nothing
+    /// was charged).
     ///
     /// The fast path: the block's account is the reserve's and the bytes
     /// fit under [`MAX_THREAD_RESERVE`](super::MAX_THREAD_RESERVE): one
@@ -657,36 +482,6 @@ impl<A, C: Charging> Accounted<A, C> {
         let _ = stock
             .stash_with(|| st.machine.current_cpu(), &acc, n)
             .uncharge();
-    }
-}
-
-/// Mark the groups from `node` up to `refuser` breached, and tell each
-/// newly breached one's subscribers (with accounting off: this formats
-/// paths). The record is made once, by the first over-charge of a breach;
-/// later ones (until the breach is cleared) only load a flag per group.
-fn record_breach(shared: &Arc<Shared>, node: &Arc<Node>, refuser: &Arc<Node>, n: u64) {
-    let mut over: Option<OverLimit> = None;
-    let mut make = || {
-        over.get_or_insert_with(|| OverLimit {
-            charged: node.path.clone(),
-            group: refuser.path.clone(),
-            usage: refuser.usage.usage(),
-            max: refuser.usage.max(),
-            request: n,
-            top: refuser.top(TOP_CONSUMERS),
-        })
-        .clone()
-    };
-    let mut g = Some(node.clone());
-    while let Some(x) = g {
-        if x.record_breach(&mut make) {
-            let (usage, max) = (refuser.usage.usage(), refuser.usage.max());
-            emit_event(shared, &x, EventKind::Breached, usage, max, None);
-        }
-        if Arc::ptr_eq(&x, refuser) {
-            break;
-        }
-        g = x.parent.clone();
     }
 }
 
@@ -850,6 +645,7 @@ impl<A, C: Charging> fmt::Debug for Accounted<A, C> {
 #[allow(dead_code)]
 fn _doc_links(_: &Group) {}
 
+mod limit;
 mod raw;
 #[doc(hidden)]
 pub use raw::raw_account;

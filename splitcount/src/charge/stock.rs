@@ -44,7 +44,7 @@
 use super::stock_rseq;
 use super::usage::UsageCounter;
 use crate::sync::{
-    Arc, AtomicU32, AtomicUsize,
+    Arc, AtomicU32, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
 
@@ -254,7 +254,36 @@ pub struct Stock<K: StockKey = Arc<UsageCounter>> {
     batch: u64,
     slots: usize,
     mode: Mode,
+    /// Counts of the cold paths that reach other CPUs' blocks.
+    activity: Activity,
     _keys: std::marker::PhantomData<K>,
+}
+
+#[derive(Default)]
+struct Activity {
+    drains: AtomicU64,
+    remote_locks: AtomicU64,
+    fences: AtomicU64,
+}
+
+/// What a stock's drains have cost the other CPUs, counted since the stock
+/// was made ([`Stock::activity`]; for a hierarchy,
+/// [`crate::group::Hierarchy::stock_activity`]). A tenant over its limit
+/// must not interrupt the CPUs of other tenants: these counts show whether
+/// it does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StockActivity {
+    /// Drains of the stock by a predicate (refusals that drain the
+    /// refusing subtree, `set_max`, `drain_stocks`).
+    pub drains: u64,
+    /// Blocks of other CPUs locked (a compare-and-swap on that CPU's
+    /// line) by drains, removals and reads.
+    pub remote_locks: u64,
+    /// CPUs interrupted (`membarrier` on that CPU) so that a drain could
+    /// take their units: rseq mode only, and only for blocks that held
+    /// units of what was drained.
+    pub fences: u64,
 }
 
 /// A stock that cannot be built: each variant names the valid range.
@@ -351,6 +380,7 @@ impl<K: StockKey> Stock<K> {
             batch,
             slots,
             mode,
+            activity: Activity::default(),
             _keys: std::marker::PhantomData,
         };
         #[cfg(all(unix, not(loom)))]
@@ -413,6 +443,20 @@ impl<K: StockKey> Stock<K> {
     /// The lock of CPU `cpu`'s block, waiting for it; in rseq mode, also
     /// fencing the sequences in flight on that CPU (see `stock_rseq.rs`).
     fn lock_remote(&self, cpu: usize) -> Locked<'_> {
+        let (locked, fenced) = self.lock_unfenced(cpu);
+        if !fenced {
+            self.fence(cpu);
+        }
+        locked
+    }
+
+    /// The lock of CPU `cpu`'s block, waiting for it, and whether the
+    /// block is safe from the sequences already (lock mode, or the block of
+    /// the CPU this thread runs on, locked by a critical section). Without
+    /// the fence ([`Stock::fence`]) the holder may read the block's keys
+    /// (written only under the lock) but not rely on its units: a sequence
+    /// on that CPU that saw the block unlocked may still commit to them.
+    fn lock_unfenced(&self, cpu: usize) -> (Locked<'_>, bool) {
         // On the block's own CPU, a critical section takes the lock and no
         // fence is needed.
         #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
@@ -422,9 +466,8 @@ impl<K: StockKey> Stock<K> {
                 unsafe { stock_rseq::lock_local(offset, self.base(), self.cpus.len()) }
             {
                 if here == cpu % self.cpus.len() {
-                    return Locked {
-                        block: &self.cpus[here],
-                    };
+                    let block = &self.cpus[here];
+                    return (Locked { block }, true);
                 }
                 self.cpus[here].unlock();
             }
@@ -433,11 +476,29 @@ impl<K: StockKey> Stock<K> {
         while !block.try_lock() {
             crate::sync::thread::yield_now();
         }
+        self.activity.remote_locks.fetch_add(1, Relaxed);
+        (Locked { block }, self.mode == Mode::Locks)
+    }
+
+    /// Make a remote lock holder of CPU `cpu`'s block safe from the
+    /// sequences in flight there (rseq mode: `membarrier` on that CPU, an
+    /// interrupt; lock mode: nothing).
+    fn fence(&self, cpu: usize) {
         #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
         if let Mode::Rseq { .. } = self.mode {
+            self.activity.fences.fetch_add(1, Relaxed);
             stock_rseq::fence_cpu(cpu % self.cpus.len());
         }
-        Locked { block }
+        let _ = cpu;
+    }
+
+    /// What the stock's drains have cost so far (see [`StockActivity`]).
+    pub fn activity(&self) -> StockActivity {
+        StockActivity {
+            drains: self.activity.drains.load(Relaxed),
+            remote_locks: self.activity.remote_locks.load(Relaxed),
+            fences: self.activity.fences.load(Relaxed),
+        }
     }
 
     /// Take `n` units for `key` from CPU `cpu`'s stock.
@@ -487,6 +548,7 @@ impl<K: StockKey> Stock<K> {
                 let left = b.units(i) - n;
                 b.set_units(i, left);
                 let emptied = (!K::KEEP_EMPTY && left == 0).then(|| {
+                    key.counter().note_stock_slot(false);
                     // Relaxed: under the lock.
                     b.keys[i].swap(0, Relaxed)
                 });
@@ -576,10 +638,13 @@ impl<K: StockKey> Stock<K> {
                     b.victim.store(((v + 1) % self.slots) as u32, Relaxed);
                     v
                 });
+                key.counter().note_stock_slot(true);
                 let old = b.keys[i].swap(key.clone().into_raw(), Relaxed);
                 if old != 0 {
                     // SAFETY: the slot owned the victim's word.
-                    left.push(unsafe { K::from_raw(old) }, b.units(i));
+                    let victim = unsafe { K::from_raw(old) };
+                    victim.counter().note_stock_slot(false);
+                    left.push(victim, b.units(i));
                 }
                 b.set_units(i, 0);
                 // A drain looking for a retired key without the lock (see
@@ -589,6 +654,7 @@ impl<K: StockKey> Stock<K> {
                 crate::sync::fence(SeqCst);
                 if key.counter().is_retired() {
                     let raw = b.keys[i].swap(0, Relaxed);
+                    key.counter().note_stock_slot(false);
                     // SAFETY: the word we just stored.
                     drop(unsafe { K::from_raw(raw) });
                     left.push(key.clone(), n);
@@ -659,35 +725,63 @@ impl<K: StockKey> Stock<K> {
         left
     }
 
-    /// Take one of CPU `cpu`'s slots whose counter satisfies `which`, under
-    /// the block's lock (fenced in rseq mode).
-    fn take_one(&self, cpu: usize, which: &dyn Fn(&UsageCounter) -> bool) -> Option<(K, u64)> {
-        let locked = self.lock_remote(cpu);
+    /// Take every slot of CPU `cpu` that holds units and whose counter
+    /// satisfies `which`. The block is locked without the fence first, to
+    /// look at its keys; only when a slot is to be taken is the CPU fenced
+    /// (rseq mode) — a CPU that stocks nothing of interest is never
+    /// interrupted. The taken keys and units are returned (to be given
+    /// back outside the lock).
+    fn take_matching(
+        &self,
+        cpu: usize,
+        which: &dyn Fn(&UsageCounter) -> bool,
+    ) -> [Option<(K, u64)>; MAX_STOCK_SLOTS] {
+        let mut taken: [Option<(K, u64)>; MAX_STOCK_SLOTS] = Default::default();
+        let (locked, mut fenced) = self.lock_unfenced(cpu);
         let b = locked.block;
-        let i = (0..self.slots).find(|&i| {
-            // Relaxed: under the lock.
+        for (i, taken) in taken.iter_mut().enumerate().take(self.slots) {
+            // Relaxed: keys change only under the lock, which we hold.
             let raw = b.keys[i].load(Relaxed);
+            // Units may still move before the fence: a slot seen empty is
+            // one that a sequence fills after this look (as if it came
+            // after the drain).
+            if raw == 0 || b.units(i) == 0 {
+                continue;
+            }
             // SAFETY: under the lock the slot keeps its key alive; borrowed
             // (`ManuallyDrop`), not owned.
-            raw != 0 && {
-                let k = std::mem::ManuallyDrop::new(unsafe { K::from_raw(raw) });
-                which(k.counter())
+            let k = std::mem::ManuallyDrop::new(unsafe { K::from_raw(raw) });
+            if !which(k.counter()) {
+                continue;
             }
-        })?;
-        Some(self.take_slot(locked, i))
+            if !fenced {
+                self.fence(cpu);
+                fenced = true;
+            }
+            *taken = Some(Self::clear_slot(b, i));
+        }
+        drop(locked);
+        taken
+    }
+
+    /// Empty slot `i` of a locked (and fenced) block: its key and units.
+    fn clear_slot(b: &Block, i: usize) -> (K, u64) {
+        // Relaxed: under the lock.
+        let raw = b.keys[i].swap(0, Relaxed);
+        let units = b.units(i);
+        b.set_units(i, 0);
+        // SAFETY: the slot owned the word; taken out once.
+        let key = unsafe { K::from_raw(raw) };
+        key.counter().note_stock_slot(false);
+        (key, units)
     }
 
     /// Empty slot `i` of a locked block: its key and units (the key dropped
     /// by the caller, outside the lock).
     fn take_slot(&self, locked: Locked<'_>, i: usize) -> (K, u64) {
-        let b = locked.block;
-        // Relaxed: under the lock.
-        let raw = b.keys[i].swap(0, Relaxed);
-        let units = b.units(i);
-        b.set_units(i, 0);
+        let taken = Self::clear_slot(locked.block, i);
         drop(locked);
-        // SAFETY: the slot owned the word; taken out once.
-        (unsafe { K::from_raw(raw) }, units)
+        taken
     }
 
     /// Drain (uncharge) every CPU's slots whose counter satisfies `which`;
@@ -699,10 +793,24 @@ impl<K: StockKey> Stock<K> {
     ///
     /// Every unit stocked for a matching counter when the call starts is
     /// returned by the time it ends, unless a thread re-stocked it since.
+    ///
+    /// What it costs the other CPUs: a block without a key is skipped
+    /// after a plain look at its key words; a block with keys is locked
+    /// (a compare-and-swap on its line) and its keys looked at; only a
+    /// block that holds units of a matching counter is fenced (rseq mode:
+    /// an interrupt of that CPU) and emptied of them. [`Stock::activity`]
+    /// counts all three.
     pub fn drain_all(&self, which: &dyn Fn(&UsageCounter) -> bool) -> u64 {
+        self.activity.drains.fetch_add(1, Relaxed);
         let mut drained = 0;
         for cpu in 0..self.cpus.len() {
-            while let Some((k, units)) = self.take_one(cpu, which) {
+            // Relaxed: a hint; a key stored after this look is one stocked
+            // after the drain passed this CPU.
+            let b = self.block(cpu);
+            if (0..self.slots).all(|i| b.keys[i].load(Relaxed) == 0) {
+                continue;
+            }
+            for (k, units) in self.take_matching(cpu, which).into_iter().flatten() {
                 k.return_units(units);
                 drained += units;
             }
@@ -753,7 +861,10 @@ impl<K: StockKey> Stock<K> {
     fn stocked_where(&self, which: &dyn Fn(&UsageCounter) -> bool) -> u64 {
         (0..self.cpus.len())
             .map(|cpu| {
-                let locked = self.lock_remote(cpu);
+                // Reading needs no fence: the keys are stable under the
+                // lock, and a unit count a sequence changes meanwhile is as
+                // good as the count just before or after it.
+                let (locked, _) = self.lock_unfenced(cpu);
                 let b = locked.block;
                 (0..self.slots)
                     .filter(|&i| {
@@ -803,7 +914,8 @@ impl<K: StockKey> Drop for Stock<K> {
                 let raw = k.load(Relaxed);
                 if raw != 0 {
                     // SAFETY: the slot owned the word; dropped once.
-                    drop(unsafe { K::from_raw(raw) });
+                    let key = unsafe { K::from_raw(raw) };
+                    key.counter().note_stock_slot(false);
                 }
             }
         }

@@ -45,29 +45,58 @@ use crossbeam_utils::CachePadded;
 use std::fmt;
 
 /// Event counts of one counter, as a snapshot.
+///
+/// | count | one per | the kernel's |
+/// |---|---|---|
+/// | `max` | charge that hit this counter's `max`: refused, or let through over it ([`Enforcement::Cooperative`]) | `memory.events` `max` |
+/// | `high` | crossing of `high` upwards | `high` |
+/// | `oom` | charge **refused** here after reclaim hooks, draining and OOM hooks failed to make room; never a cooperative over-charge | `oom` |
+/// | `breaches` | crossing of `max` by cooperative over-charges: the first over-charge of each episode over the limit (an episode ends when an uncharge takes the usage back below `max`) | — |
+/// | `refused` | charge refused because of this counter's limit (or ceiling): a null from the allocator, an `Err` from [`crate::group::Group::charge`] | — |
+/// | `underflow` | uncharge of more than the counter held (clamped at zero) | — |
+///
+/// `max ≥ refused`, and `max ≥ breaches`: a group hammered over a
+/// cooperative limit counts every over-charge in `max` and one in
+/// `breaches`. A server that removes its per-request groups reads a
+/// tenant's refusals and breaches in the tenant's
+/// [`crate::group::Group::subtree_events`] (the request groups' own counts go
+/// with them).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct Events {
-    /// Charges refused at this counter (its `max` was in the way).
+    /// Charges that hit this counter's `max`: refused, or let through over
+    /// it by a cooperative limit (the kernel's meaning).
     pub max: u64,
     /// Times a charge took this counter's usage above its `high` soft limit
     /// (from at or below it): one per crossing, not one per charge above.
     pub high: u64,
-    /// Times the charge path gave up at this counter after reclaim and
-    /// draining (the out-of-memory hook ran).
+    /// Charges refused at this counter after reclaim, draining and the
+    /// out-of-memory hooks failed to make room. A cooperative over-charge
+    /// is never counted here.
     pub oom: u64,
     /// Uncharges of more than the counter held (clamped at zero).
     pub underflow: u64,
+    /// Crossings of `max` by cooperative over-charges: one per episode
+    /// over the limit, however many charges it let through.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub breaches: u64,
+    /// Charges refused because of this counter's `max` (or ceiling): nulls
+    /// from the allocator, errors from `Group::charge`.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub refused: u64,
 }
 
 impl Events {
-    fn of(slots: &[AtomicU64; 4]) -> Events {
+    fn of(slots: &[AtomicU64; KINDS]) -> Events {
         let at = |k: Kind| slots[k as usize].load(Relaxed);
         Events {
             max: at(Kind::Max),
             high: at(Kind::High),
             oom: at(Kind::Oom),
             underflow: at(Kind::Underflow),
+            breaches: at(Kind::Breach),
+            refused: at(Kind::Refused),
         }
     }
 }
@@ -76,6 +105,12 @@ impl Events {
 struct Hot {
     usage: AtomicU64,
     watermark: AtomicU64,
+    /// Stock slots, over every CPU and every stock, whose key's counter is
+    /// this one or one below it (see [`UsageCounter::stock_slots`]).
+    /// Changed when a slot takes or gives up a key — on the stock's miss
+    /// paths, right after the batch charge that wrote `usage` — so it shares
+    /// that line.
+    stock_slots: AtomicU64,
 }
 
 /// Read-mostly: read by every charge, written by configuration.
@@ -91,10 +126,10 @@ struct Limits {
 /// the others: read on refusals and crossings of `high`, not per charge.
 struct EventCounts {
     /// This counter's own events, by [`Kind`].
-    local: [AtomicU64; 4],
+    local: [AtomicU64; KINDS],
     /// Events of this counter and every counter below it (the kernel's
     /// `memory.events` vs `memory.events.local`).
-    subtree: [AtomicU64; 4],
+    subtree: [AtomicU64; KINDS],
     /// One `set_max` at a time.
     setting: Mutex<()>,
     /// Bit 0: usage is above `high` (since the last crossing upwards, until
@@ -144,12 +179,20 @@ enum Kind {
     High = 1,
     Oom = 2,
     Underflow = 3,
+    Breach = 4,
+    Refused = 5,
 }
+
+/// How many kinds of event a counter counts.
+const KINDS: usize = 6;
 
 /// Episode bit: the charge path reached the OOM stage at this counter.
 pub(crate) const EPISODE_OOM: u8 = 1;
 /// Episode bit: a charge was refused by this counter's `max`.
 pub(crate) const EPISODE_REFUSED: u8 = 2;
+/// Episode bit: a cooperative over-charge went past this counter's `max`
+/// (a breach: counted once per episode, in [`Events::breaches`]).
+pub(crate) const EPISODE_BREACHED: u8 = 4;
 
 impl Default for EventCounts {
     fn default() -> Self {
@@ -264,6 +307,7 @@ impl UsageCounter {
             hot: CachePadded::new(Hot {
                 usage: AtomicU64::new(0),
                 watermark: AtomicU64::new(0),
+                stock_slots: AtomicU64::new(0),
             }),
             limits: CachePadded::new(Limits {
                 max: AtomicU64::new(UNLIMITED),
@@ -471,6 +515,58 @@ impl UsageCounter {
     /// Count an out-of-memory event (the charge path gave up here).
     pub fn record_oom(&self) {
         self.count(Kind::Oom);
+    }
+
+    /// Count a charge refused because of this counter's limit.
+    pub(crate) fn record_refused(&self) {
+        self.count(Kind::Refused);
+    }
+
+    /// A cooperative over-charge went past this counter's `max`: counted
+    /// as a `max` event, and — the first of its episode over the limit — as
+    /// a breach. Returns whether this one began the episode.
+    pub(crate) fn record_over_charge(&self) -> bool {
+        self.count(Kind::Max);
+        let first = self.begin_episode(EPISODE_BREACHED);
+        if first {
+            self.count(Kind::Breach);
+        }
+        first
+    }
+
+    /// Whether this counter is in an episode over its limit that a
+    /// cooperative over-charge already began (the breach was recorded,
+    /// with its hooks and drains): further over-charges of the episode take
+    /// the cheap path. Ends when an uncharge takes the usage below `max`.
+    #[inline]
+    pub(crate) fn in_breach_episode(&self) -> bool {
+        self.events.episode.load(Relaxed) & EPISODE_BREACHED != 0
+    }
+
+    /// How many stock slots, over every CPU of every stock, hold a key
+    /// whose counter is this one or one below it. Zero means no stock holds
+    /// units of this subtree; at most `stock_slots · batch` units of it
+    /// are stocked. A drain for a refusal reads it to skip what cannot
+    /// make room. Exact whenever no slot changes key concurrently.
+    pub fn stock_slots(&self) -> u64 {
+        self.hot.stock_slots.load(Relaxed)
+    }
+
+    /// A stock slot took a key of this counter (`taken`) or gave one up:
+    /// count it here and at every ancestor. Called under the slot's block
+    /// lock, after storing the key and before giving the lock up (taken),
+    /// or after clearing it (given up).
+    pub(crate) fn note_stock_slot(&self, taken: bool) {
+        for c in self.chain() {
+            // Relaxed: a count read as a hint by drains (see
+            // `stock_slots`); the slot's key word is published by the block
+            // lock.
+            if taken {
+                c.hot.stock_slots.fetch_add(1, Relaxed);
+            } else {
+                c.hot.stock_slots.fetch_sub(1, Relaxed);
+            }
+        }
     }
 
     /// Set the soft limit. Crossing it records `high` events; it never

@@ -3,7 +3,7 @@
 use super::events::{self, EventHook, EventKind, EventReceiver, GroupEvent};
 use super::hierarchy::Shared;
 use super::hooks::{AllocRefusalHook, Hooks, OomHook, PressureHook, ReclaimHook};
-use super::node::Node;
+use super::node::{BreachMode, Node};
 use super::reclaim;
 use super::snapshot::{limit, GroupSnapshot, Snapshot, SnapshotOptions};
 use super::{
@@ -116,17 +116,50 @@ impl Group {
     /// assert_eq!(a, again);
     /// ```
     pub fn child_or_create(&self, name: &str) -> Result<Group, GroupError> {
-        loop {
-            match self.child(name) {
-                Err(GroupError::NameTaken { .. }) => {
-                    // Taken a moment ago; gone again if it was removed since.
-                    if let Some(n) = self.node.children_read().get(name).cloned() {
-                        return Ok(Group::new(self.shared.clone(), n));
-                    }
-                }
-                other => return other,
-            }
-        }
+        self.child_or_create_with(name, |_| Ok(()))
+    }
+
+    /// [`Group::child_or_create`], with `init` run on the group when this
+    /// call creates it — *before* it is published under its name: racing
+    /// callers get the same group, and none of them sees it before `init`
+    /// is done. The way to give a tenant its limit once, at creation, so
+    /// that a limit changed later (or a deliberate "unlimited") is never
+    /// undone by a check-then-set.
+    ///
+    /// If `init` fails, nothing is created and its error is returned. A
+    /// group that already exists is returned as it is (`init` does not
+    /// run). Two callers that both find no group may both run `init`, each
+    /// on a group of its own; one group is published and the other is
+    /// dropped unseen, so `init` should only configure its group. `init` must not create children of the new group (it is not
+    /// in the tree yet: `Removed` is returned for them).
+    ///
+    /// ```
+    /// use splitcount::{Enforcement, Hierarchy};
+    /// use splitcount::group::BreachMode;
+    ///
+    /// let h = Hierarchy::default();
+    /// let tenants = h.root().child("tenants").unwrap();
+    /// let tenant = |name: &str| {
+    ///     tenants.child_or_create_with(name, |g| {
+    ///         g.set_enforcement(Enforcement::Cooperative);
+    ///         g.set_breach_mode(BreachMode::Level);
+    ///         g.set_max(64 << 20)
+    ///     })
+    /// };
+    /// let a = tenant("a").unwrap();
+    /// assert_eq!(a.max(), 64 << 20);
+    /// a.set_max(splitcount::charge::UNLIMITED).unwrap(); // an operator's decision…
+    /// assert_eq!(tenant("a").unwrap().max(), splitcount::charge::UNLIMITED); // …stays
+    /// ```
+    pub fn child_or_create_with(
+        &self,
+        name: &str,
+        init: impl FnOnce(&Group) -> Result<(), GroupError>,
+    ) -> Result<Group, GroupError> {
+        let node = self.shared.child_or_create(&self.node, name, |node| {
+            init(&Group::new(self.shared.clone(), node.clone()))
+        })?;
+        Ok(Group::new(self.shared.clone(), node))
     }
 
     /// The live children, by name.
@@ -261,8 +294,11 @@ impl Group {
 
     /// The checkpoint of cooperative enforcement: `Err` with the numbers if
     /// an allocation charged to this group (or below it) went over a limit
-    /// and was let through ([`Enforcement::Cooperative`]), until
-    /// [`Group::clear_breach`]. Costs one load when nothing happened.
+    /// and was let through ([`Enforcement::Cooperative`]) — until
+    /// [`Group::clear_breach`] ([`BreachMode::Sticky`], the default), or
+    /// until the usage of the group whose limit was passed is back at or
+    /// under its `max` ([`BreachMode::Level`]). Costs one load when nothing
+    /// happened.
     ///
     /// ```
     /// use splitcount::group::Hierarchy;
@@ -281,6 +317,20 @@ impl Group {
     /// Forget a recorded breach (see [`Group::check`]).
     pub fn clear_breach(&self) {
         self.node.clear_breach()
+    }
+
+    /// How long a breach of this group lasts ([`BreachMode::Sticky`] by
+    /// default).
+    pub fn breach_mode(&self) -> BreachMode {
+        self.node.breach_mode()
+    }
+
+    /// Choose how long a breach of this group lasts: until
+    /// [`Group::clear_breach`] (`Sticky`, for per-request groups) or until
+    /// the usage is back under the limit (`Level`, for long-lived tenant
+    /// groups). Applies to the breach recorded now too.
+    pub fn set_breach_mode(&self, mode: BreachMode) {
+        self.node.set_breach_mode(mode)
     }
 
     /// Set the soft limit: crossing it records `high` events and calls the

@@ -5,7 +5,7 @@ use super::flusher::Flusher;
 use super::name::{child_path, components, validate_name};
 use super::node::Node;
 use super::{Group, GroupError};
-use crate::charge::{Stock, UsageCounter, MAX_STOCK_BATCH, MAX_STOCK_SLOTS};
+use crate::charge::{Stock, StockActivity, UsageCounter, MAX_STOCK_BATCH, MAX_STOCK_SLOTS};
 use crate::cpu::Machine;
 use crate::stat::{StatError, StatGroup, StatId, StatItem, Stats};
 use std::sync::Arc;
@@ -229,7 +229,14 @@ impl Hierarchy {
     pub fn lookup(&self, path: &str) -> Result<Group, GroupError> {
         let mut node = self.shared.root.clone();
         for name in components(path) {
-            let next = node.children_read().get(name).cloned();
+            // A removed group can still be in its parent's map for a moment
+            // (`Shared::unlink` marks it, then takes it out): it is not
+            // found.
+            let next = node
+                .children_read()
+                .get(name)
+                .filter(|n| !n.is_removed())
+                .cloned();
             node = next.ok_or_else(|| GroupError::NotFound {
                 path: path.to_owned(),
             })?;
@@ -245,6 +252,29 @@ impl Hierarchy {
     /// exit.) Returns the units returned.
     pub fn drain_stocks(&self) -> u64 {
         self.shared.drain(&|_| true)
+    }
+
+    /// What draining the per-CPU stocks (the charge stock and, with an
+    /// allocator attached, the byte stock) has cost the CPUs so far:
+    /// drains, other CPUs' blocks locked, and CPUs interrupted. A group
+    /// hammered over its limit must leave these still: a cooperative
+    /// over-charge never drains, and a refusal drains only when the
+    /// stocked units of the refusing subtree could make room.
+    ///
+    /// ```
+    /// use splitcount::group::Hierarchy;
+    /// let h = Hierarchy::default();
+    /// let g = h.root().child("g").unwrap();
+    /// g.set_max(100).unwrap();
+    /// let before = h.stock_activity();
+    /// for _ in 0..1_000 {
+    ///     assert!(g.charge(200).is_err()); // nothing stocked could help
+    /// }
+    /// assert_eq!(h.stock_activity().fences, before.fences);
+    /// assert_eq!(h.stock_activity().drains, before.drains);
+    /// ```
+    pub fn stock_activity(&self) -> StockActivity {
+        self.shared.stock_activity()
     }
 
     /// The state every handle of this hierarchy shares.
@@ -330,8 +360,6 @@ impl Shared {
         )
     }
 
-    /// Drain both stocks' slots whose counter satisfies `which`, and the
-    /// calling thread's allocator reserve; the units returned.
     /// Drain a removed node's units from both stocks, by key (see
     /// `Stock::drain_key`: only the CPUs that stock it are locked), and the
     /// calling thread's reserve.
@@ -347,6 +375,8 @@ impl Shared {
         drained
     }
 
+    /// Drain both stocks' slots whose counter satisfies `which`, and the
+    /// calling thread's allocator reserve; the units returned.
     pub(crate) fn drain(&self, which: &dyn Fn(&UsageCounter) -> bool) -> u64 {
         let mut drained = self.stock.drain_all(which);
         if let Some(bytes) = self.bytes.get() {
@@ -356,6 +386,44 @@ impl Shared {
         drained
     }
 
+    /// The drain of a refusal: `refuser`'s limit is `short` units short of
+    /// a charge. The calling thread's reserve comes back (it is local);
+    /// the stocks are drained of `refuser`'s subtree only when what they
+    /// can hold of it could make up the shortfall: no slot holds a key of
+    /// the subtree, or fewer than `short / batch` do, and no other CPU is
+    /// touched — a drain that cannot change the decision is not made.
+    /// Otherwise as [`Shared::drain`] (each other CPU's block is fenced only
+    /// if it holds units of the subtree). The units returned, and whether
+    /// the stocks were drained.
+    pub(crate) fn drain_for_refusal(&self, refuser: &UsageCounter, short: u64) -> (u64, bool) {
+        let bytes = self.bytes.get();
+        let mut drained = bytes.map_or(0, |b| (b.drain_thread)());
+        // Each slot holds at most its stock's batch.
+        let batch = bytes.map_or(0, |b| b.stock.batch()).max(self.stock.batch());
+        let slots = refuser.stock_slots();
+        if slots == 0 || slots.saturating_mul(batch) < short.saturating_sub(drained) {
+            return (drained, false);
+        }
+        let within = |c: &UsageCounter| c.is_within(refuser);
+        drained += self.stock.drain_all(&within);
+        if let Some(b) = bytes {
+            drained += b.stock.drain_all(&within);
+        }
+        (drained, true)
+    }
+
+    /// Both stocks' [`StockActivity`], added up.
+    pub(crate) fn stock_activity(&self) -> StockActivity {
+        let mut a = self.stock.activity();
+        if let Some(b) = self.bytes.get() {
+            let b = b.stock.activity();
+            a.drains += b.drains;
+            a.remote_locks += b.remote_locks;
+            a.fences += b.fences;
+        }
+        a
+    }
+
     fn set_flush_period(&self, period: std::time::Duration) {
         let ns = period.as_nanos().min(u64::MAX as u128) as u64;
         self.flush_period_ns
@@ -363,6 +431,52 @@ impl Shared {
     }
 
     pub(crate) fn create_child(
+        self: &Arc<Self>,
+        parent: &Arc<Node>,
+        name: &str,
+    ) -> Result<Arc<Node>, GroupError> {
+        let node = self.new_child(parent, name)?;
+        self.publish_child(parent, node)
+    }
+
+    /// The live child of `parent` named `name`; if there is none, a new one,
+    /// given to `init` before it is published (see
+    /// `Group::child_or_create_with`).
+    pub(crate) fn child_or_create(
+        self: &Arc<Self>,
+        parent: &Arc<Node>,
+        name: &str,
+        init: impl FnOnce(&Arc<Node>) -> Result<(), GroupError>,
+    ) -> Result<Arc<Node>, GroupError> {
+        let live = |parent: &Node| {
+            parent
+                .children_read()
+                .get(name)
+                .filter(|n| !n.is_removed())
+                .cloned()
+        };
+        if let Some(n) = live(parent) {
+            return Ok(n);
+        }
+        let node = self.new_child(parent, name)?;
+        init(&node)?;
+        loop {
+            match self.publish_child(parent, node.clone()) {
+                // Published by a racing caller meanwhile: theirs, if it is
+                // still live (ours is dropped unseen); if it was removed
+                // since, ours takes its place.
+                Err(GroupError::NameTaken { .. }) => {
+                    if let Some(n) = live(parent) {
+                        return Ok(n);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// A child of `parent` named `name`, not yet in the tree.
+    fn new_child(
         self: &Arc<Self>,
         parent: &Arc<Node>,
         name: &str,
@@ -382,7 +496,13 @@ impl Shared {
             UsageCounter::child_of(&parent.usage),
             stats,
         ));
-        let key = name.to_owned();
+        Ok(node)
+    }
+
+    /// Put `node` (from `new_child`) in its parent's map, unless the parent
+    /// was removed or a live sibling has its name.
+    fn publish_child(&self, parent: &Arc<Node>, node: Arc<Node>) -> Result<Arc<Node>, GroupError> {
+        let key = node.name.clone();
         let mut siblings = parent.children();
         // Under the parent's lock: `unlink` marks a node removed under its
         // own lock, so a removed parent gets no new child.
@@ -391,7 +511,10 @@ impl Shared {
                 path: parent.path.clone(),
             });
         }
-        if siblings.contains_key(name) {
+        // A removed sibling may still hold the name for a moment (`unlink`
+        // marks it, then takes it out, only if it is still the one there):
+        // names are unique among *live* siblings, so it gives way.
+        if siblings.get(&key).is_some_and(|n| !n.is_removed()) {
             return Err(GroupError::NameTaken {
                 path: node.path.clone(),
             });

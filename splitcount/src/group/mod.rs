@@ -49,6 +49,7 @@ pub use hierarchy::{Hierarchy, HierarchyConfig, DEFAULT_FLUSH_PERIOD, MIN_FLUSH_
 pub(crate) use hooks::run as run_hook;
 pub use hooks::{AllocRefusalHook, OomHook, PressureHook, ReclaimHook};
 pub use name::{validate_name, MAX_NAME_LEN};
+pub use node::BreachMode;
 pub(crate) use node::Node;
 pub use reclaim::MAX_RECLAIM_RETRIES;
 pub use reservation::{Reservation, ReservationMode};

@@ -45,7 +45,9 @@ pub(crate) struct Node {
     account: OnceLock<AccountKey>,
     /// A cooperative over-charge happened here (see [`OverLimit`]).
     breached: std::sync::atomic::AtomicBool,
-    breach: Mutex<Option<OverLimit>>,
+    breach: Mutex<Option<Breach>>,
+    /// [`BreachMode`] as its `u8`.
+    breach_mode: std::sync::atomic::AtomicU8,
     /// Live children, by name (see `Shared::create_child`, `unlink`).
     /// Read-mostly: lookups and listings take the read lock, creation and
     /// removal the write lock.
@@ -82,6 +84,7 @@ impl Node {
             account: OnceLock::new(),
             breached: std::sync::atomic::AtomicBool::new(false),
             breach: Mutex::new(None),
+            breach_mode: std::sync::atomic::AtomicU8::new(BreachMode::Sticky as u8),
             children: RwLock::new(BTreeMap::new()),
             extensions: Default::default(),
         }
@@ -220,10 +223,15 @@ impl Node {
         try_lock_a_while(&self.hooks).map(|h| h.clone())
     }
 
-    /// Record a cooperative over-charge (the first one's numbers are kept
-    /// until the breach is cleared). Returns whether this call made the
-    /// record (the breach is new).
-    pub(crate) fn record_breach(&self, make: impl FnOnce() -> OverLimit) -> bool {
+    /// Record a cooperative over-charge past `by`'s limit (the first
+    /// one's numbers are kept until the breach is cleared). Returns whether
+    /// this call made the record (the breach is new). One load when the
+    /// breach is recorded already.
+    pub(crate) fn record_breach(
+        &self,
+        by: &crate::sync::Arc<UsageCounter>,
+        make: impl FnOnce() -> OverLimit,
+    ) -> bool {
         if self.breached.load(Relaxed) {
             return false;
         }
@@ -232,29 +240,94 @@ impl Node {
         };
         let new = b.is_none();
         if new {
-            *b = Some(make());
+            *b = Some(Breach {
+                over: make(),
+                by: by.clone(),
+            });
         }
         // Release: a checker that sees the flag sees the record.
         self.breached.store(true, Release);
         new
     }
 
-    /// The breach recorded here, if any.
+    /// The breach recorded here, if any and still in force: in
+    /// [`BreachMode::Level`] a breach whose limit's usage is back at or
+    /// under `max` is cleared here and `None` returned.
     pub(crate) fn breach(&self) -> Option<OverLimit> {
         // Acquire: pairs with `record_breach`.
         if !self.breached.load(Acquire) {
             return None;
         }
-        self.breach
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        let mut b = self.breach.lock().unwrap_or_else(|e| e.into_inner());
+        let rec = b.as_ref()?;
+        if self.breach_mode() == BreachMode::Level && rec.by.usage() <= rec.by.max() {
+            *b = None;
+            self.breached.store(false, Release);
+            return None;
+        }
+        Some(rec.over.clone())
     }
 
     /// Forget the breach.
     pub(crate) fn clear_breach(&self) {
         *self.breach.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.breached.store(false, Release);
+    }
+
+    pub(crate) fn breach_mode(&self) -> BreachMode {
+        BreachMode::from_u8(self.breach_mode.load(Relaxed))
+    }
+
+    pub(crate) fn set_breach_mode(&self, mode: BreachMode) {
+        self.breach_mode.store(mode as u8, Relaxed);
+    }
+}
+
+/// A recorded breach: its numbers, and the counter whose limit it passed
+/// (for [`BreachMode::Level`]).
+struct Breach {
+    over: OverLimit,
+    by: crate::sync::Arc<UsageCounter>,
+}
+
+/// How long a group stays *breached* — [`crate::group::Group::check`]
+/// failing — after a cooperative over-charge
+/// ([`crate::charge::Enforcement::Cooperative`]).
+///
+/// ```
+/// use splitcount::group::{BreachMode, Hierarchy};
+///
+/// let h = Hierarchy::default();
+/// let tenant = h.root().child("tenant").unwrap();
+/// tenant.set_max(1_000).unwrap();
+/// tenant.set_breach_mode(BreachMode::Level);
+/// // (an allocation over the limit would breach it; see `Group::check`)
+/// assert!(tenant.check().is_ok());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum BreachMode {
+    /// Until [`crate::group::Group::clear_breach`]: right for a group that
+    /// lives as long as one request — once over, the request fails. The
+    /// default.
+    #[default]
+    Sticky,
+    /// Until the usage of the group whose limit was passed is back at or
+    /// under its `max` (checked by `check`): right for a long-lived
+    /// tenant group, which should not fail for ever after one spike. The
+    /// usage includes the stocked slack (at most a batch per CPU and a
+    /// reserve per thread): [`crate::group::Hierarchy::drain_stocks`]
+    /// returns it.
+    Level,
+}
+
+impl BreachMode {
+    fn from_u8(v: u8) -> BreachMode {
+        if v == BreachMode::Level as u8 {
+            BreachMode::Level
+        } else {
+            BreachMode::Sticky
+        }
     }
 }
 

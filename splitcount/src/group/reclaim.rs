@@ -2,11 +2,15 @@
 //! allocator integration: what happens when a charge does not fit.
 //!
 //! ```text
-//!  loop ≤ MAX_RECLAIM_RETRIES:
-//!      try the charge ── fits ──▶ done (then the pressure hooks of crossings of `high`)
-//!      refused by R: R's reclaim hooks; drain R's subtree from both stocks (once per R)
-//!      nothing freed ──▶ break
-//!  R.oom += 1, R.max += 1; R's OOM hooks (one more try if one says so) ──▶ refused by R
+//!  reclaim:  loop ≤ MAX_RECLAIM_RETRIES:
+//!                try the charge ── fits ──▶ done (then the pressure hooks of crossings of `high`)
+//!                refused by R: R's reclaim hooks; drain R's subtree from the stocks
+//!                              (once per R, and only if what they hold of it could
+//!                              make up the shortfall)
+//!                nothing freed ──▶ break                                    ──▶ over R's limit
+//!  (the allocator decides here: a cooperative R takes an over-charge, no OOM stage)
+//!  out of memory: R's OOM hooks (one more try if one says so) ──▶ refused by R:
+//!                 R.max, R.oom and R.refused += 1
 //! ```
 //!
 //! Hooks run through a [`HookRunner`]: directly for `Group::charge`, with
@@ -35,12 +39,21 @@ pub(crate) fn direct(f: &mut dyn FnMut()) {
     f()
 }
 
+/// A charge that reclaim and draining could not fit, on its way to the
+/// next stage: who refused it, and since when it stalls.
+pub(crate) struct NoRoom {
+    /// The node whose limit is in the way.
+    pub(crate) refuser: Arc<Node>,
+    stalled: Instant,
+}
+
 impl Shared {
     /// Charge `n` through `try_charge` (which charges the counters of
     /// `node` and its ancestors within their limits, or names the refusing
-    /// counter), reclaiming and draining as in the module docs. `Ok` with
-    /// whether a level crossed `high`; `Err` with the refusing node after
-    /// the OOM hooks, its `oom` and `max` events counted.
+    /// counter), reclaiming and draining as in the module docs, then the
+    /// out-of-memory stage. `Ok` with whether a level crossed `high`;
+    /// `Err` with the refusing node, its `max`, `oom` and `refused` events
+    /// counted.
     pub(crate) fn charge_with_reclaim(
         self: &Arc<Self>,
         node: &Arc<Node>,
@@ -48,6 +61,22 @@ impl Shared {
         try_charge: &mut dyn FnMut() -> Result<bool, *const UsageCounter>,
         run: HookRunner,
     ) -> Result<bool, Arc<Node>> {
+        match self.reclaim(node, n, try_charge, run) {
+            Ok(crossed) => Ok(crossed),
+            Err(over) => self.out_of_memory(node, over, n, try_charge, run),
+        }
+    }
+
+    /// The reclaim stage (see the module docs): `Ok` with whether a level
+    /// crossed `high`, or the charge still over a limit. Counts nothing:
+    /// what happens next decides which events the charge is.
+    pub(crate) fn reclaim(
+        self: &Arc<Self>,
+        node: &Arc<Node>,
+        n: u64,
+        try_charge: &mut dyn FnMut() -> Result<bool, *const UsageCounter>,
+        run: HookRunner,
+    ) -> Result<bool, NoRoom> {
         // The refusers already drained (at most one per try): no heap, since
         // this may run inside the allocator.
         let mut drained = [std::ptr::null::<UsageCounter>(); MAX_RECLAIM_RETRIES];
@@ -83,19 +112,42 @@ impl Shared {
                 }
             }
             if !drained.contains(&refused) {
-                if let Some(free) = drained.iter_mut().find(|d| d.is_null()) {
-                    *free = refused;
-                }
                 // SAFETY: as above.
                 let r = unsafe { &*refused };
-                progress = progress.saturating_add(self.drain(&|c| c.is_within(r)));
+                // The shortfall left after the hooks: a drain that cannot
+                // make it up is not made (and may be, later in this loop,
+                // once the hooks have made it up in part).
+                let (units, made) = self.drain_for_refusal(r, short_by(r, n));
+                if made {
+                    if let Some(free) = drained.iter_mut().find(|d| d.is_null()) {
+                        *free = refused;
+                    }
+                }
+                progress = progress.saturating_add(units);
             }
             if progress == 0 {
                 break;
             }
         }
-        refuser.usage.record_oom();
-        refuser.usage.record_max();
+        Err(NoRoom {
+            refuser,
+            stalled: stalled.unwrap_or_else(Instant::now),
+        })
+    }
+
+    /// The out-of-memory stage of a charge `over` a limit: the refuser's
+    /// OOM hooks, one more try if one asks for it, else the refusal —
+    /// counted as a `max`, an `oom` and a `refused` event of the refuser.
+    pub(crate) fn out_of_memory(
+        self: &Arc<Self>,
+        node: &Arc<Node>,
+        over: NoRoom,
+        n: u64,
+        try_charge: &mut dyn FnMut() -> Result<bool, *const UsageCounter>,
+        run: HookRunner,
+    ) -> Result<bool, Arc<Node>> {
+        let NoRoom { refuser, stalled } = over;
+        let stall_ends = || node.usage.add_stall(stalled.elapsed().as_nanos() as u64);
         if refuser.usage.begin_episode(EPISODE_OOM) {
             let (usage, max) = (refuser.usage.usage(), refuser.usage.max());
             events::emit(self, &refuser, EventKind::Oom, usage, max, None);
@@ -111,13 +163,23 @@ impl Shared {
             }
             if retry {
                 if let Ok(crossed) = try_charge() {
-                    stall_ends(stalled);
+                    stall_ends();
                     return Ok(crossed);
                 }
             }
         }
-        stall_ends(stalled);
+        stall_ends();
+        refuser.usage.record_max();
+        refuser.usage.record_oom();
+        refuser.usage.record_refused();
         Err(refuser)
+    }
+
+    /// The end of a charge over a limit that was let through: add its
+    /// stall time.
+    pub(crate) fn stall_ends(&self, node: &Node, over: &NoRoom) {
+        node.usage
+            .add_stall(over.stalled.elapsed().as_nanos() as u64);
     }
 
     /// Run the pressure hooks of every group from `node` up whose usage

@@ -1,0 +1,331 @@
+//! The allocator's charge when the thread's reserve cannot pay for it: the
+//! one place that decides what an allocation over a limit does, top to
+//! bottom.
+//!
+//! ```text
+//!  charge_slow(account, n)
+//!   1. a removed group's scope charges its nearest live ancestor
+//!   2. refill the reserve: charge n + RESERVE_BATCH (stock or counter)  ── fits ──▶ done
+//!   3. already over a cooperative limit, in a breach episode           ──────────▶ over-charge, cheaply
+//!   4. exact charge: reclaim hooks, a drain that could make room       ── fits ──▶ done
+//!   5. over a cooperative limit, no ceiling in the way                  ──────────▶ over-charge, breach
+//!      in the thread's reporting grace (after a refusal, a panic)      ──────────▶ unaccounted
+//!   6. the OOM stage (hooks, one retry)                                 ── fits ──▶ done
+//!   7. refused: refusal hooks (one retry), null; the grace begins
+//! ```
+//!
+//! **Why step 3.** A tenant over its cooperative limit keeps allocating
+//! (that is what cooperative means: the request runs on until its next
+//! checkpoint). Each of those allocations used to go through reclaim, a
+//! drain of every CPU's stock (an interrupt of every CPU, per
+//! allocation) and the OOM hooks: 34.5 µs per 64-byte box, and its
+//! neighbours' CPUs interrupted all the while. Nothing of that can change
+//! the outcome once the episode over the limit has begun: the first
+//! over-charge ran reclaim, drained what could make room and recorded the
+//! breach. So the later ones, until an uncharge takes the usage back below
+//! `max` (which ends the episode), are forced charges with their `max`
+//! events counted — through the reserve, a batch at a time, like any other
+//! charge — and touch nothing of other CPUs.
+//!
+//! **Drains (step 4)** reach other CPUs only when the units stocked for the
+//! refusing subtree could make up the shortfall, and then interrupt only
+//! the CPUs that hold such units (`Shared::drain_for_refusal`,
+//! `Stock::drain_all`).
+
+use super::{Accounted, Attached, LAST_REFUSAL, REPORTING_GRACE, REPORTING_GRACE_ALLOCATION};
+use crate::alloc::charging::Charging;
+use crate::alloc::reserve::{flush_headers, RESERVE_BATCH};
+use crate::alloc::scope::{run_unaccounted, without_accounting};
+use crate::alloc::thread::STATE;
+use crate::charge::usage::EPISODE_REFUSED;
+use crate::charge::{Enforcement, UsageCounter, MAX_REQUEST, UNLIMITED};
+use crate::group::{
+    emit_event, AccountKey, EventKind, Node, OverLimit, Refusal, Shared, TOP_CONSUMERS,
+};
+use std::sync::Arc;
+
+impl<A, C: Charging> Accounted<A, C> {
+    /// Everything but a reserve hit (see the module docs). `redirect`:
+    /// whether a removed group's account may be replaced by its nearest
+    /// live ancestor's (not for a block's growth, which stays with the
+    /// block's account).
+    #[cold]
+    pub(super) fn charge_slow(
+        &self,
+        st: &Attached,
+        acc: AccountKey,
+        n: u64,
+        redirect: bool,
+    ) -> Result<Option<AccountKey>, ()> {
+        flush_headers();
+        // 1. A scope on a removed group charges the nearest live ancestor.
+        let mut held: Option<Arc<Node>> = None;
+        let acc = if redirect && acc.is_removed() {
+            match acc.live_node() {
+                Some(node) => {
+                    let a = node.existing_account().unwrap_or(st.root);
+                    held = Some(node);
+                    a
+                }
+                None => st.root,
+            }
+        } else {
+            acc
+        };
+        // 2. A reserve refill, unless the thread is past its exit guard (no
+        // one would return it).
+        let exiting = STATE.try_with(|t| t.exiting.get()).unwrap_or(true);
+        let refill = n < RESERVE_BATCH && !exiting;
+        if refill && self.charge_bytes(st, acc, n + RESERVE_BATCH).is_ok() {
+            self.keep_reserve(st, acc);
+            return Ok(Some(acc));
+        }
+        if n > MAX_REQUEST {
+            // No limit refuses it: it can only be a bug. No event.
+            return self.refuse(st, acc, n, None);
+        }
+        // 3. Over a cooperative limit in an episode already begun.
+        if let Some(blocking) = breach_in_progress(acc.usage(), n) {
+            return Ok(self.over_charge_cheaply(st, acc, blocking, n, refill));
+        }
+        let node = match held.take().or_else(|| acc.node()) {
+            Some(node) => node,
+            None => acc.live_node().ok_or(())?,
+        };
+        let shared = st.hierarchy.shared();
+        let mut try_charge = || self.charge_bytes(st, acc, n);
+        // 4. Reclaim, with accounting off: nothing on this path may charge
+        // the full group (its own bookkeeping, the hooks).
+        let over =
+            match without_accounting(|| shared.reclaim(&node, n, &mut try_charge, run_unaccounted))
+            {
+                Ok(crossed) => return Ok(self.charged(shared, &node, acc, crossed)),
+                Err(over) => over,
+            };
+        let refuser = over.refuser.clone();
+        let limit = &refuser.usage;
+        // 5. A cooperative limit lets it through, unless a ceiling is in
+        // the way.
+        let ceiling = ceiling_in_the_way(acc.usage(), n);
+        if limit.enforcement() == Enforcement::Cooperative && ceiling.is_none() {
+            shared.stall_ends(&node, &over);
+            let crossed = acc.force_charge(n);
+            limit.record_over_charge();
+            without_accounting(|| record_breach(shared, &node, &refuser, n));
+            return Ok(self.charged(shared, &node, acc, crossed));
+        }
+        // The reporting grace (`in_reporting_grace`): such an allocation
+        // passes, unaccounted and uncounted, before the OOM stage.
+        if in_reporting_grace(n) {
+            shared.stall_ends(&node, &over);
+            return Ok(None);
+        }
+        // 6. The OOM stage: its hooks may still make room.
+        match without_accounting(|| {
+            shared.out_of_memory(&node, over, n, &mut try_charge, run_unaccounted)
+        }) {
+            Ok(crossed) => Ok(self.charged(shared, &node, acc, crossed)),
+            // 7. Refused: by the ceiling if one was in the way, else by the
+            // limit (its events counted by the OOM stage).
+            Err(_) => self.refuse(st, acc, n, Some(ceiling.unwrap_or(limit))),
+        }
+    }
+
+    /// A charge through `acc` went through: the reporting grace ends, and
+    /// the pressure hooks run if a level crossed `high`.
+    fn charged(
+        &self,
+        shared: &Arc<Shared>,
+        node: &Arc<Node>,
+        acc: AccountKey,
+        crossed: bool,
+    ) -> Option<AccountKey> {
+        STATE.with(|t| t.grace.set(0));
+        if crossed {
+            shared.pressure(node, run_unaccounted);
+        }
+        Some(acc)
+    }
+
+    /// `RESERVE_BATCH` bytes charged beyond the allocation go to the
+    /// thread's reserve (whose previous bytes, another account's, go back).
+    fn keep_reserve(&self, st: &Attached, acc: AccountKey) {
+        STATE.with(|t| t.grace.set(0));
+        if let Ok(Some((old, bytes))) = STATE.try_with(|t| t.reserve.refill(acc, RESERVE_BATCH)) {
+            self.uncharge_shared(st, old, bytes);
+        }
+    }
+
+    /// Step 3: force the charge (and, for a small one, a reserve's worth
+    /// more, so that the next allocations of the episode are reserve hits),
+    /// count it as a `max` event of the limit in the way, and keep the
+    /// breach recorded (a [`crate::group::BreachMode::Level`] check may have
+    /// cleared it). Loads and one forced charge per reserve batch: no
+    /// hooks, no drain, nothing of another CPU.
+    #[cold]
+    fn over_charge_cheaply(
+        &self,
+        st: &Attached,
+        acc: AccountKey,
+        blocking: &UsageCounter,
+        n: u64,
+        refill: bool,
+    ) -> Option<AccountKey> {
+        let shared = st.hierarchy.shared();
+        let crossed = acc.force_charge(if refill { n + RESERVE_BATCH } else { n });
+        blocking.record_over_charge();
+        if refill {
+            self.keep_reserve(st, acc);
+        }
+        if let Some(node) = acc.node().or_else(|| acc.live_node()) {
+            let refuser = node.find(blocking);
+            without_accounting(|| record_breach(shared, &node, &refuser, n));
+            if crossed {
+                shared.pressure(&node, run_unaccounted);
+            }
+        }
+        STATE.with(|t| t.grace.set(0));
+        Some(acc)
+    }
+
+    /// Refuse an allocation of `n` bytes charged through `acc` because of
+    /// `by`'s limit (`None`: too large for any): remember it, run the
+    /// refusal hooks (one more try if one freed memory), return the
+    /// refusal, and grant the thread its reporting grace.
+    #[cold]
+    fn refuse(
+        &self,
+        st: &Attached,
+        acc: AccountKey,
+        n: u64,
+        by: Option<&UsageCounter>,
+    ) -> Result<Option<AccountKey>, ()> {
+        if by.is_none() && in_reporting_grace(n) {
+            return Ok(None);
+        }
+        let by = by.unwrap_or(acc.usage());
+        let node = acc.node().or_else(|| acc.live_node());
+        let refuser = node.as_ref().map(|n| n.find(by));
+        let retry = without_accounting(|| {
+            let limit = if by.usage().saturating_add(n) > by.ceiling() {
+                by.ceiling()
+            } else {
+                by.max()
+            };
+            let refusal = Refusal {
+                request: n,
+                group: refuser.as_ref().map(|r| r.path.clone()).unwrap_or_default(),
+                limit,
+                usage: by.usage(),
+                top: refuser
+                    .as_ref()
+                    .map_or_else(Vec::new, |r| r.top(TOP_CONSUMERS)),
+            };
+            let _ = LAST_REFUSAL.try_with(|r| *r.borrow_mut() = Some(refusal.clone()));
+            // The charged group's subscribers first, then its ancestors'.
+            let mut n_ = node.clone();
+            while let Some(g) = n_ {
+                if let Some(h) = g.hooks() {
+                    for hook in &h.alloc_refusal {
+                        if crate::group::run_hook(false, || hook(&refusal)) {
+                            return true;
+                        }
+                    }
+                }
+                n_ = g.parent.clone();
+            }
+            false
+        });
+        if retry && self.charge_bytes(st, acc, n).is_ok() {
+            return Ok(Some(acc));
+        }
+        if by.begin_episode(EPISODE_REFUSED) {
+            if let Some(refuser) = &refuser {
+                let shared = st.hierarchy.shared();
+                emit_event(
+                    shared,
+                    refuser,
+                    EventKind::MaxRefused,
+                    by.usage(),
+                    by.max(),
+                    None,
+                );
+            }
+        }
+        STATE.with(|t| t.grace.set(REPORTING_GRACE));
+        Err(())
+    }
+}
+
+/// The counter whose cooperative limit a charge of `n` through `counter`
+/// would pass, if every limit in the way is cooperative, in an episode
+/// over it that an over-charge already began, and no ceiling is in the
+/// way: then the charge is an over-charge of that episode (step 3). Loads
+/// only.
+fn breach_in_progress(counter: &UsageCounter, n: u64) -> Option<&UsageCounter> {
+    let mut blocking = None;
+    for c in counter.chain() {
+        let after = c.usage().saturating_add(n);
+        if after <= c.max() {
+            continue;
+        }
+        if c.enforcement() != Enforcement::Cooperative || !c.in_breach_episode() {
+            return None;
+        }
+        blocking.get_or_insert(c);
+    }
+    // A ceiling anywhere: step 5 decides (a reserve batch must not pass it).
+    let ceilings = counter.chain().any(|c| c.ceiling() != UNLIMITED);
+    blocking.filter(|_| !ceilings)
+}
+
+/// The nearest ceiling a charge of `n` through `counter` would pass.
+fn ceiling_in_the_way(counter: &UsageCounter, n: u64) -> Option<&UsageCounter> {
+    counter
+        .chain()
+        .find(|c| c.ceiling() != UNLIMITED && c.usage().saturating_add(n) > c.ceiling())
+}
+
+/// Whether an allocation of `n` bytes that would be refused passes
+/// unaccounted, taking its bytes from the thread's reporting grace: while
+/// the thread panics (a panic message, a backtrace, unwinding), and for
+/// [`REPORTING_GRACE`] bytes after a refusal in allocations of at most
+/// [`REPORTING_GRACE_ALLOCATION`] — so that a refusal can be reported.
+fn in_reporting_grace(n: u64) -> bool {
+    std::thread::panicking()
+        || (n <= REPORTING_GRACE_ALLOCATION
+            && STATE.with(|t| {
+                let left = t.grace.get();
+                (left >= n).then(|| t.grace.set(left - n)).is_some()
+            }))
+}
+
+/// Mark the groups from `node` up to `refuser` breached, and tell each
+/// newly breached one's subscribers (with accounting off: this formats
+/// paths). The record is made once, by the first over-charge of a breach;
+/// later ones (until the breach is cleared) only load a flag per group.
+fn record_breach(shared: &Arc<Shared>, node: &Arc<Node>, refuser: &Arc<Node>, n: u64) {
+    let mut over: Option<OverLimit> = None;
+    let mut make = || {
+        over.get_or_insert_with(|| OverLimit {
+            charged: node.path.clone(),
+            group: refuser.path.clone(),
+            usage: refuser.usage.usage(),
+            max: refuser.usage.max(),
+            request: n,
+            top: refuser.top(TOP_CONSUMERS),
+        })
+        .clone()
+    };
+    let mut g = Some(node.clone());
+    while let Some(x) = g {
+        if x.record_breach(&refuser.usage, &mut make) {
+            let (usage, max) = (refuser.usage.usage(), refuser.usage.max());
+            emit_event(shared, &x, EventKind::Breached, usage, max, None);
+        }
+        if Arc::ptr_eq(&x, refuser) {
+            break;
+        }
+        g = x.parent.clone();
+    }
+}
