@@ -1,7 +1,9 @@
 //! Names are unique among *live* siblings, also while groups are removed
-//! under the callers: `child_or_create` and `lookup` never hand out a group
-//! that was removed before the call began, and `child_or_create_with`
-//! configures a group before anyone can see it.
+//! under the callers, and `child_or_create_with` configures a group before
+//! anyone can see it. (That `child_or_create` and `lookup` skip a group
+//! marked removed but not yet out of its parent's map — a window too short
+//! to hit from outside — is checked where the window can be opened by hand:
+//! the unit tests of `group/hierarchy.rs`.)
 
 #![cfg(not(loom))]
 
@@ -52,7 +54,8 @@ fn racing_removals_never_hand_out_a_group_removed_before_the_call() {
             let (h, t, removed) = (h.clone(), tenants.clone(), removed.clone());
             std::thread::spawn(move || {
                 let mut stale = 0u64;
-                for _ in 0..20_000 {
+                let start = std::time::Instant::now();
+                while start.elapsed() < std::time::Duration::from_millis(2000) {
                     let len = removed.len();
                     let g = if i == 0 {
                         match h.lookup("tenants/t") {
@@ -79,6 +82,7 @@ fn racing_removals_never_hand_out_a_group_removed_before_the_call() {
     stop.store(true, Ordering::Relaxed);
     let removals = remover.join().unwrap();
     assert!(removals > 100, "the race ran: {removals} removals");
+    println!("{removals} removals, {stale} stale");
     assert_eq!(stale, 0, "groups removed before the call was made");
     h.drain_stocks();
     assert_eq!(h.root().usage(), 0, "every unit charged came back");

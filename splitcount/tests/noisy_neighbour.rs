@@ -56,6 +56,12 @@ fn since(before: StockActivity) -> StockActivity {
 fn allocations_over_a_breached_cooperative_limit_drain_nothing() {
     let _turn = one_at_a_time();
     let (g, held) = breached("coop-breached", Enforcement::Cooperative);
+    let reclaims = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let r = reclaims.clone();
+    g.on_reclaim(move |_, _| {
+        r.fetch_add(1, Ordering::Relaxed);
+        0
+    });
     let before = memory().stock_activity();
     let boxes: Vec<Box<[u8; 64]>> = g.scope(|| (0..200_000).map(|_| Box::new([7u8; 64])).collect());
     let d = since(before);
@@ -63,6 +69,11 @@ fn allocations_over_a_breached_cooperative_limit_drain_nothing() {
         (d.drains, d.remote_locks, d.fences),
         (0, 0, 0),
         "200,000 over-charges: no drain, no other CPU's block touched"
+    );
+    assert_eq!(
+        reclaims.load(Ordering::Relaxed),
+        0,
+        "the crossing ran reclaim already: its over-charges run no hooks"
     );
     assert!(
         g.usage() >= 200_000 * 64 + 2 * MIB,

@@ -576,3 +576,52 @@ impl Drop for Shared {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `unlink` marks a group removed, then takes it out of its parent's
+    /// map: between the two, its name must already hand out nothing of it.
+    /// The window, opened by hand.
+    fn half_removed() -> (Hierarchy, Group, Arc<Node>) {
+        let h = Hierarchy::default();
+        let tenants = h.root().child("tenants").unwrap();
+        let t = tenants.child("t").unwrap();
+        t.node().mark_removed(); // still in `tenants`' map
+        let node = t.node().clone();
+        (h, tenants, node)
+    }
+
+    #[test]
+    fn a_group_marked_removed_is_not_found_by_lookup() {
+        let (h, _tenants, _node) = half_removed();
+        assert!(matches!(
+            h.lookup("tenants/t"),
+            Err(GroupError::NotFound { .. })
+        ));
+    }
+
+    #[test]
+    fn child_or_create_replaces_a_group_marked_removed() {
+        let (_h, tenants, node) = half_removed();
+        let fresh = tenants.child_or_create("t").unwrap();
+        assert!(!fresh.is_removed());
+        assert!(
+            !Arc::ptr_eq(fresh.node(), &node),
+            "a new group, not the removed one"
+        );
+        assert_eq!(
+            tenants.children(),
+            vec![fresh],
+            "the name is the new group's"
+        );
+    }
+
+    #[test]
+    fn child_takes_the_name_of_a_group_marked_removed() {
+        let (_h, tenants, node) = half_removed();
+        let fresh = tenants.child("t").unwrap();
+        assert!(!Arc::ptr_eq(fresh.node(), &node));
+    }
+}
