@@ -742,16 +742,18 @@ impl<K: StockKey> Stock<K> {
         for (i, taken) in taken.iter_mut().enumerate().take(self.slots) {
             // Relaxed: keys change only under the lock, which we hold.
             let raw = b.keys[i].load(Relaxed);
-            // Units may still move before the fence: a slot seen empty is
-            // one that a sequence fills after this look (as if it came
-            // after the drain).
-            if raw == 0 || b.units(i) == 0 {
+            if raw == 0 {
                 continue;
             }
             // SAFETY: under the lock the slot keeps its key alive; borrowed
             // (`ManuallyDrop`), not owned.
             let k = std::mem::ManuallyDrop::new(unsafe { K::from_raw(raw) });
-            if !which(k.counter()) {
+            // Units may still move before the fence: a slot seen empty is
+            // one that a sequence fills after this look (as if it came
+            // after the drain) — unless its counter is retired, whose key
+            // must go (a sequence would add to its slot without looking at
+            // the flag).
+            if !which(k.counter()) || (b.units(i) == 0 && !k.counter().is_retired()) {
                 continue;
             }
             if !fenced {
@@ -802,6 +804,11 @@ impl<K: StockKey> Stock<K> {
     /// counts all three.
     pub fn drain_all(&self, which: &dyn Fn(&UsageCounter) -> bool) -> u64 {
         self.activity.drains.fetch_add(1, Relaxed);
+        // SeqCst: the look at each block's key words below is made without
+        // its lock; for a counter retired before this call, it pairs with
+        // the fence of `stash_locked` (as in `drain_key`): a stash either
+        // stored its key before our look or sees the counter retired.
+        crate::sync::fence(SeqCst);
         let mut drained = 0;
         for cpu in 0..self.cpus.len() {
             // Relaxed: a hint; a key stored after this look is one stocked
