@@ -36,12 +36,13 @@ enum Command {
     },
     /// Run a benchmark suite in interleaved rounds: `cpu-id`, `percpu`,
     /// `counters`, `charge`, `stats`, `alloc`, `async`, `groups`, `metrics`,
-    /// `layout` or `ffi`.
+    /// `layout`, `ffi` or `noisy`.
     Bench {
         /// The suite: `cpu-id`, `percpu`, `counters`, `charge`, `stats`,
-        /// `alloc`, `async`, `groups`, `metrics`, `layout` or `ffi` (`layout` always runs two
-        /// threads and `stats` one; both ignore `--threads`; for `async` a
-        /// thread count is the runtime's worker threads).
+        /// `alloc`, `async`, `groups`, `metrics`, `layout`, `ffi` or `noisy`
+        /// (`layout` always runs two threads, `stats` one and `noisy` one
+        /// and two; they ignore `--threads`; for `async` a thread count is
+        /// the runtime's worker threads).
         suite: String,
         /// JSON lines instead of a table.
         #[arg(long)]
@@ -134,8 +135,8 @@ enum Command {
     /// The worker process of `drift` (started by the lab itself).
     #[command(hide = true)]
     DriftWorker,
-    /// A worker process of `bench alloc` and `bench async` (started by the
-    /// lab itself).
+    /// A worker process of `bench alloc`, `bench async` and `bench noisy`
+    /// (started by the lab itself).
     #[command(hide = true)]
     AllocWorker,
 }
@@ -275,6 +276,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 ),
                 "layout" => bench::layout::run(&plan),
                 "ffi" => bench::ffi::run(&exe, &threads, &plan),
+                "noisy" => bench::noisy::run(&exe, &plan),
                 other => {
                     return Err(format!(
                         "unknown suite {other:?} (known: {})",

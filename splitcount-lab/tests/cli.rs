@@ -317,7 +317,8 @@ fn bad_flags_are_refused_with_the_valid_values() {
         &["bench", "nope"],
         &[
             "\"nope\"",
-            "cpu-id, percpu, counters, charge, stats, alloc, async, groups, metrics, layout",
+            "cpu-id, percpu, counters, charge, stats, alloc, async, groups, metrics, layout, ffi, \
+             noisy",
         ],
     );
     refused(
@@ -476,6 +477,41 @@ fn bench_layout_reports_each_role_against_the_padded_layout() {
         assert_eq!(l["threads"], 2);
         let role = l["case"].as_str().unwrap().rsplit('-').next().unwrap();
         assert_eq!(l["baseline"], format!("padded-{role}"));
+    }
+}
+
+/// `bench noisy` prints a line per case (per role at two threads) with its
+/// baseline and the fields of every bench.
+#[test]
+fn bench_noisy_compares_breached_groups_with_healthy_ones_and_their_neighbours() {
+    let lines = bench_json("noisy", &["--seconds", "0.03", "--rounds", "3"]);
+    let cases: Vec<&str> = lines.iter().map(|l| l["case"].as_str().unwrap()).collect();
+    assert_eq!(cases, splitcount_lab::bench::noisy::record_cases());
+    for (case, threads, baseline) in [
+        ("under-limit", 1, "under-limit"),
+        ("breached-cooperative", 1, "under-limit"),
+        ("breached-refuse", 1, "under-limit"),
+        ("beside-unlimited-noisy", 2, "beside-unlimited-noisy"),
+        ("beside-cooperative-noisy", 2, "beside-unlimited-noisy"),
+        ("beside-cooperative-healthy", 2, "beside-unlimited-healthy"),
+        ("beside-refuse-healthy", 2, "beside-unlimited-healthy"),
+    ] {
+        let l = line(&lines, case, threads);
+        assert_eq!(l["suite"], "noisy");
+        assert_eq!(l["baseline"], baseline, "{case}");
+        for key in ["ns_per_op", "ops_per_sec", "ratio", "low", "high"] {
+            assert!(l[key].as_f64().unwrap() > 0.0, "{case}: {key} in {l}");
+        }
+        for key in [
+            "rounds",
+            "left_out",
+            "poor_overlap",
+            "stable",
+            "overlap",
+            "pinned",
+        ] {
+            assert!(l.get(key).is_some(), "{case}: no {key} in {l}");
+        }
     }
 }
 

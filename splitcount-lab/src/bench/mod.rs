@@ -17,22 +17,23 @@ pub mod cpu_id;
 pub mod ffi;
 pub mod groups;
 pub mod layout;
+pub mod noisy;
 pub mod percpu;
 pub mod recorders;
 pub mod requests;
 pub mod stats;
 pub mod striped;
 
-use crate::timing::{Measured, Spread};
+use crate::timing::{Figure, Measured, Spread};
 use serde::Serialize;
 use std::time::Duration;
 
 pub use crate::timing::Entry;
 
 /// The suites of `bench`, in the order the CLI lists them.
-pub const SUITES: [&str; 11] = [
+pub const SUITES: [&str; 12] = [
     "cpu-id", "percpu", "counters", "charge", "stats", "alloc", "async", "groups", "metrics",
-    "layout", "ffi",
+    "layout", "ffi", "noisy",
 ];
 
 /// One case of a suite at a thread count, over all rounds.
@@ -49,7 +50,9 @@ pub struct Record {
     /// Operations completed per second by all threads together (wall
     /// time), in the median round.
     pub ops_per_sec: f64,
-    /// Median over rounds of `ns_per_op` ÷ the baseline's in the same round.
+    /// Median over rounds of `ns_per_op` ÷ the baseline's in the same round
+    /// (in `noisy`, a `*-healthy` row's is its `ops_per_sec` ÷ the
+    /// baseline's: see [`noisy`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio: Option<f64>,
     /// The case `ratio` is relative to.
@@ -85,6 +88,22 @@ pub struct Record {
     pub retained_bytes_per_group: Option<f64>,
 }
 
+impl Record {
+    /// Make `figure`, a per-round comparison with `baseline`, the record's
+    /// ratio: its median, range, rounds and stability.
+    pub fn set_figure(&mut self, figure: Figure, baseline: String) {
+        self.ratio = Some(figure.spread.median);
+        self.low = Some(figure.spread.low);
+        self.high = Some(figure.spread.high);
+        self.rounds = figure.spread.n;
+        self.left_out = figure.left_out;
+        self.poor_overlap = figure.poor_overlap;
+        self.stable = figure.stable();
+        self.round_ratios = figure.values;
+        self.baseline = Some(baseline);
+    }
+}
+
 /// A suite's rounds and the records made of them.
 #[derive(Debug, Clone)]
 pub struct Bench {
@@ -93,6 +112,9 @@ pub struct Bench {
     pub measured: Measured,
     /// One record per case and thread count, in entry order.
     pub records: Vec<Record>,
+    /// What the suite's figures mean where the common notes do not say
+    /// (shown first among the notes).
+    pub legend: Vec<String>,
 }
 
 impl Bench {
@@ -124,22 +146,10 @@ impl Bench {
                     round_ratios: Vec::new(),
                     retained_bytes_per_group: None,
                 };
-                let baseline = baseline_of(&s.case);
-                match baseline
-                    .as_deref()
-                    .and_then(|b| measured.ratio(&s.case, b, s.threads))
-                {
-                    Some(f) => {
-                        r.ratio = Some(f.spread.median);
-                        r.low = Some(f.spread.low);
-                        r.high = Some(f.spread.high);
-                        r.rounds = f.spread.n;
-                        r.left_out = f.left_out;
-                        r.poor_overlap = f.poor_overlap;
-                        r.stable = f.stable();
-                        r.round_ratios = f.values;
-                        r.baseline = baseline;
-                    }
+                let figure = baseline_of(&s.case)
+                    .and_then(|b| Some((measured.ratio(&s.case, &b, s.threads)?, b)));
+                match figure {
+                    Some((f, b)) => r.set_figure(f, b),
                     None => {
                         let ns: Vec<f64> = s.samples.iter().map(|x| x.ns_per_op).collect();
                         r.stable = Spread::of(&ns).is_some_and(|sp| sp.stable());
@@ -148,19 +158,24 @@ impl Bench {
                 r
             })
             .collect();
-        Bench { measured, records }
+        Bench {
+            measured,
+            records,
+            legend: Vec::new(),
+        }
     }
 
     /// What a reader needs to judge the figures: rounds, pinning, rounds
     /// left out and which ratios are unstable.
     pub fn notes(&self) -> Vec<String> {
         let plan = self.measured.plan;
-        let mut notes = vec![format!(
+        let mut notes = self.legend.clone();
+        notes.push(format!(
             "{} interleaved rounds of {} per case; × is the median of per-round ratios \
              to the baseline of the same round, [low–high] their range",
             plan.rounds,
             duration(plan.slice)
-        )];
+        ));
         let cpus = crate::timing::pin::allowed_cpus().len();
         for (threads, placement) in &self.measured.placements {
             notes.push(match placement {

@@ -15,7 +15,7 @@
 //! The README shows the same table: [`readme_table`] generates it, and a
 //! test checks the README holds exactly that.
 
-use crate::bench::{charge, counters, groups, percpu, requests, stats};
+use crate::bench::{charge, counters, groups, noisy, percpu, requests, stats};
 use crate::timing::{Figure, Measured};
 use serde::Serialize;
 
@@ -36,6 +36,17 @@ pub enum Measure {
     /// `threads`: the inverse of [`Measure::Cost`].
     Speedup {
         /// The case measured.
+        case: &'static str,
+        /// What it is compared with.
+        baseline: &'static str,
+        /// Threads running each.
+        threads: usize,
+    },
+    /// Operations per second (wall time) of `case` ÷ `baseline`'s, both at
+    /// `threads`, round by round: what a thread got done, time it lost to
+    /// interruptions included.
+    Rate {
+        /// The case (or role) measured.
         case: &'static str,
         /// What it is compared with.
         baseline: &'static str,
@@ -274,6 +285,44 @@ pub const TARGETS: &[Target] = &[
         1,
         1.0 / 80.0,
     ),
+    cost(
+        "noisy: allocation in a breached cooperative group",
+        "noisy",
+        "breached-cooperative",
+        noisy::UNDER_LIMIT,
+        1,
+        3.0,
+    ),
+    cost(
+        "noisy: allocation in a breached refusing group",
+        "noisy",
+        "breached-refuse",
+        noisy::UNDER_LIMIT,
+        1,
+        3.0,
+    ),
+    Target {
+        name: "noisy: healthy group beside a breached cooperative one",
+        suite: "noisy",
+        measure: Measure::Rate {
+            case: "beside-cooperative-healthy",
+            baseline: "beside-unlimited-healthy",
+            threads: 2,
+        },
+        bound: Bound::AtLeast(0.95),
+        on_siblings: None,
+    },
+    Target {
+        name: "noisy: healthy group beside a breached refusing one",
+        suite: "noisy",
+        measure: Measure::Rate {
+            case: "beside-refuse-healthy",
+            baseline: "beside-unlimited-healthy",
+            threads: 2,
+        },
+        bound: Bound::AtLeast(0.95),
+        on_siblings: None,
+    },
     Target {
         name: "groups: per-request cycle, 1 thread",
         suite: "groups",
@@ -355,6 +404,16 @@ impl Target {
                     threads(t)
                 )
             }
+            Measure::Rate {
+                case,
+                baseline,
+                threads: t,
+            } => format!(
+                "{case} {} {}× the operations per second of {baseline} (wall time), {}",
+                b.sign(),
+                number(b.value()),
+                threads(t)
+            ),
             Measure::Scaling { case, threads: t } => format!(
                 "{case} at {} {} {}× its 1-thread throughput",
                 threads(t),
@@ -393,6 +452,11 @@ impl Target {
                 baseline,
                 threads,
             } => m.speedup(case, baseline, threads),
+            Measure::Rate {
+                case,
+                baseline,
+                threads,
+            } => m.rate(case, baseline, threads),
             Measure::Scaling { case, threads } => m.scaling(case, threads),
             Measure::Time { case, threads } => m.time(case, threads),
             Measure::Scalar { name, threads, .. } => m.scalar(name, threads),
@@ -403,6 +467,7 @@ impl Target {
         match self.measure {
             Measure::Cost { threads, .. }
             | Measure::Speedup { threads, .. }
+            | Measure::Rate { threads, .. }
             | Measure::Scaling { threads, .. }
             | Measure::Time { threads, .. }
             | Measure::Scalar { threads, .. } => threads,
@@ -484,7 +549,7 @@ impl Target {
             note,
             speedup: matches!(
                 self.measure,
-                Measure::Speedup { .. } | Measure::Scaling { .. }
+                Measure::Speedup { .. } | Measure::Rate { .. } | Measure::Scaling { .. }
             ),
             fraction: matches!(self.bound, Bound::AtMost(b) if b < 1.0 && b > 0.0),
             unit: match self.measure {
@@ -712,6 +777,7 @@ mod tests {
             .iter()
             .map(|c| c.to_string())
             .collect(),
+            "noisy" => noisy::record_cases(),
             other => panic!("no targets expected in {other}"),
         };
         names
@@ -722,9 +788,9 @@ mod tests {
         for t in TARGETS {
             let known = cases_of(t.suite);
             let named: Vec<&str> = match t.measure {
-                Measure::Cost { case, baseline, .. } | Measure::Speedup { case, baseline, .. } => {
-                    vec![case, baseline]
-                }
+                Measure::Cost { case, baseline, .. }
+                | Measure::Speedup { case, baseline, .. }
+                | Measure::Rate { case, baseline, .. } => vec![case, baseline],
                 Measure::Scaling { case, .. } | Measure::Time { case, .. } => vec![case],
                 Measure::Scalar { name, .. } => vec![name],
             };
@@ -779,6 +845,25 @@ mod tests {
         assert_eq!(v.measured(), "1/8.9");
         assert_eq!(v.range(), "[1/8.9–1/8.8]");
         assert_eq!(v.status, Status::NotMet);
+    }
+
+    #[test]
+    fn a_rate_goal_reads_its_figure_as_a_share_of_the_baseline() {
+        let t = target("noisy: healthy group beside a breached cooperative one");
+        let harmed = measured(&[
+            ("beside-unlimited-healthy", 2, &[40.0; 4]),
+            ("beside-cooperative-healthy", 2, &[100.0; 4]),
+        ]);
+        let v = t.verdict(&harmed);
+        assert_eq!(
+            (v.status, v.measured()),
+            (Status::NotMet, "0.40×".to_owned())
+        );
+        let unharmed = measured(&[
+            ("beside-unlimited-healthy", 2, &[40.0; 4]),
+            ("beside-cooperative-healthy", 2, &[41.0; 4]),
+        ]);
+        assert_eq!(t.verdict(&unharmed).status, Status::Met);
     }
 
     #[test]

@@ -226,6 +226,15 @@ impl Measured {
         self.ratio(case, baseline, threads).map(|f| f.inverted())
     }
 
+    /// Operations per second of `case` (wall time) over `baseline`'s, both
+    /// at `threads`, round by round: what one thread got done beside
+    /// another, interruptions and stalls included, which its CPU time may
+    /// not count. For a role's series, the role's thread alone.
+    pub fn rate(&self, case: &str, baseline: &str, threads: usize) -> Option<Figure> {
+        let (a, b) = (self.series(case, threads)?, self.series(baseline, threads)?);
+        Measured::paired(a, b, |x, y| x.ops_per_sec / y.ops_per_sec)
+    }
+
     /// Throughput of `case` at `threads` over its throughput at one thread,
     /// round by round, from the time per operation of threads that ran
     /// together: `threads × ns(1) / ns(threads)`. 2.0 at two threads is
@@ -337,6 +346,24 @@ mod tests {
         assert!(f.poor_overlap);
         assert_eq!(f.spread.n, 4);
         assert!(!f.stable());
+    }
+
+    #[test]
+    fn a_rate_compares_operations_per_second_not_cpu_time() {
+        // Same CPU time per operation, half the operations in the same
+        // wall time: the thread was interrupted half of the time.
+        let mut interrupted = series("beside-noisy", 2, &[(10.0, 1.0), (10.0, 1.0)]);
+        for s in &mut interrupted.samples {
+            s.ops_per_sec /= 2.0;
+        }
+        let m = measured(vec![
+            series("beside-quiet", 2, &[(10.0, 1.0), (10.0, 1.0)]),
+            interrupted,
+        ]);
+        let rate = m.rate("beside-noisy", "beside-quiet", 2).unwrap();
+        assert!((rate.spread.median - 0.5).abs() < 1e-9, "{rate:?}");
+        let cost = m.ratio("beside-noisy", "beside-quiet", 2).unwrap();
+        assert!((cost.spread.median - 1.0).abs() < 1e-9, "{cost:?}");
     }
 
     #[test]

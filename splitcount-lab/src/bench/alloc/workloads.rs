@@ -17,6 +17,7 @@
 //!   wrote: `serde_json` parses a generated 2 MB document into a `Value`
 //!   tree and serializes it back.
 
+use crate::bench::noisy;
 use crate::bench::requests::{self, Mode};
 use crate::timing::slice::{self, SliceRun, SliceSpec};
 use crossbeam_utils::CachePadded;
@@ -43,6 +44,11 @@ pub enum Workload {
     ///
     /// [`ALL`]: Workload::ALL
     Requests(Mode),
+    /// `bench noisy`'s cases (not in [`ALL`]: its own suite,
+    /// [`crate::bench::noisy`]).
+    ///
+    /// [`ALL`]: Workload::ALL
+    Noisy(noisy::Case),
 }
 
 impl Workload {
@@ -62,6 +68,7 @@ impl Workload {
             Workload::CrossThread => "cross-thread",
             Workload::Json => "json",
             Workload::Requests(_) => "requests",
+            Workload::Noisy(_) => "noisy",
         }
     }
 
@@ -72,6 +79,7 @@ impl Workload {
             Workload::Mixed | Workload::Small | Workload::Requests(_) => threads.to_vec(),
             Workload::CrossThread => vec![2],
             Workload::Json => vec![1],
+            Workload::Noisy(case) => vec![case.threads()],
         }
     }
 }
@@ -276,8 +284,8 @@ fn json_round_trip(doc: &str) {
 }
 
 /// Run one slice of `workload` on `threads` threads, thread `t` in
-/// `groups[t]`'s scope (`requests`: its groups under `groups[0]`). `doc`
-/// is the JSON workload's document.
+/// `groups[t]`'s scope (`requests`, `noisy`: their groups under
+/// `groups[0]`). `doc` is the JSON workload's document.
 pub fn run_slice(
     workload: Workload,
     threads: usize,
@@ -288,6 +296,10 @@ pub fn run_slice(
     if let Workload::Requests(mode) = workload {
         let parent = groups.first().ok_or("no group for the requests")?;
         return requests::run_slice(mode, threads, spec, parent);
+    }
+    if let Workload::Noisy(case) = workload {
+        let parent = groups.first().ok_or("no group for the noisy cases")?;
+        return noisy::run_slice(case, spec, parent);
     }
     if groups.len() < threads {
         return Err(format!("{} groups for {threads} threads", groups.len()));
@@ -339,7 +351,7 @@ pub fn run_slice(
                 json_round_trip(doc)
             }
         }),
-        Workload::Requests(_) => unreachable!("returned above"),
+        Workload::Requests(_) | Workload::Noisy(_) => unreachable!("returned above"),
     })
 }
 

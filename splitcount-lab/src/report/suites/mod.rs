@@ -201,6 +201,22 @@ pub const SUITES: &[Suite] = &[
         run: timed::requests,
     },
     Suite {
+        name: "noisy",
+        title: "Noisy neighbour: a group over its limit, and a healthy one beside it",
+        about: "In the Accounted<System> worker process, each thread allocates 64-byte blocks \
+                (try_reserve_exact: a refusal is counted, not an abort) and holds them, \
+                freeing them all once it holds 1 MiB — a request that keeps allocating. One \
+                thread: in a group far over its max (2 MiB held under a 1 MiB max), \
+                cooperative (breached-cooperative) or refusing (breached-refuse), as × the \
+                same loop in a group under its limit (under-limit): ns per allocation, CPU \
+                time. Two threads: a noisy thread in such a group and a healthy thread in a \
+                group under its limit, each role on its own; the healthy row's × is its \
+                allocations per second (wall time: the interrupts it takes count) over the \
+                same beside a noisy thread in an unlimited group (beside-unlimited): 1 is \
+                unharmed.",
+        run: timed::noisy,
+    },
+    Suite {
         name: "metrics",
         title: "metrics: splitcount's recorder vs the Prometheus exporter's",
         about: "One counter incremented by every thread, through the metrics facade's \

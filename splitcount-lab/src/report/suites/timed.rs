@@ -1,10 +1,11 @@
 //! The timed suites (`counters`, `layout`, `charge`, `stats`, `alloc`,
-//! `ffi`, `async`, `groups`, `percpu`, `cpu-id`): each runs its `bench` module (interleaved rounds,
-//! [`crate::timing`]) and shows the records as one table — a row per case,
-//! a column per thread count, each cell the time per operation beside the
-//! median ratio to the suite's baseline and its range over the rounds —
-//! plus plots, the notes that say how far to trust the figures, and the
-//! verdicts on the targets the suite measures.
+//! `ffi`, `async`, `noisy`, `groups`, `percpu`, `cpu-id`): each runs its
+//! `bench` module (interleaved rounds, [`crate::timing`]) and shows the
+//! records as one table — a row per case, a column per thread count, each
+//! cell the time per operation beside the median ratio to the suite's
+//! baseline and its range over the rounds — plus plots, the notes that say
+//! how far to trust the figures, and the verdicts on the targets the suite
+//! measures.
 
 use super::{counted, with_case, Outcome, Settings};
 use crate::bench::{self, Bench, Record};
@@ -96,19 +97,23 @@ pub fn ffi(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
     let b = counted(progress, || bench::ffi::run(&exe, &[1], &s.plan()))?;
     let mut out = outcome("ffi", &b, "call")?;
     out.settings["preload"] = json!(bench::ffi::find_preload(&exe));
-    let bars: Vec<Bar> = b
-        .records
-        .iter()
-        .filter(|r| r.baseline.as_deref() != Some(&r.case))
-        .map(|r| ratio_bar(r, r.case.clone()))
-        .collect();
     out.plots = vec![plots::bar_chart(
         "ffi: a C call ÷ the same from Rust; the preload's malloc+free ÷ glibc's",
         "× baseline",
         Axis::Linear,
-        &bars,
+        &ratio_bars(&b.records),
     )?];
     Ok(out)
+}
+
+/// A bar of each record's ratio to its baseline (but the baselines'),
+/// labelled with its case.
+fn ratio_bars(records: &[Record]) -> Vec<Bar> {
+    records
+        .iter()
+        .filter(|r| r.baseline.as_deref() != Some(&r.case))
+        .map(|r| ratio_bar(r, r.case.clone()))
+        .collect()
 }
 
 /// A bar of a record's ratio to its baseline, labelled `label`.
@@ -142,6 +147,22 @@ pub fn requests(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String>
                 bar
             })
             .collect::<Vec<_>>(),
+    )?];
+    Ok(out)
+}
+
+/// `noisy`: allocations in a group over its limit, and a healthy group's
+/// beside it, in the accounted worker process.
+pub fn noisy(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("the lab binary: {e}"))?;
+    let b = counted(progress, || bench::noisy::run(&exe, &s.plan()))?;
+    let mut out = outcome("noisy", &b, "allocation")?;
+    out.plots = vec![plots::bar_chart(
+        "noisy: ns per allocation ÷ under its limit; the healthy thread's allocations/s ÷ \
+         beside an unlimited neighbour (log scale)",
+        "× baseline",
+        Axis::Log,
+        &ratio_bars(&b.records),
     )?];
     Ok(out)
 }
