@@ -7,6 +7,7 @@
 //!   1. a removed group's scope charges its nearest live ancestor
 //!   2. refill the reserve: charge n + RESERVE_BATCH (stock or counter)  ── fits ──▶ done
 //!   3. already over a cooperative limit, in a breach episode           ──────────▶ over-charge, cheaply
+//!      over a refusing limit, in the thread's reporting grace          ──────────▶ unaccounted
 //!   4. exact charge: reclaim hooks, a drain that could make room       ── fits ──▶ done
 //!   5. over a cooperative limit, no ceiling in the way                  ──────────▶ over-charge, breach
 //!      in the thread's reporting grace (after a refusal, a panic)      ──────────▶ unaccounted
@@ -87,6 +88,12 @@ impl<A, C: Charging> Accounted<A, C> {
         // 3. Over a cooperative limit in an episode already begun.
         if let Some(blocking) = breach_in_progress(acc.usage(), n) {
             return Ok(self.over_charge_cheaply(st, acc, blocking, n, refill));
+        }
+        // … or over a refusing limit (or a ceiling) while the thread is in
+        // the reporting grace that a refusal began: the refusal ran reclaim
+        // and the drain already.
+        if refusal_in_the_way(acc.usage(), n) && in_reporting_grace(n) {
+            return Ok(None);
         }
         let node = match held.take().or_else(|| acc.node()) {
             Some(node) => node,
@@ -277,6 +284,15 @@ fn breach_in_progress(counter: &UsageCounter, n: u64) -> Option<&UsageCounter> {
     // A ceiling anywhere: step 5 decides (a reserve batch must not pass it).
     let ceilings = counter.chain().any(|c| c.ceiling() != UNLIMITED);
     blocking.filter(|_| !ceilings)
+}
+
+/// Whether a charge of `n` through `counter` would pass a refusing limit
+/// or a ceiling (loads only; stocked slack not counted).
+fn refusal_in_the_way(counter: &UsageCounter, n: u64) -> bool {
+    counter.chain().any(|c| {
+        let after = c.usage().saturating_add(n);
+        (after > c.max() && c.enforcement() == Enforcement::Refuse) || after > c.ceiling()
+    })
 }
 
 /// The nearest ceiling a charge of `n` through `counter` would pass.
