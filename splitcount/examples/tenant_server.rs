@@ -40,12 +40,37 @@ pub const TENANT_MAX: u64 = 64 << 20;
 /// A request's limit.
 pub const REQUEST_MAX: u64 = 16 << 20;
 
+/// Where a server keeps its tenants, and their limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// The group under the root that holds the tenants (`/usage` lists
+    /// this one's children).
+    pub parent: &'static str,
+    /// Each tenant's limit.
+    pub tenant: u64,
+    /// Each request's limit.
+    pub request: u64,
+}
+
+/// This server's: `/tenants`, 64 MiB per tenant, 16 MiB per request.
+pub const LIMITS: Limits = Limits {
+    parent: "tenants",
+    tenant: TENANT_MAX,
+    request: REQUEST_MAX,
+};
+
 /// The server: routes, with a group per request.
 pub fn app(memory: Hierarchy) -> Router {
+    app_with(memory, LIMITS)
+}
+
+/// [`app`] with its tenants under another group, with other limits (the
+/// load example runs two side by side).
+pub fn app_with(memory: Hierarchy, limits: Limits) -> Router {
     let tenants = memory
         .root()
-        .child_or_create("tenants")
-        .expect("a fresh hierarchy");
+        .child_or_create(limits.parent)
+        .expect("a valid name");
     let next = AtomicU64::new(0);
     let per_request = GroupLayer::new(
         move |req: &Request<axum::body::Body>| -> Option<Group> {
@@ -56,12 +81,12 @@ pub fn app(memory: Hierarchy) -> Router {
             let t = tenants
                 .child_or_create_with(tenant, |t| {
                     t.set_breach_mode(BreachMode::Level);
-                    t.set_max(TENANT_MAX)
+                    t.set_max(limits.tenant)
                 })
                 .ok()?;
             let id = next.fetch_add(1, Ordering::Relaxed);
             let g = t.child(&format!("req-{id}")).ok()?;
-            g.set_max(REQUEST_MAX).ok()?;
+            g.set_max(limits.request).ok()?;
             Some(g)
         },
         |over: OverLimit| -> Response {
@@ -72,7 +97,7 @@ pub fn app(memory: Hierarchy) -> Router {
         .route("/work", get(work))
         .route("/usage", get(usage))
         .layer(per_request)
-        .with_state(memory)
+        .with_state((memory, limits.parent))
 }
 
 /// `GET /work?mib=N`: N MiB built a MiB at a time, half in a sub-task.
@@ -105,8 +130,8 @@ async fn build(mib: usize) -> usize {
 }
 
 /// `GET /usage`: a line per tenant.
-async fn usage(State(memory): State<Hierarchy>) -> String {
-    let Ok(tenants) = memory.lookup("tenants") else {
+async fn usage(State((memory, parent)): State<(Hierarchy, &'static str)>) -> String {
+    let Ok(tenants) = memory.lookup(parent) else {
         return String::new();
     };
     // Bytes pre-charged in the per-CPU stocks go back to the counters
