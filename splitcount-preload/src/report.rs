@@ -23,14 +23,17 @@ fn line(g: &Group) -> String {
     };
     format!(
         "splitcount-preload: group={} usage={} peak={} max={max} enforcement={enforcement} \
-         events.max={} events.high={} events.oom={} events.underflow={}\n",
+         events.max={} events.high={} events.oom={} events.underflow={} events.breaches={} \
+         events.refused={}\n",
         g.path(),
         g.usage(),
         g.peak(),
         e.max,
         e.high,
         e.oom,
-        e.underflow
+        e.underflow,
+        e.breaches,
+        e.refused
     )
 }
 

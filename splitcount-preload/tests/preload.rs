@@ -210,6 +210,7 @@ fn sqlite_is_told_out_of_memory_at_the_limit_and_exits_cleanly() {
     assert_eq!(ours["max"], (8u64 << 20).to_string());
     assert_eq!(ours["enforcement"], "refuse");
     assert!(number(&ours, "events.max") >= 1);
+    assert!(number(&ours, "events.refused") >= 1, "sqlite was refused");
     assert!(
         number(&ours, "peak") <= 8 << 20,
         "a refusing limit is never passed"
@@ -228,6 +229,9 @@ fn a_cooperative_limit_lets_sqlite_finish_and_counts_the_over_charges() {
     let ours = report(&stderr, "/preload");
     assert_eq!(ours["enforcement"], "cooperative");
     assert!(number(&ours, "events.max") >= 1);
+    assert_eq!(number(&ours, "events.breaches"), 1, "one crossing");
+    assert_eq!(number(&ours, "events.refused"), 0, "nothing refused");
+    assert_eq!(number(&ours, "events.oom"), 0, "an over-charge is no OOM");
     assert!(number(&ours, "peak") > 8 << 20);
 }
 
