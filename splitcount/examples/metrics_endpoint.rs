@@ -1,15 +1,24 @@
 //! A `/metrics` endpoint over a small demo hierarchy: tenants with limits,
 //! requests charged and refused, stat items — in the Prometheus text format
-//! that `splitcount::export::prometheus::render` writes.
+//! that `splitcount::export::prometheus::render` writes — and the process's
+//! own memory, part by part (`splitcount_process_*`), from the accounting
+//! allocator's reconciliation.
 //!
 //! `cargo run --release -p splitcount --example metrics_endpoint --features prometheus -- --once`
 //! prints one exposition to stdout and exits; without `--once` it serves
 //! `http://127.0.0.1:9464/metrics` (`--port N` to change) until killed.
 
+use splitcount::alloc::Accounted;
 use splitcount::export::prometheus::{render, Options};
 use splitcount::group::{Hierarchy, HierarchyConfig};
 use splitcount::stat::StatItem;
+use std::alloc::System;
 use std::io::{BufRead, BufReader, Write};
+
+/// The process's heap, accounted (into a hierarchy of its own here: the
+/// demo's groups are charged made-up units).
+#[global_allocator]
+static ALLOC: Accounted<System> = Accounted::new(System);
 
 /// Tenants, requests and stat items with a little history.
 fn demo() -> Hierarchy {
@@ -45,9 +54,14 @@ fn main() -> std::io::Result<()> {
             .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "--port N"))?,
         None => 9464,
     };
+    let heap = Hierarchy::default();
+    ALLOC.attach(&heap).expect("attached once");
     let memory = demo();
-    // Tenants and their requests, not deeper: a cap on cardinality.
-    let options = Options::default().max_depth(3);
+    // Tenants and their requests, not deeper: a cap on cardinality; and
+    // the process's resident set, part by part.
+    let options = Options::default()
+        .max_depth(3)
+        .process_memory(|| ALLOC.reconcile());
     if once {
         print!("{}", render(&memory.root(), &options));
         return Ok(());

@@ -7,6 +7,9 @@
 //!   move between workers), half of them in a sub-task spawned in the
 //!   request's group, and answers with what it built.
 //! - `GET /usage`: every tenant's usage, peak, limit and `max` events.
+//! - `GET /metrics`: the tenants' groups and the process's memory part by
+//!   part (what the groups track, what glibc keeps free, stacks, code…,
+//!   and what none of them explains), in the Prometheus text format.
 //!
 //! Each tenant gets `/tenants/NAME` (64 MiB) on its first request; each
 //! request `/tenants/NAME/req-ID` (16 MiB), removed when it is answered. A
@@ -15,7 +18,7 @@
 //! tenant too — carry on, and the process never aborts. Idle workers return
 //! their allocator reserves when they park.
 //!
-//! Run: `cargo run --release -p splitcount --example tenant_server --features tokio,tower -- --port 3000`
+//! Run: `cargo run --release -p splitcount --example tenant_server --features tokio,tower,prometheus -- --port 3000`
 //! (`--port 0` picks a free port); then e.g.
 //! `curl -H 'x-tenant: acme' 'http://127.0.0.1:3000/work?mib=4'`.
 
@@ -25,6 +28,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use splitcount::alloc::Accounted;
+use splitcount::export::prometheus::{render, Options};
 use splitcount::group::{BreachMode, Group, Hierarchy, OverLimit};
 use splitcount::task::{drain_on_park, spawn_in_current, GroupLayer};
 use std::alloc::System;
@@ -96,6 +100,7 @@ pub fn app_with(memory: Hierarchy, limits: Limits) -> Router {
     Router::new()
         .route("/work", get(work))
         .route("/usage", get(usage))
+        .route("/metrics", get(metrics))
         .layer(per_request)
         .with_state((memory, limits.parent))
 }
@@ -155,6 +160,15 @@ async fn usage(State((memory, parent)): State<(Hierarchy, &'static str)>) -> Str
             )
         })
         .collect()
+}
+
+/// `GET /metrics`: tenants (not their requests: a cap on cardinality) and
+/// the process's resident set explained part by part.
+async fn metrics(State((memory, _)): State<(Hierarchy, &'static str)>) -> String {
+    let options = Options::default()
+        .max_depth(2)
+        .process_memory(|| ALLOC.reconcile());
+    render(&memory.root(), &options)
 }
 
 /// Serve `app(memory)` on `listener` until the process ends.

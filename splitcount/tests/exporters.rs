@@ -299,3 +299,62 @@ fn the_recorder_counts_exactly_and_exports_valid_text() {
     assert!(text.contains("queue_depth 12.0\n"));
     assert!(text.contains("latency_seconds_count 4\n"));
 }
+
+/// With `process_memory`, the exposition carries the process's resident
+/// set, every part and the unexplained remainder, in both formats; the
+/// remainder's sample is the resident set less the parts (the subtracted
+/// one subtracted), and promtool accepts the text.
+#[test]
+fn the_process_memory_is_exported_part_by_part() {
+    use splitcount::alloc::{Accounted, ResidentPart};
+    // Not this binary's global allocator: the process-wide figures
+    // (glibc's, smaps) are read all the same.
+    static ALLOC: Accounted<std::alloc::System> = Accounted::new(std::alloc::System);
+    let heap = Hierarchy::default();
+    ALLOC.attach(&heap).unwrap();
+    let options = Options::default().process_memory(|| ALLOC.reconcile());
+    let text = render(&heap.root(), &options);
+    assert_eq!(promtool(&text), None, "{text}");
+    let samples = parse(&text);
+    let value = |name: &str| {
+        samples
+            .get(&(name.to_owned(), BTreeMap::new()))
+            .copied()
+            .unwrap_or_else(|| panic!("{name} in\n{text}"))
+    };
+    let mut parts = 0.0;
+    for part in ResidentPart::ALL {
+        let v = value(&format!("splitcount_process_{}_bytes", part.name()));
+        parts += if part.subtracted() { -v } else { v };
+    }
+    let resident = value("splitcount_process_resident_bytes");
+    assert!(resident > 0.0 && value("splitcount_process_files_bytes") > 0.0);
+    assert_eq!(
+        value("splitcount_process_unexplained_bytes"),
+        resident - parts
+    );
+    assert!(text.contains("# TYPE splitcount_process_trims_total counter\n"));
+    assert!(text.contains("# HELP splitcount_process_unexplained_bytes "));
+
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(HierarchyCollector::new(&heap, options)));
+    let mut open = String::new();
+    prometheus_client::encoding::text::encode(&mut open, &registry).unwrap();
+    assert!(
+        open.contains("# TYPE splitcount_process_unexplained_bytes gauge\n"),
+        "{open}"
+    );
+    assert!(
+        open.contains("# UNIT splitcount_process_unexplained_bytes bytes\n"),
+        "{open}"
+    );
+}
+
+/// A source that has nothing to say (no allocator attached yet) leaves the
+/// process's families out.
+#[test]
+fn an_empty_memory_source_exports_no_process_families() {
+    let h = demo();
+    let text = render(&h.root(), &Options::default().process_memory(|| None));
+    assert!(!text.contains("splitcount_process_"), "{text}");
+}

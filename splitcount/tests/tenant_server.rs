@@ -59,14 +59,14 @@ fn the_example_server_fails_a_request_over_its_limit_and_serves_the_others() {
         assert_eq!(ok_a2, (200, "built 8 MiB\n".to_owned()));
         // The server keeps serving the greedy tenant.
         assert_eq!(get("greedy", 1).await.0, 200);
-        let usage = client
-            .get(format!("http://{addr}/usage"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let page = |path: &'static str| {
+            let client = client.clone();
+            async move {
+                let r = client.get(format!("http://{addr}{path}")).send().await;
+                r.unwrap().text().await.unwrap()
+            }
+        };
+        let usage = page("/usage").await;
         assert!(
             usage.contains("acme usage=") && usage.contains("requests=0"),
             "{usage}"
@@ -76,6 +76,16 @@ fn the_example_server_fails_a_request_over_its_limit_and_serves_the_others() {
         assert!(greedy.contains(" over_limit=1 refused=0 "), "{usage}");
         let acme = usage.lines().find(|l| l.starts_with("acme ")).unwrap();
         assert!(acme.contains(" over_limit=0 refused=0 "), "{usage}");
+        // The process's memory beside the tenants, part by part.
+        let metrics = page("/metrics").await;
+        for family in [
+            "splitcount_group_usage_bytes{group=\"/tenants/acme\"}",
+            "splitcount_process_resident_bytes ",
+            "splitcount_process_tracked_bytes ",
+            "splitcount_process_unexplained_bytes ",
+        ] {
+            assert!(metrics.contains(family), "{family} in\n{metrics}");
+        }
     });
     drop(rt);
     std::thread::sleep(Duration::from_millis(50));

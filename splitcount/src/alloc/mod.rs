@@ -85,6 +85,15 @@
 //! [`crate::group::Hierarchy::drain_stocks`] returns the stocks and the
 //! calling thread's reserve; [`drain_thread`] an idle thread's.
 //!
+//! **What the resident set is made of.** [`Accounted::reconcile`] sets the
+//! groups' books beside the process: the live bytes the groups track, the
+//! headers, glibc's overhead and the free memory it keeps resident, stacks,
+//! code and other mappings, each measured on its own, and what none of them
+//! explains ([`Reconciliation::unexplained`]). glibc keeps freed memory for
+//! reuse; [`Accounted::trim`] gives it back to the system now, and
+//! [`Accounted::set_trim`] with a [`TrimPolicy`] after group removals, at
+//! most once per interval, on a background thread.
+//!
 //! **Never allocates in the full group, works anywhere.** The charge path
 //! uses preallocated state, `const` thread-locals (readable before `main`
 //! and during thread teardown) and atomics; its slow path and the hooks run
@@ -94,16 +103,20 @@
 mod charging;
 mod reconcile;
 mod reserve;
+mod resident;
 mod scope;
 mod thread;
+mod trim;
 mod wrapper;
 
 pub use crate::group::{AllocRefusalHook, OverLimit, Refusal};
 pub use charging::{Charging, Footprint, InnerFootprint, Requested};
-pub use reconcile::Reconciliation;
+pub use reconcile::{Reconciliation, ResidentPart};
 pub use reserve::{drain_thread, MAX_THREAD_RESERVE, RESERVE_BATCH};
 pub use scope::AllocScope;
 pub(crate) use scope::{current, enter_held, without_accounting};
+pub(crate) use trim::group_removed;
+pub use trim::{TrimPolicy, Trimmed, DEFAULT_TRIM_INTERVAL};
 #[doc(hidden)]
 pub use wrapper::raw_account;
 pub use wrapper::{

@@ -23,6 +23,27 @@
 //! [`Options`]) still shows each exported group's total; do not sum across
 //! levels. Removed groups disappear from the next scrape.
 //!
+//! **The process's memory**, with [`Options::process_memory`] (for example
+//! `|| ALLOC.reconcile()`): the resident set and the parts that explain it
+//! ([`Reconciliation`], each part measured on its own), so that a dashboard
+//! can stack the parts up to the resident set, and what they leave
+//! (`unexplained`) shows as its own series.
+//!
+//! | family | type | value |
+//! |---|---|---|
+//! | `splitcount_process_resident_bytes` | gauge | the resident set (Σ `Rss` of `/proc/self/smaps`) |
+//! | `splitcount_process_tracked_bytes` | gauge | live bytes the groups track |
+//! | `splitcount_process_headers_bytes` | gauge | the accounting allocator's headers |
+//! | `splitcount_process_malloc_chunk_overhead_bytes` | gauge | glibc's per-block overhead (an estimate) |
+//! | `splitcount_process_malloc_free_resident_bytes` | gauge | free memory glibc keeps, resident |
+//! | `splitcount_process_stacks_bytes`, `…_files_bytes`, `…_other_mappings_bytes` | gauge | the other mappings, from smaps |
+//! | `splitcount_process_unexplained_bytes` | gauge | the resident set less the parts above (may be negative) |
+//! | `splitcount_process_malloc_free_bytes`, `…_malloc_mappings_bytes` | gauge | beside the parts: all of glibc's free bytes, resident or not; its mappings' resident bytes |
+//! | `splitcount_process_trims_total`, `…_trim_seconds_total` | counter | trims ([`crate::alloc::Accounted::trim`], the trim policy's) and their time |
+//!
+//! A part whose source cannot be read (glibc's figures elsewhere than
+//! glibc, smaps without `/proc`) is left out, and so is `unexplained` then.
+//!
 //! ```
 //! use prometheus_client::registry::Registry;
 //! use splitcount::export::prometheus::{HierarchyCollector, Options};
@@ -37,6 +58,7 @@
 //! assert!(text.contains("splitcount_group_usage{group=\"/tenants/acme\"} 4096"));
 //! ```
 
+use crate::alloc::{Reconciliation, ResidentPart};
 use crate::charge::Events;
 use crate::group::{Group, GroupSnapshot, Hierarchy, SnapshotOptions};
 use crate::stat::StatKind;
@@ -47,6 +69,40 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Unit;
 use std::fmt::Write;
+use std::sync::Arc;
+
+/// Where [`Options::process_memory`] reads the process's memory from: a
+/// function called at every scrape.
+#[derive(Clone)]
+pub struct MemorySource(Arc<dyn Fn() -> Option<Reconciliation> + Send + Sync>);
+
+impl MemorySource {
+    /// `f` is called at every scrape; `None` leaves the process's families
+    /// out (an allocator not attached yet).
+    pub fn new(f: impl Fn() -> Option<Reconciliation> + Send + Sync + 'static) -> MemorySource {
+        MemorySource(Arc::new(f))
+    }
+
+    /// A reconciliation now.
+    pub fn read(&self) -> Option<Reconciliation> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for MemorySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MemorySource(..)")
+    }
+}
+
+impl PartialEq for MemorySource {
+    /// The same function (clones of one source).
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for MemorySource {}
 
 /// What a [`HierarchyCollector`] or [`render`] exports.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +118,9 @@ pub struct Options {
     /// Name the usage families with `_bytes`: `None` (the default) decides
     /// by whether an allocator is attached to the hierarchy.
     pub bytes: Option<bool>,
+    /// Export the process's resident set part by part (see the
+    /// [module docs](self)); `None` (the default): the groups only.
+    pub process_memory: Option<MemorySource>,
 }
 
 impl Default for Options {
@@ -70,6 +129,7 @@ impl Default for Options {
             prefix: "splitcount".to_owned(),
             groups: SnapshotOptions::default(),
             bytes: None,
+            process_memory: None,
         }
     }
 }
@@ -96,6 +156,34 @@ impl Options {
     /// Whether the usage families carry the `bytes` unit.
     pub fn bytes(mut self, bytes: bool) -> Self {
         self.bytes = Some(bytes);
+        self
+    }
+
+    /// Export the process's memory too, reconciled by `f` at every scrape —
+    /// typically the global allocator's [`Accounted::reconcile`]:
+    ///
+    /// ```no_run
+    /// use splitcount::alloc::Accounted;
+    /// use splitcount::export::prometheus::{render, Options};
+    /// use splitcount::group::Hierarchy;
+    /// use std::alloc::System;
+    ///
+    /// #[global_allocator]
+    /// static ALLOC: Accounted<System> = Accounted::new(System);
+    ///
+    /// let memory = Hierarchy::default();
+    /// ALLOC.attach(&memory).unwrap();
+    /// let options = Options::default().max_depth(2).process_memory(|| ALLOC.reconcile());
+    /// let text = render(&memory.root(), &options);
+    /// assert!(text.contains("# TYPE splitcount_process_unexplained_bytes gauge"));
+    /// ```
+    ///
+    /// [`Accounted::reconcile`]: crate::alloc::Accounted::reconcile
+    pub fn process_memory(
+        mut self,
+        f: impl Fn() -> Option<Reconciliation> + Send + Sync + 'static,
+    ) -> Self {
+        self.process_memory = Some(MemorySource::new(f));
         self
     }
 }
@@ -274,6 +362,74 @@ fn families(group: &Group, o: &Options) -> Vec<Family> {
             out.push(fam);
         }
     }
+    if let Some(r) = o.process_memory.as_ref().and_then(MemorySource::read) {
+        out.extend(process_families(&r, p));
+    }
+    out
+}
+
+/// The process's families (see the module docs): one unlabelled sample
+/// each; a figure that could not be read leaves its family out.
+fn process_families(r: &Reconciliation, p: &str) -> Vec<Family> {
+    let mut out = Vec::new();
+    let mut gauge = |name: &str, help: &str, v: Option<i64>| {
+        if let Some(v) = v {
+            let mut fam = Family::new(
+                format!("{p}_process_{name}"),
+                help,
+                Some(Unit::Bytes),
+                Kind::Gauge,
+            );
+            let value = if v < 0 {
+                Value::Float(v as f64)
+            } else {
+                Value::Int(v as u64)
+            };
+            fam.samples.push((Vec::new(), value));
+            out.push(fam);
+        }
+    };
+    let signed = |v: Option<u64>| v.map(|v| v as i64);
+    gauge(
+        "resident",
+        "The process's resident set (sum of Rss in /proc/self/smaps), which the process parts explain.",
+        signed(r.resident_mapped),
+    );
+    for part in ResidentPart::ALL {
+        gauge(part.name(), part.help(), signed(r.part(part)));
+    }
+    gauge(
+        "unexplained",
+        "The resident set less the sum of the process parts: what none of them explains (negative when they claim more).",
+        r.unexplained,
+    );
+    gauge(
+        "malloc_free",
+        "Every free byte glibc keeps (mallinfo2 fordblks), resident or not; not a part.",
+        signed(r.malloc_free),
+    );
+    gauge(
+        "malloc_mappings",
+        "Resident bytes of glibc's own mappings (its heaps and the blocks it mapped alone); not a part.",
+        signed(r.malloc_mappings),
+    );
+    let mut trims = Family::new(
+        format!("{p}_process_trims"),
+        "Times the allocator gave freed memory back to the system (malloc_trim), asked for or by its trim policy.",
+        None,
+        Kind::Counter,
+    );
+    trims.samples.push((Vec::new(), Value::Int(r.trims)));
+    out.push(trims);
+    let mut took = Family::new(
+        format!("{p}_process_trim"),
+        "Time the trims took.",
+        Some(Unit::Seconds),
+        Kind::Counter,
+    );
+    took.samples
+        .push((Vec::new(), Value::Float(r.trim_nanos as f64 / 1e9)));
+    out.push(took);
     out
 }
 

@@ -528,7 +528,8 @@ impl Shared {
     }
 
     /// Unlink `node` (which must have no live children) from the tree and
-    /// mark it removed. Its stocks are drained by the caller.
+    /// mark it removed. Its stocks are drained by the caller. With an
+    /// allocator attached, its trim policy is told (`TrimPolicy::on_remove`).
     ///
     /// Locks the node's own child map (to check it is empty and mark it
     /// removed, so that no child can be created after), then its parent's
@@ -553,12 +554,18 @@ impl Shared {
             }
             node.mark_removed();
         }
-        let mut siblings = parent.children();
-        if siblings
-            .get(node.name.as_str())
-            .is_some_and(|n| Arc::ptr_eq(n, node))
         {
-            siblings.remove(node.name.as_str());
+            let mut siblings = parent.children();
+            if siblings
+                .get(node.name.as_str())
+                .is_some_and(|n| Arc::ptr_eq(n, node))
+            {
+                siblings.remove(node.name.as_str());
+            }
+        }
+        // Outside the locks: the allocator's trim policy may trim now.
+        if self.bytes.get().is_some() {
+            crate::alloc::group_removed();
         }
         Ok(())
     }
