@@ -119,16 +119,20 @@ splitcount_group_high{group=\"/tenant\"} 100
 # TYPE splitcount_group_peak gauge
 splitcount_group_peak{group=\"/\"} 300
 splitcount_group_peak{group=\"/tenant\"} 300
-# HELP splitcount_group_events_total Events of the group's subtree: max (refusals and cooperative over-charges), high (crossings of high), oom (the charge path's OOM stage), underflow (over-uncharges).
+# HELP splitcount_group_events_total Events of the group's subtree, removed groups included: max (charges that hit a limit, refused or over-charged), high (crossings of high), oom (charges refused after reclaim failed), underflow (over-uncharges), breaches (crossings of a cooperative limit: one per episode over it), refused (charges refused: nulls from the allocator, errors from charge).
 # TYPE splitcount_group_events_total counter
 splitcount_group_events_total{group=\"/\",event=\"max\"} 0
 splitcount_group_events_total{group=\"/\",event=\"high\"} 1
 splitcount_group_events_total{group=\"/\",event=\"oom\"} 0
 splitcount_group_events_total{group=\"/\",event=\"underflow\"} 0
+splitcount_group_events_total{group=\"/\",event=\"breaches\"} 0
+splitcount_group_events_total{group=\"/\",event=\"refused\"} 0
 splitcount_group_events_total{group=\"/tenant\",event=\"max\"} 0
 splitcount_group_events_total{group=\"/tenant\",event=\"high\"} 1
 splitcount_group_events_total{group=\"/tenant\",event=\"oom\"} 0
 splitcount_group_events_total{group=\"/tenant\",event=\"underflow\"} 0
+splitcount_group_events_total{group=\"/tenant\",event=\"breaches\"} 0
+splitcount_group_events_total{group=\"/tenant\",event=\"refused\"} 0
 # HELP splitcount_group_stall_seconds_total Time charges to the group's subtree spent stalled after a refusal (reclaim hooks, drains, retries, OOM hooks).
 # TYPE splitcount_group_stall_seconds_total counter
 splitcount_group_stall_seconds_total{group=\"/\"} 0.0

@@ -12,7 +12,7 @@
 //! | `splitcount_group_usage_slack` | gauge | units of that usage pre-charged in the per-CPU stocks and not in use: the error bound of `usage` (what is in use lies in `[usage − slack, usage]`) |
 //! | `splitcount_group_max`, `splitcount_group_high` | gauge | the limits, `+Inf` when unlimited |
 //! | `splitcount_group_peak` | gauge | the peak usage |
-//! | `splitcount_group_events_total{event="max\|high\|oom\|underflow"}` | counter | events of the subtree (`memory.events`) |
+//! | `splitcount_group_events_total{event="max\|high\|oom\|underflow\|breaches\|refused"}` | counter | events of the subtree (`memory.events`; see [`crate::charge::Events`]): `refused` is the count of refused requests, `breaches` of crossings of a cooperative limit — also of request groups removed since |
 //! | `splitcount_group_stall_seconds_total` | counter | time charges spent stalled after a refusal |
 //! | `splitcount_group_stat{item=…}` | gauge | each gauge stat item (subtree value) |
 //! | `splitcount_group_stat_events_total{item=…}` | counter | each event stat item (subtree value) |
@@ -291,7 +291,7 @@ fn families(group: &Group, o: &Options) -> Vec<Family> {
     ];
     let mut events = Family::new(
         format!("{p}_group_events"),
-        "Events of the group's subtree: max (refusals and cooperative over-charges), high (crossings of high), oom (the charge path's OOM stage), underflow (over-uncharges).",
+        "Events of the group's subtree, removed groups included: max (charges that hit a limit, refused or over-charged), high (crossings of high), oom (charges refused after reclaim failed), underflow (over-uncharges), breaches (crossings of a cooperative limit: one per episode over it), refused (charges refused: nulls from the allocator, errors from charge).",
         None,
         Kind::Counter,
     );
@@ -302,6 +302,8 @@ fn families(group: &Group, o: &Options) -> Vec<Family> {
             ("high", e.high),
             ("oom", e.oom),
             ("underflow", e.underflow),
+            ("breaches", e.breaches),
+            ("refused", e.refused),
         ] {
             events.samples.push((
                 vec![
