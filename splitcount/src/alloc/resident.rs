@@ -1,5 +1,7 @@
 //! What the process's resident set is made of, mapping by mapping, read
-//! from `/proc/self/smaps` — and which of glibc's free bytes are resident.
+//! from `/proc/self/smaps` — with the size and resident bytes of glibc's
+//! heaps, from which the reconciliation tells how much of glibc's free
+//! memory is resident.
 //!
 //! Each mapping's `Rss` goes to one class (see `IMPLEMENTATION.md`, §7,
 //! *Reconciliation*):

@@ -191,16 +191,25 @@ fn set_policy(p: TrimPolicy) {
     FREE_BASE.store(free_bytes().unwrap_or(0), Relaxed);
     PENDING.store(false, Relaxed);
     ON_REMOVE.store(p.on_remove, Relaxed);
-    let mut running = TRIMMER.lock().unwrap_or_else(|e| e.into_inner());
-    if p.active() && !*running {
-        // A failed spawn leaves the policy without its thread; the next
-        // `set_trim` tries again.
-        *running = std::thread::Builder::new()
+    let start = {
+        let mut running = TRIMMER.lock().unwrap_or_else(|e| e.into_inner());
+        WAKE.notify_all();
+        let start = p.active() && !*running;
+        *running |= start;
+        start
+    };
+    // Spawned outside the lock: spawning allocates, and an allocation's
+    // hook may remove a group, which takes the lock.
+    if start
+        && std::thread::Builder::new()
             .name("splitcount-trim".into())
             .spawn(trimmer)
-            .is_ok();
+            .is_err()
+    {
+        // Without its thread the policy does nothing; the next `set_trim`
+        // tries again.
+        *TRIMMER.lock().unwrap_or_else(|e| e.into_inner()) = false;
     }
-    WAKE.notify_all();
 }
 
 /// A group of a hierarchy with an allocator attached was removed: a load,

@@ -37,6 +37,7 @@
 //! | `splitcount_process_malloc_chunk_overhead_bytes` | gauge | glibc's per-block overhead (an estimate) |
 //! | `splitcount_process_malloc_free_resident_bytes` | gauge | free memory glibc keeps, resident |
 //! | `splitcount_process_stacks_bytes`, `…_files_bytes`, `…_other_mappings_bytes` | gauge | the other mappings, from smaps |
+//! | `splitcount_process_untouched_bytes` | gauge | memory in use and never written: counted in `tracked`, not resident (**subtracted**) |
 //! | `splitcount_process_unexplained_bytes` | gauge | the resident set less the parts above (may be negative) |
 //! | `splitcount_process_malloc_free_bytes`, `…_malloc_mappings_bytes` | gauge | beside the parts: all of glibc's free bytes, resident or not; its mappings' resident bytes |
 //! | `splitcount_process_trims_total`, `…_trim_seconds_total` | counter | trims ([`crate::alloc::Accounted::trim`], the trim policy's) and their time |
