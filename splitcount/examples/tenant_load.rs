@@ -22,7 +22,7 @@
 //! tenant's usage back under 64 KiB — the program exits non-zero otherwise
 //! (CI runs one short round of it as a bounded load test).
 //!
-//! Run: `cargo run --release -p splitcount --example tenant_load --features tokio,tower -- --rounds 11 --seconds 2`
+//! Run: `cargo run --release -p splitcount --example tenant_load --features tokio,tower,prometheus -- --rounds 11 --seconds 2`
 
 #[path = "tenant_server.rs"]
 #[allow(dead_code)]
