@@ -67,15 +67,20 @@
 //! freed again if the charge is refused. See [`Footprint`] for `realloc`
 //! and the bounds.
 //!
-//! **Over a limit**, after reclaim hooks, draining the refusing group's
-//! stocked bytes, and OOM hooks, the refusing group's
+//! **Over a limit**, after reclaim hooks and draining the refusing group's
+//! stocked bytes (only when they could make room), the refusing group's
 //! [`crate::charge::Enforcement`] decides: a cooperative over-charge that the
 //! next [`crate::group::Group::check`] reports (the default; bounded by an
-//! optional ceiling), or a refusal — null, after the allocation-refusal
-//! hooks ([`crate::group::Group::on_alloc_refusal`]). Every hook runs with
-//! accounting off. After a refusal the thread's small allocations that would
-//! be refused again pass unaccounted for a while ([`REPORTING_GRACE`]), and
-//! so do a panicking thread's: error messages always print.
+//! optional ceiling), or — after the OOM hooks — a refusal: null, after the
+//! allocation-refusal hooks ([`crate::group::Group::on_alloc_refusal`]).
+//! Every hook runs with accounting off. Once a group is over a cooperative
+//! limit, its further allocations until its usage falls below the limit are
+//! plain forced charges through the thread's reserve: no hooks, no drains,
+//! nothing of another CPU touched — a tenant over its limit costs its
+//! neighbours nothing. After a refusal the thread's small allocations that
+//! would be refused again pass unaccounted for a while
+//! ([`REPORTING_GRACE`]), and so do a panicking thread's: error messages
+//! always print.
 //!
 //! **Slack.** Usage may run ahead of live bytes (requested sizes or
 //! footprints, as charged) by the reserves (at most
