@@ -34,13 +34,13 @@ pub fn run(spec: &Spec, input: impl BufRead, mut out: impl Write) -> Result<(), 
         // Only the documented object form: serde would also take `[cpu, delta]`.
         let expected =
             |why: String| format!("line {line_no}: expected {{\"cpu\":N,\"delta\":N}}: {why}");
-        let value: serde_json::Value =
-            serde_json::from_str(&line).map_err(|e| expected(e.to_string()))?;
-        if !value.is_object() {
-            return Err(expected(format!("got {value}")));
+        // Parsed straight into `Input` (not through a `Value`, whose map
+        // keeps the last of two equal keys): a field given twice is an error.
+        if !line.trim_start().starts_with('{') {
+            return Err(expected(format!("got {}", line.trim())));
         }
         let Input { cpu, delta } =
-            serde_json::from_value(value).map_err(|e| expected(e.to_string()))?;
+            serde_json::from_str(&line).map_err(|e| expected(e.to_string()))?;
         c.add_on(cpu, delta)
             .map_err(|e| format!("line {line_no}: {e}"))?;
         let o = Output {

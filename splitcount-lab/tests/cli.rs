@@ -561,6 +561,20 @@ fn replay_refuses_lines_that_are_not_objects() {
     );
 }
 
+/// A field given twice is refused, not silently the last one.
+#[test]
+fn replay_refuses_a_line_with_a_field_given_twice() {
+    let (ok, _, err) = lab(
+        &["replay", "--design", "tree", "--cpus", "4"],
+        "{\"cpu\":1,\"delta\":5,\"delta\":7}\n",
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("line 1") && err.contains("duplicate field"),
+        "{err}"
+    );
+}
+
 /// `bench groups` prints a line per case and thread count with the fields
 /// the issue names: case, threads, ns_per_op and retained_bytes_per_group.
 #[test]

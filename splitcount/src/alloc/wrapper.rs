@@ -500,7 +500,9 @@ pub(super) fn extended(layout: Layout) -> Option<Layout> {
     let align = layout.align().max(MIN_HEADER);
     // `header(align) ≤ align`, so `size + header` rounded up to `align` is at
     // most `size + 2·align − 1`: one comparison rules out every overflow.
-    if layout.size() > isize::MAX as usize - 2 * align {
+    // (`2·align` fits: a layout's alignment is at most 2^62 here, where the
+    // subtraction saturates — no block of that alignment fits with a header.)
+    if layout.size() > (isize::MAX as usize).saturating_sub(2 * align) {
         return None;
     }
     // SAFETY: `align` is a power of two (a layout's alignment, or 8) and
@@ -649,3 +651,36 @@ mod limit;
 mod raw;
 #[doc(hidden)]
 pub use raw::raw_account;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::Footprint;
+    use std::alloc::System;
+
+    /// The largest alignments a `Layout` allows leave no room for a header:
+    /// refused (null), never a wrapped size handed to the inner allocator
+    /// nor a panic inside `GlobalAlloc::alloc`.
+    #[test]
+    fn layouts_whose_header_passes_isize_max_are_refused() {
+        let huge = 1usize << (usize::BITS - 2);
+        for (size, align) in [(1, huge), (huge, huge), (isize::MAX as usize - 8, 8)] {
+            let layout = Layout::from_size_align(size, align).unwrap();
+            assert_eq!(extended(layout), None, "{layout:?}");
+            let requested: Accounted<System> = Accounted::new(System);
+            let footprint: Accounted<System, Footprint> =
+                Accounted::with_charging(System, Footprint);
+            // SAFETY: a valid layout of non-zero size.
+            unsafe {
+                assert!(requested.alloc(layout).is_null());
+                assert!(footprint.alloc(layout).is_null());
+                assert!(requested.alloc_zeroed(layout).is_null());
+            }
+        }
+        let fits = Layout::from_size_align(100, 1 << 20).unwrap();
+        assert_eq!(
+            extended(fits).map(|l| (l.size(), l.align())),
+            Some((100 + (1 << 20), 1 << 20))
+        );
+    }
+}
