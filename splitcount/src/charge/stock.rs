@@ -254,8 +254,10 @@ pub struct Stock<K: StockKey = Arc<UsageCounter>> {
     batch: u64,
     slots: usize,
     mode: Mode,
-    /// Counts of the cold paths that reach other CPUs' blocks.
-    activity: Activity,
+    /// Counts of the cold paths that reach other CPUs' blocks: on a line of
+    /// their own, so that a drain's count never invalidates the line every
+    /// hit reads `mode`, `cpus` and `slots` from.
+    activity: crossbeam_utils::CachePadded<Activity>,
     _keys: std::marker::PhantomData<K>,
 }
 
@@ -380,7 +382,7 @@ impl<K: StockKey> Stock<K> {
             batch,
             slots,
             mode,
-            activity: Activity::default(),
+            activity: Default::default(),
             _keys: std::marker::PhantomData,
         };
         #[cfg(all(unix, not(loom)))]
