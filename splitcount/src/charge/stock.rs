@@ -170,7 +170,10 @@ impl<K: StockKey> Leftovers<K> {
 /// sequences read (`stock_rseq.rs`).
 #[repr(C, align(128))]
 struct Block {
-    /// 0 free, 1 held.
+    /// [`HELD`] while locked, plus [`SEALED`] once the block has left the
+    /// rseq sequences for good (see [`Stock::seal`]): 0 free, 1 held,
+    /// 2 free and sealed, 3 held and sealed. The sequences treat any value
+    /// but 0 as busy.
     lock: AtomicU32,
     /// The next slot to evict (under the lock).
     victim: AtomicU32,
@@ -202,16 +205,31 @@ impl Block {
         }
     }
 
-    /// A compare-and-swap on the lock word.
-    fn try_lock(&self) -> bool {
+    /// A compare-and-swap on the lock word: `Some(word to restore on
+    /// unlock)` if it was free.
+    fn try_lock(&self) -> Option<u32> {
         // Acquire: sees the previous holder's slot changes.
-        self.lock.compare_exchange(0, 1, Acquire, Relaxed).is_ok()
+        match self.lock.compare_exchange(0, HELD, Acquire, Relaxed) {
+            Ok(_) => Some(0),
+            Err(SEALED) => self.try_lock_sealed(),
+            Err(_) => None,
+        }
     }
 
-    fn unlock(&self) {
+    /// Take the lock only if the block is sealed (safe from the sequences
+    /// without a fence, from any CPU).
+    fn try_lock_sealed(&self) -> Option<u32> {
+        // Acquire: as in `try_lock`.
+        self.lock
+            .compare_exchange(SEALED, SEALED | HELD, Acquire, Relaxed)
+            .ok()
+            .map(|_| SEALED)
+    }
+
+    fn unlock(&self, restore: u32) {
         // Release: publishes this holder's slot changes to the next holder
         // (and to the sequences, which read the lock before the slots).
-        self.lock.store(0, Release);
+        self.lock.store(restore, Release);
     }
 
     /// The slot holding the key whose word is `raw`, among the first
@@ -233,6 +251,12 @@ impl Block {
         self.units[i].store(units as u32, Relaxed);
     }
 }
+
+/// Lock word bit: the block's lock is held.
+const HELD: u32 = 1;
+/// Lock word bit: the block is sealed — rseq mode fell back to locks for it
+/// after a fence failed, and no sequence will commit to it again.
+const SEALED: u32 = 2;
 
 /// How a stock's blocks are reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -266,6 +290,7 @@ struct Activity {
     drains: AtomicU64,
     remote_locks: AtomicU64,
     fences: AtomicU64,
+    sealed: AtomicU64,
 }
 
 /// What a stock's drains have cost the other CPUs, counted since the stock
@@ -286,6 +311,10 @@ pub struct StockActivity {
     /// take their units: rseq mode only, and only for blocks that held
     /// units of what was drained.
     pub fences: u64,
+    /// Blocks switched from rseq to the lock mode because a fence failed
+    /// (`membarrier` refused, e.g. by a seccomp sandbox entered after the
+    /// stock was made; see [`Stock::uses_rseq`]). 0 on a healthy host.
+    pub sealed: u64,
 }
 
 /// A stock that cannot be built: each variant names the valid range.
@@ -335,11 +364,13 @@ impl<K: StockKey> std::panic::UnwindSafe for Stock<K> {}
 /// A held block lock; released on drop.
 struct Locked<'a> {
     block: &'a Block,
+    /// The word the lock goes back to: 0, or [`SEALED`].
+    restore: u32,
 }
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
-        self.block.unlock();
+        self.block.unlock(self.restore);
     }
 }
 
@@ -406,8 +437,13 @@ impl<K: StockKey> Stock<K> {
     }
 
     /// Whether hits are rseq critical sections (see [`Stock::for_host`]).
+    /// An rseq stock leaves that mode for good, one block at a time, if a
+    /// fence fails (`membarrier` refused after the stock was made — a
+    /// seccomp sandbox entered later, say): from the first failure on this
+    /// returns `false`, and [`StockActivity::sealed`] counts the blocks that
+    /// now take their lock on every operation.
     pub fn uses_rseq(&self) -> bool {
-        self.mode != Mode::Locks
+        self.mode != Mode::Locks && self.activity.sealed.load(Relaxed) == 0
     }
 
     fn block(&self, cpu: usize) -> &Block {
@@ -427,17 +463,28 @@ impl<K: StockKey> Stock<K> {
         match self.mode {
             Mode::Locks => {
                 let block = self.block(cpu);
-                block.try_lock().then(|| Locked { block })
+                let restore = block.try_lock()?;
+                Some(Locked { block, restore })
             }
             #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
             Mode::Rseq { offset } => {
                 // SAFETY: `offset` is glibc's `__rseq_offset`; the blocks
                 // are laid out as the sequences expect (`Block`).
-                let cpu =
-                    unsafe { stock_rseq::lock_local(offset, self.base(), self.cpus.len()) }.ok()?;
-                Some(Locked {
-                    block: &self.cpus[cpu],
-                })
+                match unsafe { stock_rseq::lock_local(offset, self.base(), self.cpus.len()) } {
+                    Ok(cpu) => Some(Locked {
+                        block: &self.cpus[cpu],
+                        restore: 0,
+                    }),
+                    // A sealed block is locked like in lock mode (from any
+                    // CPU: no sequence commits to it). Cold: only after a
+                    // fence failed.
+                    Err(stock_rseq::Step::Busy) if self.activity.sealed.load(Relaxed) != 0 => {
+                        let block = self.block(cpu);
+                        let restore = block.try_lock_sealed()?;
+                        Some(Locked { block, restore })
+                    }
+                    Err(_) => None,
+                }
             }
         }
     }
@@ -445,9 +492,9 @@ impl<K: StockKey> Stock<K> {
     /// The lock of CPU `cpu`'s block, waiting for it; in rseq mode, also
     /// fencing the sequences in flight on that CPU (see `stock_rseq.rs`).
     fn lock_remote(&self, cpu: usize) -> Locked<'_> {
-        let (locked, fenced) = self.lock_unfenced(cpu);
+        let (mut locked, fenced) = self.lock_unfenced(cpu);
         if !fenced {
-            self.fence(cpu);
+            self.fence(&mut locked, cpu);
         }
         locked
     }
@@ -469,29 +516,61 @@ impl<K: StockKey> Stock<K> {
             {
                 if here == cpu % self.cpus.len() {
                     let block = &self.cpus[here];
-                    return (Locked { block }, true);
+                    return (Locked { block, restore: 0 }, true);
                 }
-                self.cpus[here].unlock();
+                self.cpus[here].unlock(0);
             }
         }
         let block = self.block(cpu);
-        while !block.try_lock() {
+        let restore = loop {
+            if let Some(restore) = block.try_lock() {
+                break restore;
+            }
             crate::sync::thread::yield_now();
-        }
+        };
         self.activity.remote_locks.fetch_add(1, Relaxed);
-        (Locked { block }, self.mode == Mode::Locks)
+        // A sealed block needs no fence: no sequence commits to it.
+        let safe = self.mode == Mode::Locks || restore & SEALED != 0;
+        (Locked { block, restore }, safe)
     }
 
     /// Make a remote lock holder of CPU `cpu`'s block safe from the
     /// sequences in flight there (rseq mode: `membarrier` on that CPU, an
-    /// interrupt; lock mode: nothing).
-    fn fence(&self, cpu: usize) {
+    /// interrupt; lock mode: nothing). If the fence fails, the block is
+    /// sealed instead ([`Stock::seal`]).
+    fn fence(&self, locked: &mut Locked<'_>, cpu: usize) {
         #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
         if let Mode::Rseq { .. } = self.mode {
             self.activity.fences.fetch_add(1, Relaxed);
-            stock_rseq::fence_cpu(cpu % self.cpus.len());
+            if !stock_rseq::fence_cpu(cpu % self.cpus.len()) {
+                self.seal(locked, cpu);
+            }
         }
-        let _ = cpu;
+        let _ = (locked, cpu);
+    }
+
+    /// A fence failed: take CPU `cpu`'s block (locked by the caller, not
+    /// fenced) out of rseq mode for good. The lock word keeps [`SEALED`]
+    /// from now on, so every sequence that starts — or restarts — on that
+    /// CPU sees the block busy, and the operation takes the lock instead
+    /// (`try_lock_here`): lock mode for that block. What is left is a
+    /// sequence already past its look at the lock word, which may still
+    /// commit once; `stock_rseq::quiesce_cpu` runs this thread on `cpu`
+    /// (so every thread that was there has been switched out, which
+    /// restarts its sequence) before the caller touches the units.
+    ///
+    /// Blocks are sealed one by one, by the first drain that needs a fence
+    /// for each: sealing another CPU's block would mean waiting for its
+    /// lock while holding this one.
+    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+    #[cold]
+    fn seal(&self, locked: &mut Locked<'_>, cpu: usize) {
+        // Relaxed: we hold the lock (the word is HELD); any non-zero value
+        // keeps the sequences out, and the unlock (Release) publishes.
+        locked.block.lock.store(SEALED | HELD, Relaxed);
+        locked.restore = SEALED;
+        self.activity.sealed.fetch_add(1, Relaxed);
+        stock_rseq::quiesce_cpu(cpu % self.cpus.len());
     }
 
     /// What the stock's drains have cost so far (see [`StockActivity`]).
@@ -500,6 +579,7 @@ impl<K: StockKey> Stock<K> {
             drains: self.activity.drains.load(Relaxed),
             remote_locks: self.activity.remote_locks.load(Relaxed),
             fences: self.activity.fences.load(Relaxed),
+            sealed: self.activity.sealed.load(Relaxed),
         }
     }
 
@@ -533,6 +613,11 @@ impl<K: StockKey> Stock<K> {
                 stock_rseq::Step::Done => Consumed::Hit,
                 stock_rseq::Step::Miss => Consumed::Miss,
                 stock_rseq::Step::Slow => self.consume_locked(cpu(), key, n),
+                // A sealed block (after a failed fence) is used under its
+                // lock; a held one is bypassed.
+                stock_rseq::Step::Busy if self.activity.sealed.load(Relaxed) != 0 => {
+                    self.consume_locked(cpu(), key, n)
+                }
                 _ => Consumed::Busy,
             };
         }
@@ -739,7 +824,7 @@ impl<K: StockKey> Stock<K> {
         which: &dyn Fn(&UsageCounter) -> bool,
     ) -> [Option<(K, u64)>; MAX_STOCK_SLOTS] {
         let mut taken: [Option<(K, u64)>; MAX_STOCK_SLOTS] = Default::default();
-        let (locked, mut fenced) = self.lock_unfenced(cpu);
+        let (mut locked, mut fenced) = self.lock_unfenced(cpu);
         let b = locked.block;
         for (i, taken) in taken.iter_mut().enumerate().take(self.slots) {
             // Relaxed: keys change only under the lock, which we hold.
@@ -759,7 +844,7 @@ impl<K: StockKey> Stock<K> {
                 continue;
             }
             if !fenced {
-                self.fence(cpu);
+                self.fence(&mut locked, cpu);
                 fenced = true;
             }
             *taken = Some(Self::clear_slot(b, i));
@@ -1025,20 +1110,27 @@ mod fork {
     extern "C" fn prepare() {
         lock();
         each_lock(|l| {
-            // Acquire: the holder's slot changes are complete.
-            while l
-                .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
-                .is_err()
-            {
+            // Acquire: the holder's slot changes are complete. The word
+            // is 0 or 2 when free (2: sealed, see `Stock::seal`), with
+            // bit 0 set while held.
+            loop {
+                let free = l.load(Ordering::Relaxed) & !1;
+                if l.compare_exchange_weak(free, free | 1, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    break;
+                }
                 std::thread::yield_now();
             }
         });
     }
 
     /// After `fork`, in the parent and in the child (whose only thread is
-    /// this one): release what `prepare` took.
+    /// this one): release what `prepare` took (keeping the sealed bit).
     extern "C" fn release() {
-        each_lock(|l| l.store(0, Ordering::Release));
+        each_lock(|l| {
+            l.fetch_and(!1, Ordering::Release);
+        });
         unlock();
     }
 }
@@ -1132,11 +1224,11 @@ mod tests {
     fn a_busy_stock_is_bypassed_never_waited_for() {
         let s = Stock::<Arc<UsageCounter>>::new(1, 7, 64).unwrap();
         let c = UsageCounter::root();
-        assert!(s.block(0).try_lock());
+        assert_eq!(s.block(0).try_lock(), Some(0));
         assert_eq!(s.consume(0, &c, 1), Consumed::Busy);
         c.charge(5);
         assert_eq!(s.stash(0, &c, 5).uncharge(), 5, "everything comes back");
-        s.block(0).unlock();
+        s.block(0).unlock(0);
         assert_eq!(c.usage(), 0);
     }
 

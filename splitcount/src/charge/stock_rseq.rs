@@ -36,10 +36,17 @@
 //! Threads without a registered area never run the sequences; they bypass
 //! the stock (a lock taken without the fence would not be safe from the
 //! sequences of other threads).
+//!
+//! If a fence fails (`membarrier` refused after registration — a seccomp
+//! sandbox entered later), the drain seals the block instead of trusting
+//! it: the lock word keeps a non-zero bit for good, so every sequence on
+//! that CPU sees it busy, and [`quiesce_cpu`] makes sure none still in
+//! flight can commit (see `Stock::seal`).
 
 #![allow(unsafe_code)]
 
 use crate::rseq_section::rseq_section;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::OnceLock;
 
 /// What a critical section did.
@@ -266,8 +273,14 @@ const MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 7;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 8;
 const MEMBARRIER_CMD_FLAG_CPU: libc::c_uint = 1;
 
+/// Set when a fence failed (`membarrier` refused after registration): new
+/// stocks start in lock mode, and the failing stock seals its blocks
+/// (`Stock::seal`).
+static FENCE_FAILED: AtomicBool = AtomicBool::new(false);
+
 /// Whether this process may fence other CPUs' sequences: registered for
-/// `MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ` (once, on first use).
+/// `MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ` (once, on first use), and no
+/// fence has failed since.
 pub(crate) fn fence_available() -> bool {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
     *REGISTERED.get_or_init(|| {
@@ -280,13 +293,15 @@ pub(crate) fn fence_available() -> bool {
                 0,
             ) == 0
         }
-    })
+    }) && !FENCE_FAILED.load(Relaxed)
 }
 
 /// Restart every rseq critical section of this process in flight on `cpu`
 /// (returns once each thread running there was interrupted). Falls back to
-/// every CPU where the kernel does not take a CPU.
-pub(crate) fn fence_cpu(cpu: usize) {
+/// every CPU where the kernel does not take a CPU. `false` if both calls
+/// failed — the registration held, but the syscall is refused now (a
+/// seccomp filter installed since, say): then nothing was fenced.
+pub(crate) fn fence_cpu(cpu: usize) -> bool {
     // SAFETY: membarrier with a command, flags and a CPU number; no
     // pointers. The process registered (`fence_available`).
     let rc = unsafe {
@@ -297,15 +312,65 @@ pub(crate) fn fence_cpu(cpu: usize) {
             cpu as libc::c_int,
         )
     };
+    if rc == 0 {
+        return true;
+    }
+    // SAFETY: as above, without the CPU.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ,
+            0,
+            0,
+        )
+    };
     if rc != 0 {
-        // SAFETY: as above, without the CPU.
-        unsafe {
-            libc::syscall(
-                libc::SYS_membarrier,
-                MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ,
-                0,
-                0,
-            );
+        FENCE_FAILED.store(true, Relaxed);
+    }
+    rc == 0
+}
+
+/// Without `membarrier`: make sure no sequence that started on `cpu`
+/// before this call can still commit, by running the calling thread on
+/// `cpu` — every thread that was running there has then been switched out,
+/// and a switched-out sequence restarts from the top (and re-reads the
+/// lock word). The thread's CPU mask is restored after. Allocates nothing
+/// (it may run inside the allocator).
+///
+/// Where the thread may not run on `cpu` (a cpuset without it), it sleeps
+/// a millisecond instead: a sequence runs a few dozen instructions after
+/// its look at the lock word, so only a CPU stalled for longer than that
+/// at exactly that point (a hypervisor descheduling it) could still
+/// commit. Returns whether the sound way was taken.
+pub(crate) fn quiesce_cpu(cpu: usize) -> bool {
+    // SAFETY: `cpu_set_t` is plain data (all zeroes: the empty set); the
+    // calls read and write only the sets passed, for the calling thread.
+    unsafe {
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        let mut old: libc::cpu_set_t = std::mem::zeroed();
+        let mut there: libc::cpu_set_t = std::mem::zeroed();
+        let ok = cpu < libc::CPU_SETSIZE as usize
+            && libc::sched_getaffinity(0, size, &mut old) == 0
+            && {
+                libc::CPU_SET(cpu, &mut there);
+                libc::sched_setaffinity(0, size, &there) == 0
+            };
+        if ok {
+            // The kernel migrates the calling thread before returning; make
+            // sure (a CPU taken offline meanwhile would refuse the mask).
+            for _ in 0..100 {
+                if libc::sched_getcpu() == cpu as libc::c_int {
+                    break;
+                }
+                libc::sched_yield();
+            }
+            let there_now = libc::sched_getcpu() == cpu as libc::c_int;
+            libc::sched_setaffinity(0, size, &old);
+            if there_now {
+                return true;
+            }
         }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        false
     }
 }

@@ -277,6 +277,15 @@ impl Hierarchy {
         self.shared.stock_activity()
     }
 
+    /// Whether the hierarchy's stock takes hits as rseq critical sections
+    /// (x86_64 Linux with glibc's rseq and `membarrier`), rather than a
+    /// lock per operation. It leaves rseq mode for good if `membarrier`
+    /// starts failing — a seccomp sandbox entered after the hierarchy was
+    /// made — see [`StockActivity::sealed`].
+    pub fn uses_rseq_stock(&self) -> bool {
+        self.shared.stock.uses_rseq()
+    }
+
     /// The state every handle of this hierarchy shares.
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
@@ -420,6 +429,7 @@ impl Shared {
             a.drains += b.drains;
             a.remote_locks += b.remote_locks;
             a.fences += b.fences;
+            a.sealed += b.sealed;
         }
         a
     }

@@ -22,7 +22,7 @@ use crate::charge::UsageCounter;
 use crate::stat::StatGroup;
 use crate::sync::{
     AtomicBool,
-    Ordering::{Acquire, Relaxed, Release},
+    Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
 use crossbeam_utils::CachePadded;
 use std::collections::BTreeMap;
@@ -115,6 +115,11 @@ impl Node {
         self.removed.store(true, Release);
         // Before the removal drains the stocks (see `UsageCounter::retire`).
         self.usage.retire();
+        // SeqCst: an account made concurrently (`account`) is published,
+        // then the flag re-read after a fence; we store the flag, fence,
+        // then look for the account. One of the two sees the other, so an
+        // account is never left unmarked on a removed node.
+        crate::sync::fence(SeqCst);
         if let Some(account) = self.account.get() {
             account.mark_removed();
         }
@@ -164,13 +169,18 @@ impl Node {
             missing.push(p);
         }
         for n in missing.iter().rev() {
-            n.account.get_or_init(|| {
-                let a = Account::create(n, shared);
-                if n.is_removed() {
-                    a.mark_removed();
-                }
-                a
-            });
+            let a = *n.account.get_or_init(|| Account::create(n, shared));
+            // SeqCst: the account is published (above); a removal stores
+            // its flag and then looks for the account (`mark_removed`).
+            // Both fence between, so if the removal missed the account,
+            // this re-check sees the flag and marks it itself. (Marking
+            // twice is harmless.) A scope that picks the account up in
+            // between charges the removed counter for that moment — still
+            // hierarchical, so every ancestor is charged as well.
+            crate::sync::fence(SeqCst);
+            if n.is_removed() {
+                a.mark_removed();
+            }
         }
         *self.account.get().expect("made above")
     }

@@ -275,3 +275,19 @@ pub fn finishes_within<R: Send + 'static>(
         Err(_) => panic!("did not finish within {limit:?}: deadlocked?"),
     }
 }
+
+/// 64 random charges and uncharges of 1–9 units on `g`, keeping what is
+/// held (`held`, at most about 200) — a stock worker's round: hits,
+/// misses, stashes past the batch.
+pub fn churn(g: &splitcount::group::Group, rng: &mut Rng, held: &mut u64) {
+    for _ in 0..64 {
+        let n = 1 + rng.below(9);
+        if *held < 200 && rng.below(2) == 0 {
+            g.charge(n).unwrap();
+            *held += n;
+        } else if *held >= n {
+            g.uncharge(n);
+            *held -= n;
+        }
+    }
+}
