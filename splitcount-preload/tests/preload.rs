@@ -1,5 +1,5 @@
-//! The preload library on real programs: a C test program
-//! (`tests/c/heap_test.c`), Debian's `sqlite3` shell running a generated
+//! The preload library on real programs: C test programs
+//! (`tests/c/heap_test.c`, `tests/c/stale_tag_test.c`), Debian's `sqlite3` shell running a generated
 //! SQL workload, and `python3` — unmodified, with
 //! `LD_PRELOAD=libsplitcount_preload.so`.
 //!
@@ -69,15 +69,16 @@ fn exited_normally(out: &Output) -> bool {
     out.status.code().is_some()
 }
 
-#[test]
-fn the_c_heap_test_passes_under_the_preload() {
+/// Compiles `tests/c/<name>.c` against the C API's header and this
+/// library (so that it calls the C API directly); the executable's path.
+fn c_program(name: &str) -> PathBuf {
     let deps = deps_dir();
-    let exe = deps.join("splitcount_preload_heap_test");
+    let exe = deps.join(format!("splitcount_preload_{name}"));
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let status = Command::new("cc")
         .args(["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o"])
         .arg(&exe)
-        .arg(dir.join("tests/c/heap_test.c"))
+        .arg(dir.join(format!("tests/c/{name}.c")))
         .arg(format!(
             "-I{}",
             dir.join("../splitcount-ffi/include").display()
@@ -92,8 +93,13 @@ fn the_c_heap_test_passes_under_the_preload() {
         .arg("-lpthread")
         .status()
         .expect("cc runs (install gcc)");
-    assert!(status.success());
-    let out = preloaded(&exe, &[]).output().unwrap();
+    assert!(status.success(), "tests/c/{name}.c does not compile");
+    exe
+}
+
+#[test]
+fn the_c_heap_test_passes_under_the_preload() {
+    let out = preloaded(&c_program("heap_test"), &[]).output().unwrap();
     let stdout = text(&out.stdout);
     assert!(
         out.status.success(),
@@ -101,6 +107,43 @@ fn the_c_heap_test_passes_under_the_preload() {
         out.status,
         text(&out.stderr)
     );
+    assert!(stdout.trim_end().ends_with("checks passed"), "{stdout}");
+    println!("{stdout}");
+}
+
+/// A freed block's tag never makes a foreign block look like ours: when
+/// glibc lays a block it made without us (`__libc_malloc`) over the header
+/// of a block the preload freed, at the same user pointer, the preload's
+/// `malloc_usable_size`, `realloc` and `free` treat it as glibc's and the
+/// group the freed block was charged to stays exact (`Block::free` clears
+/// the tag; without that, this test fails: the stale tag is taken for
+/// ours, and `malloc_usable_size` reads a size word that is not there).
+///
+/// The overlap is arranged, not hoped for, and checked: glibc carves the
+/// blocks from its top chunk in order, so the foreign block's user pointer
+/// is the freed block's and the word before it is the freed block's tag
+/// word (`tests/c/stale_tag_test.c` draws the layout). The tunables keep
+/// glibc's caches out of it: without tcache and fastbins every freed chunk
+/// merges at once, and no cached small chunk is consolidated into the top
+/// chunk between the steps; the mmap threshold keeps the blocks in the
+/// heap. If glibc does not produce the layout, the program exits 2 and the
+/// test fails — a test that checked nothing must not pass.
+#[test]
+fn a_foreign_block_laid_over_a_freed_blocks_header_is_not_taken_for_ours() {
+    let tunables = "glibc.malloc.tcache_count=0:glibc.malloc.mxfast=0:\
+                    glibc.malloc.mmap_threshold=16777216";
+    let out = preloaded(
+        &c_program("stale_tag_test"),
+        &[("GLIBC_TUNABLES", tunables)],
+    )
+    .output()
+    .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.code() != Some(2),
+        "the layout the test needs was not produced (GLIBC_TUNABLES={tunables}):\n{stderr}"
+    );
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
     assert!(stdout.trim_end().ends_with("checks passed"), "{stdout}");
     println!("{stdout}");
 }
