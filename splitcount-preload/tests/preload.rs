@@ -1,5 +1,5 @@
-//! The preload library on real programs: a C test program
-//! (`tests/c/heap_test.c`), Debian's `sqlite3` shell running a generated
+//! The preload library on real programs: C test programs
+//! (`tests/c/heap_test.c`, `tests/c/stale_tag_test.c`), Debian's `sqlite3` shell running a generated
 //! SQL workload, and `python3` — unmodified, with
 //! `LD_PRELOAD=libsplitcount_preload.so`.
 //!
@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 
 fn deps_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
@@ -69,15 +70,16 @@ fn exited_normally(out: &Output) -> bool {
     out.status.code().is_some()
 }
 
-#[test]
-fn the_c_heap_test_passes_under_the_preload() {
+/// Compiles `tests/c/<name>.c` against the C API's header and this
+/// library (so that it calls the C API directly); the executable's path.
+fn c_program(name: &str) -> PathBuf {
     let deps = deps_dir();
-    let exe = deps.join("splitcount_preload_heap_test");
+    let exe = deps.join(format!("splitcount_preload_{name}"));
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let status = Command::new("cc")
         .args(["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o"])
         .arg(&exe)
-        .arg(dir.join("tests/c/heap_test.c"))
+        .arg(dir.join(format!("tests/c/{name}.c")))
         .arg(format!(
             "-I{}",
             dir.join("../splitcount-ffi/include").display()
@@ -92,8 +94,13 @@ fn the_c_heap_test_passes_under_the_preload() {
         .arg("-lpthread")
         .status()
         .expect("cc runs (install gcc)");
-    assert!(status.success());
-    let out = preloaded(&exe, &[]).output().unwrap();
+    assert!(status.success(), "tests/c/{name}.c does not compile");
+    exe
+}
+
+#[test]
+fn the_c_heap_test_passes_under_the_preload() {
+    let out = preloaded(&c_program("heap_test"), &[]).output().unwrap();
     let stdout = text(&out.stdout);
     assert!(
         out.status.success(),
@@ -103,6 +110,61 @@ fn the_c_heap_test_passes_under_the_preload() {
     );
     assert!(stdout.trim_end().ends_with("checks passed"), "{stdout}");
     println!("{stdout}");
+}
+
+/// Runs `tests/c/stale_tag_test.c` in `mode` (`free` or `realloc`: how
+/// the preload gives back the block whose header the foreign block is laid
+/// over; the program draws both layouts).
+///
+/// The overlap is arranged, not hoped for, and checked: glibc carves the
+/// blocks from its top chunk in order and merges what is freed, so the
+/// foreign block's user pointer is the old block's and the word before it
+/// is the old block's tag word. The tunables keep glibc's caches out of
+/// it: without tcache and fastbins every freed chunk merges at once, and
+/// no cached small chunk is consolidated into the top chunk between the
+/// steps; the mmap threshold keeps the blocks in the heap. If glibc does
+/// not produce the layout, the program exits 2 and the test fails — a test
+/// that checked nothing must not pass.
+fn stale_tag_test(mode: &str) {
+    // Both modes' tests run at once: one compiles, the other waits for it
+    // (two `cc` writing one executable could run a half-written one).
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    let exe = EXE.get_or_init(|| c_program("stale_tag_test"));
+    let tunables = "glibc.malloc.tcache_count=0:glibc.malloc.mxfast=0:\
+                    glibc.malloc.mmap_threshold=16777216";
+    let out = preloaded(exe, &[("GLIBC_TUNABLES", tunables)])
+        .arg(mode)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.code() != Some(2),
+        "the layout the test needs was not produced (GLIBC_TUNABLES={tunables}):\n{stderr}"
+    );
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    assert!(stdout.trim_end().ends_with("checks passed"), "{stdout}");
+    println!("{stdout}");
+}
+
+/// A freed block's tag never makes a foreign block look like ours: when
+/// glibc lays a block it made without us (`__libc_malloc`) over the header
+/// of a block the preload freed, at the same user pointer, the preload's
+/// `malloc_usable_size`, `realloc` and `free` treat it as glibc's and the
+/// group the freed block was charged to stays exact (`Block::free` clears
+/// the tag; without that, this test fails: the stale tag is taken for
+/// ours, and `malloc_usable_size` reads a size word that is not there).
+#[test]
+fn a_foreign_block_laid_over_a_freed_blocks_header_is_not_taken_for_ours() {
+    stale_tag_test("free");
+}
+
+/// The same for a block that `realloc` moved: glibc frees the old chunk
+/// itself, merged with a free chunk before it, and a foreign block is laid
+/// at the old user pointer (`Block::realloc` clears the tag before glibc
+/// may move the block; without that, this test fails as the one above).
+#[test]
+fn a_foreign_block_laid_over_a_moved_blocks_old_header_is_not_taken_for_ours() {
+    stale_tag_test("realloc");
 }
 
 /// Creates a table of 200,000 rows of 64 hex characters in an in-memory

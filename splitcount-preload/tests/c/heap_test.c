@@ -6,7 +6,7 @@
  * cross-thread frees, fork while other threads allocate. Prints
  * "heap_test: N checks passed" and exits 0. */
 #define _GNU_SOURCE
-#include "check.h"
+#include "preload_test.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -19,22 +19,6 @@
 
 extern void *__libc_malloc(size_t);
 extern void *__libc_memalign(size_t, size_t);
-
-static splitcount_hierarchy *h;
-static splitcount_group *preload_group;
-
-static uint64_t usage(splitcount_group *g) {
-  uint64_t v = 0;
-  OK(splitcount_hierarchy_drain_stocks(h, NULL));
-  OK(splitcount_group_usage(g, &v));
-  return v;
-}
-
-static splitcount_group *child(const char *name) {
-  splitcount_group *g = NULL;
-  OK(splitcount_group_child(preload_group, name, &g));
-  return g;
-}
 
 /* Allocated before main (by a constructor), freed in main. */
 static void *early[64];
@@ -275,8 +259,7 @@ static void fork_while_threads_allocate(void) {
 }
 
 int main(void) {
-  OK(splitcount_preload_hierarchy(&h));
-  OK(splitcount_preload_group(&preload_group));
+  preload_handles();
   blocks_from_before_main_are_freed();
   foreign_blocks_go_to_glibc();
   usage_tracks_the_blocks_held();
