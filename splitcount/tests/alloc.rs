@@ -128,6 +128,42 @@ fn frees_during_thread_teardown_are_accounted() {
     assert_eq!(live_bytes(&g), 0);
 }
 
+/// Allocations after the thread's exit guard ran must not refill the
+/// thread's reserve: nothing would return it. A pthread key's destructor
+/// runs after every Rust thread-local destructor (glibc calls the
+/// `thread_local` destructors, the exit guard's among them, before the
+/// keys'), so it allocates in a scope after the guard — each allocation is
+/// charged exactly and given back, and the group ends at 0. (Without the
+/// guard's `exiting` flag, 16,484 bytes stayed charged: the refill.)
+#[test]
+fn allocations_after_the_exit_guard_leave_nothing_charged() {
+    unsafe extern "C" fn late(p: *mut libc::c_void) {
+        // SAFETY: `p` is the `Box<Group>` leaked below, given back once.
+        let g = unsafe { Box::from_raw(p as *mut Group) };
+        g.scope(|| {
+            let v: Vec<u8> = Vec::with_capacity(100);
+            drop(std::hint::black_box(v));
+        });
+    }
+    let g = fresh("after-exit-guard");
+    let g2 = g.clone();
+    std::thread::spawn(move || {
+        // Allocate first: the exit guard is armed by the first slow path.
+        g2.scope(|| drop(std::hint::black_box(vec![0u8; 1000])));
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: `late` has the signature of a key destructor; the value
+        // is a leaked box that it takes back.
+        unsafe {
+            assert_eq!(libc::pthread_key_create(&mut key, Some(late)), 0);
+            let held = Box::into_raw(Box::new(g2)) as *mut libc::c_void;
+            assert_eq!(libc::pthread_setspecific(key, held), 0);
+        }
+    })
+    .join()
+    .unwrap();
+    assert_eq!(live_bytes(&g), 0);
+}
+
 #[test]
 fn many_threads_allocating_across_limited_groups_return_to_baseline() {
     let parent = fresh("stress");

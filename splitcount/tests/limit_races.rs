@@ -300,3 +300,45 @@ fn limits_moved_under_load_lose_nothing() {
     }
     println!("{moves} limit moves, {migrations} migrations, {refusals} refusals");
 }
+
+/// A parent is never below its children, at any instant: one child holds
+/// 10,000 units throughout while its sibling's charges race over-uncharges
+/// of that sibling (clamped at what it holds). Charged from the child up, a
+/// sibling's charge could be taken by the over-uncharge at the child and
+/// subtracted from the parent before it had reached the parent: the parent
+/// read 9,930 while a child held 10,000. Charges now go from the root down.
+/// At the end (quiescence) the parent is exactly the sum of its children.
+#[test]
+fn a_parent_never_reads_below_a_child_while_a_sibling_over_uncharges() {
+    let _turn = one_at_a_time();
+    let parent = UsageCounter::root();
+    let holder = UsageCounter::child_of(&parent);
+    let sibling = UsageCounter::child_of(&parent);
+    holder.try_charge(10_000).unwrap();
+    let stop = AtomicBool::new(false);
+    let (below, charged) = std::thread::scope(|s| {
+        let charger = s.spawn(|| {
+            let mut charged = 0u64;
+            while !stop.load(Relaxed) {
+                sibling.try_charge(70).unwrap();
+                charged += 1;
+            }
+            charged
+        });
+        let (mut below, start) = (0u64, Instant::now());
+        for _ in 0..2_000_000 {
+            if start.elapsed() > LIMIT {
+                break;
+            }
+            sibling.uncharge(1_000);
+            if parent.usage() < 10_000 {
+                below += 1;
+            }
+        }
+        stop.store(true, Relaxed);
+        (below, charger.join().unwrap())
+    });
+    assert!(charged > 1_000, "only {charged} charges raced");
+    assert_eq!(below, 0, "reads of the parent below the holder's 10,000");
+    assert_eq!(parent.usage(), holder.usage() + sibling.usage());
+}

@@ -6,14 +6,22 @@
 //! ancestor. Three kinds of update:
 //!
 //! - [`UsageCounter::charge`] — forced: adds everywhere, ignoring limits.
-//! - [`UsageCounter::try_charge`] — level by level from the counter up; a
-//!   level whose usage would exceed its `max` refuses, every level below it
-//!   is rolled back, the refusing level's `max` event count is bumped, and
-//!   the refusing counter is reported.
+//! - [`UsageCounter::try_charge`] — level by level from the root down to
+//!   the counter; a level whose usage would exceed its `max` refuses, every
+//!   level above it is rolled back, the refusing level's `max` event count
+//!   is bumped, and the refusing counter is reported.
 //! - [`UsageCounter::uncharge`] — subtracts up the chain; a level with less
 //!   usage than the request is clamped at zero and records an `underflow`
 //!   event (a caller's accounting bug must not wrap the counter around or
 //!   panic), and only what was really there is subtracted further up.
+//!
+//! **A parent is never below its children.** Charges go from the root
+//! down, uncharges from the counter up, so at every instant each level
+//! holds at least what the levels below it hold: a charge is in a parent
+//! before it is in a child, and leaves a child before it leaves the parent.
+//! (The kernel charges from the counter up; then an over-uncharge of a
+//! child racing its own charge could take units the parent had not yet
+//! received, and a parent read 9,930 while a sibling held 10,000.)
 //!
 //! **Never above `max`.** The kernel adds speculatively and rolls back, so
 //! its usage can briefly exceed the limit by a failing request. We add with
@@ -270,7 +278,7 @@ pub const MAX_REQUEST: u64 = 1 << 62;
 /// child.try_charge(60).unwrap();
 /// let refused = child.try_charge(60).unwrap_err();
 /// assert!(std::ptr::eq(refused, &*parent), "the parent's limit refused");
-/// assert_eq!((child.usage(), parent.usage()), (60, 60), "the child was rolled back");
+/// assert_eq!((child.usage(), parent.usage()), (60, 60), "nothing stays charged");
 /// assert_eq!(parent.events().max, 1);
 /// ```
 pub struct UsageCounter {
@@ -657,15 +665,48 @@ impl UsageCounter {
     /// group look empty).
     pub fn charge(&self, n: u64) -> bool {
         let mut over_high = false;
-        for c in self.chain() {
+        self.top_down(|_, c| {
             let old = c
                 .hot
                 .usage
                 .fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_add(n)))
                 .unwrap_or_else(|u| u);
             over_high |= c.note_usage(old.saturating_add(n));
-        }
+            true
+        });
         over_high
+    }
+
+    /// Run `f` on every level of the chain (with its distance from this
+    /// counter), the root first and this counter last (see the module docs:
+    /// a parent is never below its children), until it returns `false`;
+    /// that level, if any. Allocates nothing (it
+    /// runs inside the allocator): up to 16 levels are kept on the stack,
+    /// deeper ones found again by walking from this counter.
+    #[inline]
+    fn top_down<'a>(
+        &'a self,
+        mut f: impl FnMut(usize, &'a UsageCounter) -> bool,
+    ) -> Option<&'a UsageCounter> {
+        const KEPT: usize = 16;
+        let mut kept: [&UsageCounter; KEPT] = [self; KEPT];
+        let mut depth = 0;
+        for c in self.chain() {
+            if let Some(slot) = kept.get_mut(depth) {
+                *slot = c;
+            }
+            depth += 1;
+        }
+        for d in (0..depth).rev() {
+            let c = match kept.get(d) {
+                Some(&c) => c,
+                None => self.chain().nth(d).expect("within the chain"),
+            };
+            if !f(d, c) {
+                return Some(c);
+            }
+        }
+        None
     }
 
     /// Charge `n` level by level, refusing at the first level whose new
@@ -691,23 +732,25 @@ impl UsageCounter {
     /// [`UsageCounter::try_charge`] without counting the refusal: for the
     /// charge path, which retries and counts a refusal once, when it gives up.
     pub(crate) fn try_charge_quiet(&self, n: u64) -> Result<bool, &UsageCounter> {
-        // The new usage of the first levels, noted (peak, high) only once
-        // every level took the charge; deeper levels read their usage then.
+        // The new usage of the first levels (by distance from this counter),
+        // noted (peak, high) only once every level took the charge; deeper
+        // levels read their usage then.
         let mut news = [0u64; 16];
-        for (depth, c) in self.chain().enumerate() {
-            match c.add_within_max(n) {
-                Some(new) => {
-                    if let Some(slot) = news.get_mut(depth) {
-                        *slot = new;
-                    }
+        let refuser = self.top_down(|depth, c| match c.add_within_max(n) {
+            Some(new) => {
+                if let Some(slot) = news.get_mut(depth) {
+                    *slot = new;
                 }
-                None => {
-                    for below in self.chain().take_while(|b| !std::ptr::eq(*b, c)) {
-                        below.sub_clamped(n);
-                    }
-                    return Err(c);
-                }
+                true
             }
+            None => false,
+        });
+        if let Some(refuser) = refuser {
+            // The levels above the refuser took the charge: roll them back.
+            for above in refuser.chain().skip(1) {
+                above.sub_clamped(n);
+            }
+            return Err(refuser);
         }
         let mut crossed = false;
         for (depth, c) in self.chain().enumerate() {
