@@ -1,14 +1,16 @@
-//! Loom model: one thread stashes into and consumes from its CPU's stock
-//! while another drains every CPU's stock. Whatever the interleaving, no
-//! unit is lost or counted twice, and the slots are never accessed by two
-//! threads at once (loom checks the `UnsafeCell`). Run with
+//! Loom models of the stock: one thread stashes into and consumes from its
+//! CPU's stock while another drains every CPU's stock, and a stash races a
+//! group's removal (retire, then drain). Whatever the interleaving, no
+//! unit is lost or counted twice, none stays stocked for a retired counter,
+//! and the slots are never accessed by two threads at once (loom checks
+//! the `UnsafeCell`). Run with
 //! `RUSTFLAGS="--cfg loom" cargo test --release --test loom_stock`.
 
 #![cfg(loom)]
 
 use loom::sync::Arc;
 use loom::thread;
-use splitcount::raw::{Consumed, Stock, UsageCounter};
+use splitcount::raw::{Consumed, Stock, StockKey, UsageCounter};
 
 #[test]
 fn consume_and_refill_racing_a_drain_keep_usage_exact() {
@@ -48,18 +50,41 @@ fn consume_and_refill_racing_a_drain_keep_usage_exact() {
 /// it back to be uncharged.
 #[test]
 fn a_stash_racing_a_removal_never_leaves_units_behind() {
-    loom::model(|| {
+    stash_racing_a_removal(|stock, c| stock.drain_all(&|x| std::ptr::eq(x, &**c)));
+}
+
+/// The same race with the removal's own drain, `drain_key`, which compares
+/// each block's key words *without* the lock and locks only the blocks
+/// that hold the key. A stash that installs the key concurrently is a
+/// Dekker pattern against that look: the remover stores `retired`, fences,
+/// reads the key words; the stasher stores the key word, fences, reads
+/// `retired`. With both fences one side sees the other. Without either
+/// (the stash's in `stash_locked`, the drain's in `drain_key`) the stash
+/// keeps its 5 units and the drain misses them. loom 0.7 models
+/// `fence(SeqCst)` (not `SeqCst` loads and stores), so it finds that.
+#[test]
+fn a_stash_racing_a_removal_by_key_never_leaves_units_behind() {
+    stash_racing_a_removal(|stock, c| stock.drain_key(c.as_raw()));
+}
+
+/// The removal race with `drain` as the removal's drain (it returns the
+/// units it took). After both sides are done, nothing is left for the
+/// retired counter: no unit and no slot holding its key (a hit sequence
+/// would add to such a slot without looking at the flag), and each of the
+/// 5 units was either drained or handed back by the stash, never both.
+fn stash_racing_a_removal(drain: fn(&Stock, &Arc<UsageCounter>) -> u64) {
+    loom::model(move || {
         let stock = Arc::new(Stock::new(1, 2, 8).unwrap());
         let c = UsageCounter::root();
         c.charge(5);
         let (s, counter) = (stock.clone(), c.clone());
-        let freer = thread::spawn(move || {
-            let _ = s.stash(0, &counter, 5).uncharge();
-        });
+        let freer = thread::spawn(move || s.stash(0, &counter, 5).uncharge());
         c.retire();
-        stock.drain_all(&|x| std::ptr::eq(x, &*c));
-        freer.join().unwrap();
+        let drained = drain(&stock, &c);
+        let handed_back = freer.join().unwrap();
         assert_eq!(stock.stocked(&c), 0, "units left in a stock");
+        assert_eq!(c.stock_slots(), 0, "a slot kept the retired key");
+        assert_eq!(drained + handed_back, 5, "drained or handed back, once");
         assert_eq!(c.usage(), 0);
     });
 }

@@ -1,18 +1,28 @@
-//! The stock's rseq hit paths against drains from other CPUs: workers
-//! charge and uncharge one group (its slot on every CPU), moved between
-//! CPUs from another thread, while a drainer empties every CPU's stock
-//! without pause. Each drained block is locked and its CPU fenced
-//! (`membarrier`), so no sequence that saw the slot before the drain
-//! commits after it: at the end the usage is exactly what the workers
-//! hold (zero), and no uncharge ever found too little.
+//! The stock's rseq hit paths on real hardware.
+//!
+//! Against drains from other CPUs: workers charge and uncharge one group
+//! (its slot on every CPU), moved between CPUs from another thread, while a
+//! drainer empties every CPU's stock without pause. Each drained block is
+//! locked and its CPU fenced (`membarrier`), so no sequence that saw the
+//! slot before the drain commits after it: at the end the usage is exactly
+//! what the workers hold (zero), and no uncharge ever found too little.
+//!
+//! Alone: a hit that takes a slot's last unit of a key that must not stay
+//! behind empty leaves no slot holding that key.
+//!
+//! Both hold where the host has no rseq too (the stock then takes its lock
+//! on every operation; `GLIBC_TUNABLES=glibc.pthread.rseq=0`).
 
 #![cfg(all(not(loom), target_os = "linux", target_arch = "x86_64"))]
 
 mod common;
 
-use common::{Migrator, Rng};
+use common::{online_cpu_ids, pin_to, unpin, Migrator, Rng};
+use splitcount::cpu::Topology;
 use splitcount::group::{Hierarchy, HierarchyConfig};
+use splitcount::raw::{Consumed, Stock, StockKey, UsageCounter};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Enough moves that sequences are cut everywhere; bounded in time.
@@ -84,4 +94,69 @@ fn charges_racing_drains_of_every_cpu_stay_exact() {
         "only {} drains",
         drains.load(Relaxed)
     );
+}
+
+/// A key that must not stay in a slot without units (`KEEP_EMPTY = false`,
+/// as the allocator's accounts, which their units keep alive): a strong
+/// reference to a usage counter, so a slot that keeps the key shows in the
+/// counter's reference count.
+#[derive(Clone)]
+struct LetGoWhenEmpty(Arc<UsageCounter>);
+
+#[allow(unsafe_code)]
+impl StockKey for LetGoWhenEmpty {
+    fn counter(&self) -> &UsageCounter {
+        &self.0
+    }
+    fn return_units(self, units: u64) {
+        self.0.uncharge(units);
+    }
+    const KEEP_EMPTY: bool = false;
+    fn as_raw(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+    fn into_raw(self) -> usize {
+        Arc::into_raw(self.0) as usize
+    }
+    unsafe fn from_raw(raw: usize) -> Self {
+        // SAFETY: `raw` came from `into_raw` and is taken back once.
+        LetGoWhenEmpty(unsafe { Arc::from_raw(raw as *const UsageCounter) })
+    }
+}
+
+/// No emptied slot keeps its key. For a key whose validity rests on the
+/// units it stands for (an allocator account: freed once its last unit
+/// is uncharged), the consume that takes a slot's last unit must give the
+/// key up — a key left behind would be dereferenced by the next drain
+/// after its account was freed. An rseq hit cannot drop a key (it commits
+/// one unit count), so it must leave such a slot to the locked path.
+/// Checked by what holds the key, not by where it sits: the counter's
+/// `stock_slots` and the key's reference count. Holds with or without
+/// rseq (`Stock::uses_rseq`); the thread is pinned so that both consumes
+/// find the stash's CPU.
+#[test]
+fn a_consume_that_empties_a_slot_gives_up_a_key_that_must_not_stay_empty() {
+    let online = online_cpu_ids();
+    assert!(
+        online.iter().any(|&cpu| pin_to(cpu)),
+        "cannot pin to any of {online:?}"
+    );
+    let stock = Stock::<LetGoWhenEmpty>::for_host(Topology::host().cpus(), 2, 16).unwrap();
+    eprintln!("uses_rseq = {}", stock.uses_rseq());
+    let c = UsageCounter::root();
+    let key = LetGoWhenEmpty(c.clone());
+    c.charge(16);
+    assert_eq!(stock.stash(0, &key, 16).uncharge(), 0);
+    assert_eq!(stock.consume(0, &key, 10), Consumed::Hit);
+    assert_eq!(c.stock_slots(), 1, "6 units left: the slot keeps its key");
+    assert_eq!(stock.consume(0, &key, 6), Consumed::Hit);
+    assert_eq!(stock.stocked(&c), 0);
+    assert_eq!(c.stock_slots(), 0, "an emptied slot kept its key");
+    assert_eq!(
+        Arc::strong_count(&c),
+        2,
+        "the stock still holds the key (the caller's two handles aside)"
+    );
+    assert_eq!(c.usage(), 16, "every unit is the caller's");
+    unpin(&online);
 }

@@ -734,10 +734,13 @@ impl<K: StockKey> Stock<K> {
                     left.push(victim, b.units(i));
                 }
                 b.set_units(i, 0);
-                // A drain looking for a retired key without the lock (see
-                // `drain_all`) stores the flag, fences, then reads the key
-                // words; we store the key word, fence, then read the flag:
-                // one of the two sees the other.
+                // SeqCst: both drains read a block's key words without its
+                // lock, after a fence (`drain_key` to find the key,
+                // `drain_all` to skip a block with no key). A removal
+                // stores `retired`, then its drain fences and reads the key
+                // words; we store the key word, fence, then read `retired`:
+                // one of the two sees the other — the drain sees our key
+                // (and takes the slot once we unlock) or we see the flag.
                 crate::sync::fence(SeqCst);
                 if key.counter().is_retired() {
                     let raw = b.keys[i].swap(0, Relaxed);
