@@ -149,3 +149,83 @@ fn a_failing_init_creates_nothing() {
         .child_or_create_with("bad/name", |_| Ok(()))
         .is_err());
 }
+
+/// Many threads create, look up and remove the same few names while
+/// charging through whatever group they get — the life of a per-tenant
+/// limit in a server. Whatever the interleaving: no call panics or
+/// deadlocks; a group handed out by `child_or_create_with` or `lookup`
+/// carries the limit its creator set; no live group's usage ever passes
+/// its limit (its peak stays at or below it); every charge that succeeded
+/// is given back, so after a drain the parent and the root are exactly 0,
+/// with no underflow anywhere (a removed group's charges land on its
+/// parent, and its uncharges follow them there).
+#[test]
+fn creating_looking_up_and_removing_the_same_names_while_charging_loses_nothing() {
+    const LIMIT: u64 = 1_000;
+    let h = Hierarchy::default();
+    let tenants = h.root().child("tenants").unwrap();
+    let seen: Mutex<Vec<Group>> = Mutex::default();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(1_500);
+    let ops: u64 = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (h, tenants, seen) = (&h, &tenants, &seen);
+                s.spawn(move || {
+                    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (t + 1);
+                    let mut next = move |n: u64| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x % n
+                    };
+                    let mut ops = 0u64;
+                    while std::time::Instant::now() < deadline {
+                        let name = format!("t{}", next(4));
+                        let got = match next(3) {
+                            0 => tenants
+                                .child_or_create_with(&name, |g| g.set_max(LIMIT))
+                                .ok(),
+                            1 => h.lookup(&format!("/tenants/{name}")).ok(),
+                            _ => {
+                                if let Ok(g) = h.lookup(&format!("/tenants/{name}")) {
+                                    match g.remove() {
+                                        Ok(()) | Err(GroupError::Removed { .. }) => {}
+                                        Err(e) => panic!("removing {name}: {e}"),
+                                    }
+                                }
+                                None
+                            }
+                        };
+                        if let Some(g) = got {
+                            assert_eq!(g.max(), LIMIT, "{} without its limit", g.path());
+                            let n = 1 + next(400);
+                            if g.charge(n).is_ok() {
+                                g.uncharge(n);
+                            }
+                            if next(64) == 0 {
+                                seen.lock().unwrap().push(g);
+                            }
+                        }
+                        ops += 1;
+                    }
+                    ops
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    h.drain_stocks();
+    for g in seen.lock().unwrap().iter() {
+        assert!(
+            g.peak() <= LIMIT,
+            "{}: peak {} over {LIMIT}",
+            g.path(),
+            g.peak()
+        );
+        assert_eq!(g.events().underflow, 0, "{}", g.path());
+    }
+    assert_eq!(tenants.usage(), 0, "charges not given back");
+    assert_eq!(h.root().usage(), 0);
+    assert_eq!(tenants.subtree_events().underflow, 0);
+    assert!(ops > 1_000, "only {ops} operations");
+}

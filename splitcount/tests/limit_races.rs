@@ -71,9 +71,9 @@ fn concurrent_refused_set_max_calls_leave_the_previous_limit() {
 
 /// A limit that `set_max` accepted holds once the chargers racing it are
 /// done: a charger that read the old (higher) limit before the swap and
-/// added after the setter read the usage must see the new limit when it
-/// re-reads it, and roll back. Without that re-check the usage stays above
-/// an accepted limit.
+/// tries to add after the setter read the usage must find the usage word's
+/// generation bumped (its compare-and-swap fails) and read the limit again.
+/// Without that check the usage stays above an accepted limit.
 #[test]
 fn a_limit_set_while_charges_race_it_holds_when_they_are_done() {
     let _turn = one_at_a_time();
@@ -126,22 +126,23 @@ fn a_limit_set_while_charges_race_it_holds_when_they_are_done() {
     assert!(accepted > 0);
 }
 
-/// A charge rolled back (here: refused by the parent's limit of 0) while an
-/// over-uncharge of the child lands between its add and its rollback: the
+/// A charge rolled back (here: taken by the parent, then refused by the
+/// child's limit of 0 — charges go from the root down) while an
+/// over-uncharge of the parent lands between its add and its rollback: the
 /// rollback must clamp at zero like `uncharge` does, not wrap the usage to
 /// about 2⁶⁴ — after which every limited charge would be refused.
 #[test]
 fn a_rollback_racing_an_over_uncharge_never_wraps_the_usage() {
     let _turn = one_at_a_time();
     let parent = UsageCounter::root();
-    parent.set_max(0).unwrap();
     let child = UsageCounter::child_of(&parent);
+    child.set_max(0).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let uncharger = {
-        let (child, stop) = (child.clone(), stop.clone());
+        let (parent, stop) = (parent.clone(), stop.clone());
         std::thread::spawn(move || {
             while !stop.load(Relaxed) {
-                child.uncharge(10);
+                parent.uncharge(10);
             }
         })
     };
@@ -150,9 +151,9 @@ fn a_rollback_racing_an_over_uncharge_never_wraps_the_usage() {
     while tries < 50_000_000 && start.elapsed() < LIMIT {
         assert!(
             child.try_charge(10).is_err(),
-            "the parent refuses everything"
+            "the child refuses everything"
         );
-        let u = child.usage();
+        let u = parent.usage();
         assert!(u <= 10, "after {tries} tries the usage wrapped to {u}");
         tries += 1;
     }
@@ -161,7 +162,7 @@ fn a_rollback_racing_an_over_uncharge_never_wraps_the_usage() {
     assert_eq!((child.usage(), parent.usage()), (0, 0));
     println!(
         "{tries} tries, {} underflow events",
-        child.events().underflow
+        parent.events().underflow
     );
 }
 
@@ -341,4 +342,84 @@ fn a_parent_never_reads_below_a_child_while_a_sibling_over_uncharges() {
     assert!(charged > 1_000, "only {charged} charges raced");
     assert_eq!(below, 0, "reads of the parent below the holder's 10,000");
     assert_eq!(parent.usage(), holder.usage() + sibling.usage());
+}
+
+/// A charge fails only when it breaks a limit in force. A setter swaps a
+/// group's limit between 2²⁰ and 2¹⁹ without pause; one thread holds 2¹⁷
+/// and keeps trying 2¹⁹ more (fits the first limit, not the second),
+/// another holds about 2¹⁸ and charges up to 4,096 on top — which fits
+/// under both limits whatever the first thread holds, so it must never be
+/// refused. (With the limit re-read after the add and a rollback, the big
+/// charge's add was visible for a moment under the lower limit, and small
+/// charges that fit both were refused: thousands in 3 seconds.) Checked on
+/// a bare usage counter and on a group (through its stock).
+#[test]
+fn charges_that_fit_both_limits_of_a_swapping_setter_are_never_refused() {
+    let _turn = one_at_a_time();
+    let h = Hierarchy::default();
+    let g = h.root().child("swapped").unwrap();
+    let raw = UsageCounter::root();
+    let (high, low) = (1u64 << 20, 1u64 << 19);
+    g.set_max(high).unwrap();
+    raw.set_max(high).unwrap();
+    let stop = AtomicBool::new(false);
+    let start = Instant::now();
+    let (refused_group, refused_raw) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut n = 0u64;
+            while !stop.load(Relaxed) {
+                let max = if n % 2 == 0 { low } else { high };
+                // Busy while the big charge is held: then the old limit
+                // stays, as it must.
+                let _ = g.set_max(max);
+                let _ = raw.set_max(max);
+                n += 1;
+            }
+        });
+        let big = s.spawn(|| {
+            g.charge(1 << 17).unwrap();
+            raw.try_charge(1 << 17).unwrap();
+            while !stop.load(Relaxed) {
+                if g.charge(1 << 19).is_ok() {
+                    g.uncharge(1 << 19);
+                }
+                if raw.try_charge(1 << 19).is_ok() {
+                    raw.uncharge(1 << 19);
+                }
+            }
+            g.uncharge(1 << 17);
+            raw.uncharge(1 << 17);
+        });
+        let small = s.spawn(|| {
+            let mut rng = Rng::new(3);
+            let (mut refused_group, mut refused_raw) = (0u64, 0u64);
+            let hold = (1u64 << 18) - 8_192;
+            while start.elapsed() < LIMIT {
+                let n = 1 + rng.below(4_096);
+                for (charge, refused) in [(hold, false), (n, true)] {
+                    if g.charge(charge).is_err() {
+                        refused_group += 1;
+                    } else if refused {
+                        g.uncharge(charge);
+                    }
+                    if raw.try_charge(charge).is_err() {
+                        refused_raw += 1;
+                    } else if refused {
+                        raw.uncharge(charge);
+                    }
+                }
+                g.uncharge(hold);
+                raw.uncharge(hold);
+            }
+            (refused_group, refused_raw)
+        });
+        let refused = small.join().unwrap();
+        stop.store(true, Relaxed);
+        big.join().unwrap();
+        refused
+    });
+    assert_eq!(refused_raw, 0, "fitting charges refused by a bare counter");
+    assert_eq!(refused_group, 0, "fitting charges refused by a group");
+    h.drain_stocks();
+    assert_eq!((g.usage(), raw.usage()), (0, 0));
 }

@@ -19,4 +19,4 @@ pub(crate) mod usage;
 pub use stock::StockActivity;
 pub(crate) use stock::{Consumed, Stock, StockError, StockKey, MAX_STOCK_BATCH, MAX_STOCK_SLOTS};
 pub(crate) use usage::UsageCounter;
-pub use usage::{Busy, Enforcement, Events, MAX_REQUEST, UNLIMITED};
+pub use usage::{Busy, Enforcement, Events, MAX_REQUEST, MAX_USAGE, UNLIMITED};

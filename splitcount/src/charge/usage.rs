@@ -30,17 +30,39 @@
 //! race below). The price — a retry when two charges hit one level at once
 //! — is paid rarely, since the per-CPU stock batches charges.
 //!
-//! **`set_max` vs `try_charge`.** The setter stores the new limit, then
-//! reads the usage; a charger updates the usage, then re-reads the limit
-//! (both sequentially consistent). Whatever the interleaving, one of them
-//! sees the other: the setter finds the usage too high and restores the old
-//! limit (`Busy`), or the charger finds the new limit and rolls back.
-//! Setters are serialized by a per-counter mutex (a cold path), so a
-//! refused setter restores exactly the limit it replaced and never one that
-//! another setter had installed meanwhile.
+//! **`set_max` vs `try_charge`: a charge fails only against a limit in
+//! force.** The usage word holds the usage in its low 56 bits and a
+//! *generation* in its top 8, which every `set_max` bumps:
 //!
-//! **Rollbacks never wrap.** A charge rolled back (a refusal above it, or
-//! the limit lowered under it) subtracts with the same clamp at zero as
+//! ```text
+//!  setter (one at a time)                 charger (add_within_max)
+//!  setting += 1            (odd)          s    = setting            (even, or wait)
+//!  max     = new                          word = usage word
+//!  word    = fetch_add(usage, 1 gen)      m    = max
+//!  usage(word) > new → max = old, Busy    usage(word) + n > m → refuse, unless
+//!  setting += 1            (even)                  `setting` moved since s: retry
+//!                                         CAS(word → word + n)  (fails if bumped)
+//! ```
+//!
+//! A charge commits only if no bump came between its read of the word and
+//! its compare-and-swap, so the limit it checked is the one in force when
+//! it commits (a word of the new generation comes with the new limit: the
+//! setter stores the limit before it bumps). A bump after the commit reads
+//! a usage that includes the charge, and a setter whose limit is below it
+//! puts the old one back (`Busy`). Nothing is ever added and taken back, so
+//! no other charge sees a usage that was never real. A refusal is final
+//! only if no setter ran while it looked (`setting` even and unchanged):
+//! else the limit it saw may be one the setter is about to put back, and
+//! the charge tries again. (An earlier design re-read the limit after the
+//! add and rolled back: a charge over a limit being set was visible for a
+//! moment, and a charge that fit both the old and the new limit could be
+//! refused on it.) The generation wraps after 256 setters; a charger would
+//! have to sleep between its read and its CAS through all 256 for the
+//! check to miss one. Setters are serialized by a per-counter mutex (a cold
+//! path), so a refused setter restores exactly the limit it replaced.
+//!
+//! **Rollbacks never wrap.** A charge rolled back (a refusal above it)
+//! subtracts with the same clamp at zero as
 //! [`UsageCounter::uncharge`]: a caller's over-uncharge that lands between
 //! the add and the rollback leaves the usage at 0 with an `underflow`
 //! event, never near 2⁶⁴.
@@ -125,6 +147,9 @@ struct Hot {
 struct Limits {
     max: AtomicU64,
     high: AtomicU64,
+    /// Odd while a `set_max` runs (bumped at its start and its end): a
+    /// refusal seen meanwhile may be against a limit about to be put back.
+    setting: AtomicU64,
     /// Set once by [`UsageCounter::retire`]: stocks no longer hold units
     /// for this counter.
     retired: AtomicBool,
@@ -265,7 +290,17 @@ impl Enforcement {
 pub const UNLIMITED: u64 = u64::MAX;
 
 /// Largest single request: keeps `usage + request` far from overflow.
-pub const MAX_REQUEST: u64 = 1 << 62;
+pub const MAX_REQUEST: u64 = 1 << 55;
+
+/// The most a counter's usage can be (forced charges saturate here): the
+/// usage word keeps the usage in its low 56 bits and `set_max`'s generation
+/// in the rest (see the module docs).
+pub const MAX_USAGE: u64 = VALUE;
+
+/// The usage bits of the usage word.
+const VALUE: u64 = (1 << 56) - 1;
+/// One generation of the usage word (its top 8 bits), bumped by `set_max`.
+const GENERATION: u64 = 1 << 56;
 
 /// A hierarchical usage counter with limits. See the module docs.
 ///
@@ -320,6 +355,7 @@ impl UsageCounter {
             limits: CachePadded::new(Limits {
                 max: AtomicU64::new(UNLIMITED),
                 high: AtomicU64::new(UNLIMITED),
+                setting: AtomicU64::new(0),
                 retired: AtomicBool::new(false),
             }),
             parent,
@@ -354,7 +390,7 @@ impl UsageCounter {
 
     /// Current usage (stocked units included).
     pub fn usage(&self) -> u64 {
-        self.hot.usage.load(Relaxed)
+        self.hot.usage.load(Relaxed) & VALUE
     }
 
     /// Mark the counter as going away (its group was removed): from now on
@@ -589,18 +625,23 @@ impl UsageCounter {
     /// limit it found, never a value another setter was trying.
     pub fn set_max(&self, max: u64) -> Result<(), Busy> {
         let _one_setter = lock(&self.events.setting);
-        // SeqCst: the store must be ordered before the usage read, against
-        // chargers that update the usage before re-reading the limit.
+        // SeqCst throughout (see the module docs): `setting` odd before the
+        // limit changes, the limit stored before the bump of the usage
+        // word's generation (a charger that reads the new generation then
+        // reads the new limit), and `setting` even after the last change.
+        self.limits.setting.fetch_add(1, SeqCst);
         let old = self.limits.max.swap(max, SeqCst);
-        let usage = self.hot.usage.load(SeqCst);
-        if usage > max {
+        // Wraps within the generation bits; the usage bits are untouched.
+        let usage = self.hot.usage.fetch_add(GENERATION, SeqCst) & VALUE;
+        let result = if usage > max {
             // No other setter runs: `old` is what this call replaced.
-            // SeqCst: chargers that re-read the limit after their update
-            // see either value; both are consistent with their check.
             self.limits.max.store(old, SeqCst);
-            return Err(Busy { usage, max });
-        }
-        Ok(())
+            Err(Busy { usage, max })
+        } else {
+            Ok(())
+        };
+        self.limits.setting.fetch_add(1, SeqCst);
+        result
     }
 
     /// A charge left this counter at `new`: raise the peak, and if `new`
@@ -666,12 +707,13 @@ impl UsageCounter {
     pub fn charge(&self, n: u64) -> bool {
         let mut over_high = false;
         self.top_down(|_, c| {
+            let added = |word: u64| (word & !VALUE) | (word & VALUE).saturating_add(n).min(VALUE);
             let old = c
                 .hot
                 .usage
-                .fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_add(n)))
-                .unwrap_or_else(|u| u);
-            over_high |= c.note_usage(old.saturating_add(n));
+                .fetch_update(Relaxed, Relaxed, |w| Some(added(w)))
+                .unwrap_or_else(|w| w);
+            over_high |= c.note_usage(added(old) & VALUE);
             true
         });
         over_high
@@ -760,31 +802,45 @@ impl UsageCounter {
         Ok(crossed)
     }
 
-    /// Add `n` if the result stays within `max`; the new usage, or `None`.
+    /// Add `n` if the result stays within the `max` in force; the new
+    /// usage, or `None` (see the module docs, `set_max` vs `try_charge`).
     #[inline]
     fn add_within_max(&self, n: u64) -> Option<u64> {
-        // SeqCst on the update and the re-read of the limit: see the module
-        // docs (`set_max` race).
-        let mut cur = self.hot.usage.load(Relaxed);
         loop {
-            let new = cur
+            // SeqCst: `setting` before the word and the limit (a refusal is
+            // final only if it is even and unchanged after); the word
+            // before the limit (a new generation comes with its limit).
+            let setting = self.limits.setting.load(SeqCst);
+            let mut word = self.hot.usage.load(SeqCst);
+            let max = self.limits.max.load(SeqCst);
+            while let Some(new) = (word & VALUE)
                 .checked_add(n)
-                .filter(|&v| v <= self.limits.max.load(Relaxed))?;
-            match self
-                .hot
-                .usage
-                .compare_exchange_weak(cur, new, SeqCst, Relaxed)
+                .filter(|&v| v <= max && v <= VALUE)
             {
-                Ok(_) => {
-                    if new > self.limits.max.load(SeqCst) {
-                        // The limit was lowered under us (`set_max`): undo,
-                        // with the clamp a racing over-uncharge needs.
-                        self.sub_clamped(n);
-                        return None;
-                    }
-                    return Some(new);
+                // SeqCst: fails if a setter bumped the generation since
+                // `word` was read — then the limit is read again.
+                match self
+                    .hot
+                    .usage
+                    .compare_exchange_weak(word, word + n, SeqCst, SeqCst)
+                {
+                    Ok(_) => return Some(new),
+                    Err(seen) if (seen ^ word) & !VALUE == 0 => word = seen,
+                    Err(_) => break,
                 }
-                Err(seen) => cur = seen,
+            }
+            // Refused by `max` as read — or a setter got in between.
+            if (word & VALUE)
+                .checked_add(n)
+                .is_some_and(|v| v <= max && v <= VALUE)
+            {
+                continue;
+            }
+            if setting % 2 == 0 && self.limits.setting.load(SeqCst) == setting {
+                return None;
+            }
+            while self.limits.setting.load(SeqCst) % 2 == 1 {
+                crate::sync::thread::yield_now();
             }
         }
     }
@@ -803,13 +859,15 @@ impl UsageCounter {
     }
 
     fn sub_clamped(&self, n: u64) -> u64 {
-        let mut cur = self.hot.usage.load(Relaxed);
+        let mut word = self.hot.usage.load(Relaxed);
         loop {
+            let cur = word & VALUE;
             let take = n.min(cur);
+            // The generation bits are kept: `take ≤ cur` borrows nothing.
             match self
                 .hot
                 .usage
-                .compare_exchange_weak(cur, cur - take, Relaxed, Relaxed)
+                .compare_exchange_weak(word, word - take, Relaxed, Relaxed)
             {
                 Ok(_) => {
                     if take < n {
@@ -818,7 +876,7 @@ impl UsageCounter {
                     self.note_lower(cur - take);
                     return take;
                 }
-                Err(seen) => cur = seen,
+                Err(seen) => word = seen,
             }
         }
     }
@@ -932,14 +990,35 @@ mod tests {
         let c = UsageCounter::root();
         c.charge(u64::MAX - 1);
         c.charge(10);
-        assert_eq!(c.usage(), u64::MAX);
+        assert_eq!(c.usage(), MAX_USAGE);
+        c.set_max(UNLIMITED).unwrap();
+        assert_eq!(
+            c.usage(),
+            MAX_USAGE,
+            "the generation stays out of the usage"
+        );
     }
 
     #[test]
     fn requests_that_would_overflow_are_refused_not_wrapped() {
         let c = UsageCounter::root();
-        c.charge(u64::MAX - 5);
+        c.charge(MAX_USAGE - 5);
         assert!(c.try_charge(10).is_err());
-        assert_eq!(c.usage(), u64::MAX - 5);
+        assert!(c.try_charge(u64::MAX).is_err());
+        assert_eq!(c.usage(), MAX_USAGE - 5);
+    }
+
+    #[test]
+    fn the_generation_wraps_without_touching_the_usage() {
+        let c = UsageCounter::root();
+        c.charge(42);
+        for i in 0..600u64 {
+            c.set_max(100 + i % 2).unwrap();
+        }
+        assert_eq!(c.usage(), 42);
+        assert!(c.try_charge(59).is_ok());
+        assert!(c.try_charge(1).is_err(), "at the limit of 101");
+        assert_eq!(c.uncharge(200), 101, "clamped at what it held");
+        assert_eq!(c.usage(), 0);
     }
 }
