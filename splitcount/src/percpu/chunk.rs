@@ -51,6 +51,12 @@ impl Chunk {
     pub(crate) fn new(regions: usize, machine: &Machine, place: bool) -> Option<Chunk> {
         let regions = regions.checked_add(1)?;
         let bytes = regions.checked_mul(REGION_BYTES)?;
+        // `MAP_NORESERVE`: untouched regions are not counted against the
+        // commit limit either. Miri emulates only `MAP_PRIVATE |
+        // MAP_ANONYMOUS`; the flag changes nothing it could check.
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        #[cfg(not(miri))]
+        let flags = flags | libc::MAP_NORESERVE;
         // SAFETY: an anonymous private mapping has no preconditions; the
         // result is checked before use.
         let ptr = unsafe {
@@ -58,7 +64,7 @@ impl Chunk {
                 std::ptr::null_mut(),
                 bytes,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                flags,
                 -1,
                 0,
             )
