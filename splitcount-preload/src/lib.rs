@@ -21,13 +21,15 @@
 //! through the C API (`splitcount_enter`, exported by this library), or
 //! the group `/preload`.
 //!
-//! Environment (read once, at load):
+//! Environment (read once, at load; a value the preload cannot read stops
+//! the program with exit status 78 and a message naming it: see
+//! `settings.rs`):
 //!
 //! | variable | meaning |
 //! |---|---|
-//! | `SPLITCOUNT_PRELOAD_MAX` | the hard limit of `/preload` in bytes (`512M`, `2G`, `1048576`; suffixes K, M, G, T are powers of 1024). A bad value is named on stderr and ignored. |
-//! | `SPLITCOUNT_PRELOAD_ENFORCE` | `refuse` (the default): an allocation over the limit returns NULL with `errno = ENOMEM`; `cooperative`: it succeeds, counted as an over-charge (`events.max`), and `splitcount_group_check` reports the breach. |
-//! | `SPLITCOUNT_PRELOAD_REPORT` | `1`: at exit, print the usage, peak, limit and events of `/preload` and of the root, and glibc's own count of bytes in use, to stderr. |
+//! | `SPLITCOUNT_PRELOAD_MAX` | the hard limit of `/preload`: whole bytes, optionally with a unit (`K`, `M`, `G`, `T`, `KiB`…, `KB`…; all powers of 1024; any case): `512M`, `512MB`, `2GiB`, `1048576`; or `max` / `unlimited`. |
+//! | `SPLITCOUNT_PRELOAD_ENFORCE` | `refuse` (the default): an allocation that does not fit under the limit returns NULL with `errno = ENOMEM`, however often the program asks, until frees bring usage down (strict: no grace); `cooperative`: it succeeds, counted as an over-charge (`events.max`), and `splitcount_group_check` reports the breach. |
+//! | `SPLITCOUNT_PRELOAD_REPORT` | `1`: at exit, print the usage, peak, limit and events of `/preload` and of the root, and glibc's own count of bytes in use, to stderr, each line with the process's `pid=` and `program=`; a path with a `/`: write it to `<path>.<pid>` instead. |
 //!
 //! How a block is recognized as ours (and one glibc made without us as
 //! not), why the first allocations of a process and of a thread are safe,
@@ -61,8 +63,11 @@ use std::sync::OnceLock;
 static INTERNAL: LibcHeap = LibcHeap;
 
 /// The charge path: the Rust wrapper's, attached to the preload's
-/// hierarchy at load.
-static ACCOUNTED: Accounted<LibcHeap> = Accounted::new(LibcHeap);
+/// hierarchy at load, with strict limits: a C program is told of a refusal
+/// by NULL and `ENOMEM`, so no allocation after a refusal is let through
+/// unaccounted (the Rust wrapper's reporting grace, there so that a Rust
+/// program can format its refusal, is off).
+static ACCOUNTED: Accounted<LibcHeap> = Accounted::new(LibcHeap).without_reporting_grace();
 
 /// The account of `/preload`: what threads outside any group charge.
 static DEFAULT_ACCOUNT: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
@@ -111,6 +116,12 @@ fn ready() -> bool {
 /// Build the hierarchy, attach the allocator, create `/preload` with the
 /// environment's limit. One thread does it; allocations meanwhile (its own
 /// included) pass unaccounted.
+///
+/// Fails closed: a bad `SPLITCOUNT_PRELOAD_*` value stops the program
+/// ([`report::stop`]), and so does a failure to set the accounting up
+/// while a limit is asked for — the program never runs unlimited where a
+/// limit was meant. Without a limit, such a failure only turns the
+/// accounting off (with a message).
 #[cold]
 fn init() -> bool {
     // Relaxed on failure: the winner's Release store publishes the result.
@@ -120,13 +131,21 @@ fn init() -> bool {
     {
         return STATE.load(Ordering::Acquire) == READY;
     }
-    let state = busy(|| match std::panic::catch_unwind(setup) {
-        Ok(Ok(())) => READY,
-        Ok(Err(why)) => {
-            report::say(&format!("splitcount-preload: accounting off: {why}\n"));
-            OFF
+    let state = busy(|| {
+        let why = match std::panic::catch_unwind(setup) {
+            Ok(Ok(())) => return READY,
+            Ok(Err(why)) => why,
+            Err(_) => "the set-up panicked".to_owned(),
+        };
+        let limit_asked = settings::var(c"SPLITCOUNT_PRELOAD_MAX")
+            .is_some_and(|v| settings::parse_limit(&v) != Ok(None));
+        if limit_asked {
+            report::stop(&[format!(
+                "SPLITCOUNT_PRELOAD_MAX is set, and the accounting cannot be set up: {why}"
+            )]);
         }
-        Err(_) => OFF,
+        report::say(&format!("splitcount-preload: accounting off: {why}\n"));
+        OFF
     });
     // Release: publishes everything `setup` wrote.
     STATE.store(state, Ordering::Release);
@@ -135,10 +154,7 @@ fn init() -> bool {
 
 fn setup() -> Result<(), String> {
     libc_heap::resolve();
-    let settings = settings::Settings::from_env();
-    for warning in &settings.warnings {
-        report::say(&format!("splitcount-preload: {warning}\n"));
-    }
+    let settings = settings::Settings::from_env().unwrap_or_else(|errors| report::stop(&errors));
     let hierarchy = Hierarchy::default();
     ACCOUNTED.attach(&hierarchy).map_err(|e| e.to_string())?;
     let group = hierarchy
@@ -155,7 +171,7 @@ fn setup() -> Result<(), String> {
     );
     splitcount_ffi::register_preload(hierarchy.clone(), group.clone());
     let _ = PRELOAD.set((hierarchy, group));
-    if settings.report {
+    if report::report_to(settings.report) {
         // SAFETY: registers a function without arguments that never unwinds.
         unsafe { libc::atexit(report::at_exit) };
     }
@@ -384,22 +400,28 @@ fn errno() -> i32 {
     unsafe { *libc::__errno_location() }
 }
 
-/// `aligned_alloc(3)`: any power-of-two alignment (as glibc since 2.36).
+/// `aligned_alloc(3)` as the host's glibc has it. Up to glibc 2.37 it is
+/// `memalign` (an alias): any alignment, 0 and those that are not a power
+/// of two included (rounded up to one; 16 or less is `malloc`'s), and any
+/// size, a multiple of the alignment or not. From 2.38 (ISO C17) an
+/// alignment of 0 or not a power of two is `EINVAL`; the rest is
+/// `memalign`'s still.
 ///
 /// # Safety
 /// The C contract of `aligned_alloc`.
 #[no_mangle]
 pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
-    if !align.is_power_of_two() {
+    if !align.is_power_of_two() && libc_heap::aligned_alloc_is_c17() {
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
-    // SAFETY: a power of two.
-    unsafe { aligned(align, size) }
+    // SAFETY: memalign's contract is aligned_alloc's.
+    unsafe { memalign(align, size) }
 }
 
 /// `memalign(3)`: an alignment that is not a power of two is rounded up to
-/// one, as glibc does.
+/// one, as glibc does (0 and 1 as well: 16 or less is `malloc`'s); above
+/// 2^63 (no power of two to round to) `EINVAL`.
 ///
 /// # Safety
 /// The C contract of `memalign`.

@@ -4,7 +4,7 @@
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 extern "C" {
     fn __libc_malloc(size: usize) -> *mut c_void;
@@ -184,6 +184,66 @@ unsafe impl GlobalAlloc for LibcHeap {
                 free(ptr);
             }
             new
+        }
+    }
+}
+
+/// Whether the host's `aligned_alloc` is glibc 2.38's (ISO C17: `EINVAL`
+/// for an alignment of 0 or not a power of two) rather than the alias of
+/// `memalign` of earlier versions, which accepts them. From
+/// `gnu_get_libc_version` (a constant string; nothing allocated), once.
+pub(crate) fn aligned_alloc_is_c17() -> bool {
+    const UNKNOWN: u8 = 0;
+    const MEMALIGN: u8 = 1;
+    const C17: u8 = 2;
+    static KIND: AtomicU8 = AtomicU8::new(UNKNOWN);
+    // Relaxed: every thread computes the same value.
+    let kind = match KIND.load(Ordering::Relaxed) {
+        UNKNOWN => {
+            // SAFETY: glibc's version, a NUL-terminated static string.
+            let v = unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) };
+            let k = if c17_version(v.to_bytes()) {
+                C17
+            } else {
+                MEMALIGN
+            };
+            KIND.store(k, Ordering::Relaxed);
+            k
+        }
+        k => k,
+    };
+    kind == C17
+}
+
+/// Whether a glibc version string (`"2.36"`, `"2.38.9000"`) is 2.38 or later.
+fn c17_version(v: &[u8]) -> bool {
+    let mut parts = v.split(|&b| b == b'.').map(|p| {
+        std::str::from_utf8(p)
+            .ok()
+            .and_then(|p| p.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (2, 38)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glibc_2_38_and_later_have_the_c17_aligned_alloc() {
+        for (v, c17) in [
+            ("2.36", false),
+            ("2.37", false),
+            ("2.38", true),
+            ("2.38.9000", true),
+            ("2.41", true),
+            ("3.0", true),
+            ("1.99", false),
+            ("", false),
+        ] {
+            assert_eq!(c17_version(v.as_bytes()), c17, "{v}");
         }
     }
 }

@@ -1,24 +1,58 @@
-//! The environment the preload reads once, at load: parsed strictly, a
-//! bad value named on stderr and ignored (never a crash).
+//! The environment the preload reads once, at load, parsed strictly: a
+//! value it cannot parse **stops the program** (see [`BAD_CONFIG_EXIT`]),
+//! so that a mistyped limit never runs a program unlimited.
+//!
+//! Sizes (`SPLITCOUNT_PRELOAD_MAX`): whole bytes, optionally followed by a
+//! unit, case-insensitive; every unit is a power of 1024:
+//!
+//! | unit | × |
+//! |---|---|
+//! | none, `B` | 1 |
+//! | `K`, `KiB`, `KB` | 2¹⁰ |
+//! | `M`, `MiB`, `MB` | 2²⁰ |
+//! | `G`, `GiB`, `GB` | 2³⁰ |
+//! | `T`, `TiB`, `TB` | 2⁴⁰ |
+//!
+//! `KB`, `MB`, `GB`, `TB` are read as 1024-based, like the units without a
+//! `B` (and like `docker run --memory`, which reads `512m`, `512MB` and
+//! `512MiB` alike): one number for all the spellings an operator may
+//! write, rather than the SI reading (10⁶ for `MB`) for one of them.
+//! `max` and `unlimited` mean no limit. No fractions (`1.5G`: write
+//! `1536M`), signs, spaces or other units.
 
 use splitcount::charge::Enforcement;
+
+/// The exit status of a program stopped at load for a bad
+/// `SPLITCOUNT_PRELOAD_*` value: `EX_CONFIG` of `<sysexits.h>`,
+/// "configuration error".
+pub(crate) const BAD_CONFIG_EXIT: i32 = 78;
+
+/// Where the exit report goes (`SPLITCOUNT_PRELOAD_REPORT`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Report {
+    /// No report (unset, empty or `0`).
+    Off,
+    /// To stderr (`1`).
+    Stderr,
+    /// To the file `<path>.<pid>` (a value with a `/` in it).
+    File(String),
+}
 
 /// What the environment asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Settings {
-    /// `SPLITCOUNT_PRELOAD_MAX`: the limit of `/preload`, in bytes.
+    /// `SPLITCOUNT_PRELOAD_MAX`: the limit of `/preload`, in bytes (`None`:
+    /// unset, `max` or `unlimited`).
     pub(crate) max: Option<u64>,
     /// `SPLITCOUNT_PRELOAD_ENFORCE`: refuse (default) or cooperative.
     pub(crate) enforcement: Enforcement,
-    /// `SPLITCOUNT_PRELOAD_REPORT=1`: print the numbers at exit.
-    pub(crate) report: bool,
-    /// What was wrong with the environment.
-    pub(crate) warnings: Vec<String>,
+    /// `SPLITCOUNT_PRELOAD_REPORT`: where the exit report goes.
+    pub(crate) report: Report,
 }
 
 /// An environment variable, without std's environment lock (this runs
 /// before `main`, or inside `malloc`).
-fn var(name: &std::ffi::CStr) -> Option<String> {
+pub(crate) fn var(name: &std::ffi::CStr) -> Option<String> {
     // SAFETY: a NUL-terminated name; the result is null or a
     // NUL-terminated string, copied at once.
     let v = unsafe { libc::getenv(name.as_ptr()) };
@@ -30,32 +64,53 @@ fn var(name: &std::ffi::CStr) -> Option<String> {
     })
 }
 
-/// A size in bytes: digits, optionally followed by one of K, M, G, T
-/// (powers of 1024). Nothing else: no spaces, signs, fractions or units
-/// such as "MB".
+/// A size in bytes: digits, optionally followed by a unit (see the module
+/// docs). Nothing else.
 pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
-    let (digits, shift) = match s.as_bytes().last() {
-        Some(b'K') => (&s[..s.len() - 1], 10),
-        Some(b'M') => (&s[..s.len() - 1], 20),
-        Some(b'G') => (&s[..s.len() - 1], 30),
-        Some(b'T') => (&s[..s.len() - 1], 40),
-        _ => (s, 0),
-    };
-    let bad = || {
-        format!(
-            "{s:?} is not a size in bytes (digits, optionally followed by K, M, G or T: \
-             1048576, 512M, 2G)"
-        )
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad());
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    if digits.is_empty() {
+        return Err("it does not start with a number".to_owned());
     }
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    n.checked_mul(1 << shift).ok_or_else(bad)
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ if unit.starts_with(['.', ',']) => {
+            return Err(
+                "fractions are not accepted: write a whole number of a smaller unit \
+                 (1536M, not 1.5G)"
+                    .to_owned(),
+            )
+        }
+        _ => return Err(format!("{unit:?} is not a unit (K, M, G, T, KiB…, KB…)")),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| "more bytes than 2^64".to_owned())
+}
+
+/// A limit: a size ([`parse_bytes`]), or `max` / `unlimited` (`None`).
+pub(crate) fn parse_limit(s: &str) -> Result<Option<u64>, String> {
+    if s.eq_ignore_ascii_case("max") || s.eq_ignore_ascii_case("unlimited") {
+        return Ok(None);
+    }
+    parse_bytes(s).map(Some).map_err(|why| {
+        format!(
+            "not a limit: {why}. Write whole bytes with an optional unit, every unit a power \
+             of 1024 (1048576, 512M, 512MiB, 512MB, 2G), or max / unlimited"
+        )
+    })
 }
 
 impl Settings {
-    pub(crate) fn from_env() -> Settings {
+    /// The settings of this process's environment; `Err` with one message
+    /// per bad variable, each naming the variable and its value.
+    pub(crate) fn from_env() -> Result<Settings, Vec<String>> {
         Settings::parse(
             var(c"SPLITCOUNT_PRELOAD_MAX"),
             var(c"SPLITCOUNT_PRELOAD_ENFORCE"),
@@ -67,39 +122,53 @@ impl Settings {
         max: Option<String>,
         enforce: Option<String>,
         report: Option<String>,
-    ) -> Settings {
-        let mut warnings = Vec::new();
-        let max = max.and_then(|m| {
-            parse_bytes(&m)
-                .map_err(|e| warnings.push(format!("SPLITCOUNT_PRELOAD_MAX={m}: {e}; no limit")))
-                .ok()
-        });
+    ) -> Result<Settings, Vec<String>> {
+        let mut errors = Vec::new();
+        let mut bad = |name: &str, value: &str, why: &str| {
+            errors.push(format!("{name}={value:?}: {why}"));
+        };
+        let max = match max.as_deref().map(parse_limit) {
+            None => None,
+            Some(Ok(max)) => max,
+            Some(Err(why)) => {
+                bad("SPLITCOUNT_PRELOAD_MAX", max.as_deref().unwrap(), &why);
+                None
+            }
+        };
         let enforcement = match enforce.as_deref() {
             None | Some("refuse") => Enforcement::Refuse,
             Some("cooperative") => Enforcement::Cooperative,
             Some(other) => {
-                warnings.push(format!(
-                    "SPLITCOUNT_PRELOAD_ENFORCE={other}: not \"refuse\" or \"cooperative\"; \
-                     refusing"
-                ));
+                bad(
+                    "SPLITCOUNT_PRELOAD_ENFORCE",
+                    other,
+                    "not \"refuse\" or \"cooperative\"",
+                );
                 Enforcement::Refuse
             }
         };
         let report = match report.as_deref() {
-            None | Some("0") | Some("") => false,
-            Some("1") => true,
+            None | Some("0") | Some("") => Report::Off,
+            Some("1") => Report::Stderr,
+            Some(path) if path.contains('/') => Report::File(path.to_owned()),
             Some(other) => {
-                warnings.push(format!(
-                    "SPLITCOUNT_PRELOAD_REPORT={other}: not 1 or 0; no report"
-                ));
-                false
+                bad(
+                    "SPLITCOUNT_PRELOAD_REPORT",
+                    other,
+                    "not 1 (stderr), 0 (none) or a path with a / in it (./report: the \
+                     report goes to ./report.<pid>)",
+                );
+                Report::Off
             }
         };
-        Settings {
-            max,
-            enforcement,
-            report,
-            warnings,
+        if errors.is_empty() {
+            Ok(Settings {
+                max,
+                enforcement,
+                report,
+            })
+        } else {
+            Err(errors)
         }
     }
 }
@@ -109,50 +178,111 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_are_digits_with_an_optional_binary_suffix() {
-        assert_eq!(parse_bytes("1048576"), Ok(1 << 20));
-        assert_eq!(parse_bytes("512M"), Ok(512 << 20));
-        assert_eq!(parse_bytes("2G"), Ok(2 << 30));
-        assert_eq!(parse_bytes("0"), Ok(0));
-        for bad in [
-            "",
-            "M",
-            "-1",
-            "1.5G",
-            " 10",
-            "10 ",
-            "10MB",
-            "0x10",
-            "99999999999999999999",
-        ] {
-            assert!(parse_bytes(bad).is_err(), "{bad:?}");
+    fn sizes_are_whole_bytes_with_an_optional_unit_of_a_power_of_1024() {
+        let cases: [(&str, u64); 17] = [
+            ("1048576", 1 << 20),
+            ("0", 0),
+            ("7B", 7),
+            ("512M", 512 << 20),
+            ("512m", 512 << 20),
+            ("512MiB", 512 << 20),
+            ("512mib", 512 << 20),
+            ("512MB", 512 << 20),
+            ("512mb", 512 << 20),
+            ("10K", 10 << 10),
+            ("10KiB", 10 << 10),
+            ("10kB", 10 << 10),
+            ("2G", 2 << 30),
+            ("2GiB", 2 << 30),
+            ("2gb", 2 << 30),
+            ("3T", 3 << 40),
+            ("3TiB", 3 << 40),
+        ];
+        for (s, n) in cases {
+            assert_eq!(parse_bytes(s), Ok(n), "{s}");
         }
-        assert!(parse_bytes("16777216T").is_err(), "overflows u64");
+        assert_eq!(parse_bytes("16777215T"), Ok(16_777_215 << 40));
     }
 
     #[test]
-    fn bad_values_are_named_and_ignored() {
-        let s = Settings::parse(
-            Some("lots".into()),
+    fn anything_else_is_not_a_size() {
+        for bad in [
+            "", "M", "MiB", "-1", "+1", "1.5G", "1,5G", "0.5", " 10", "10 ", "10 M", "0x10", "1e6",
+            "10MX", "10Mi", "10MiBs", "10P", "10PB", "10iB", "1_000", "１０",
+        ] {
+            assert!(parse_bytes(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn sizes_past_2_to_the_64_are_refused_not_wrapped() {
+        assert_eq!(parse_bytes("18446744073709551615"), Ok(u64::MAX));
+        assert!(parse_bytes("18446744073709551616").is_err());
+        assert!(parse_bytes("16777216T").is_err(), "2^64");
+        assert!(parse_bytes("17179869184G").is_err(), "2^64");
+    }
+
+    #[test]
+    fn a_fraction_is_refused_with_the_way_to_write_it() {
+        let e = parse_bytes("1.5G").unwrap_err();
+        assert!(e.contains("1536M"), "{e}");
+    }
+
+    #[test]
+    fn max_and_unlimited_mean_no_limit() {
+        for s in ["max", "MAX", "unlimited", "Unlimited"] {
+            assert_eq!(parse_limit(s), Ok(None), "{s}");
+        }
+        assert_eq!(parse_limit("64K"), Ok(Some(64 << 10)));
+        assert!(parse_limit("none").is_err());
+        assert!(parse_limit("").is_err(), "set but empty is not unset");
+    }
+
+    #[test]
+    fn every_bad_value_is_named_with_its_variable() {
+        let errors = Settings::parse(
+            Some("10MX".into()),
             Some("maybe".into()),
             Some("yes".into()),
-        );
-        assert_eq!(s.max, None);
-        assert_eq!(s.enforcement, Enforcement::Refuse);
-        assert!(!s.report);
-        assert_eq!(s.warnings.len(), 3, "{:?}", s.warnings);
-        assert!(s.warnings[0].contains("SPLITCOUNT_PRELOAD_MAX=lots"));
+        )
+        .unwrap_err();
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(errors[0].starts_with("SPLITCOUNT_PRELOAD_MAX=\"10MX\": not a limit"));
+        assert!(errors[1].starts_with("SPLITCOUNT_PRELOAD_ENFORCE=\"maybe\""));
+        assert!(errors[2].starts_with("SPLITCOUNT_PRELOAD_REPORT=\"yes\""));
+        for mistyped in ["512m ", "10MBs", "1.5G", "lots"] {
+            let e = Settings::parse(Some(mistyped.into()), None, None).unwrap_err();
+            assert!(e[0].contains(&format!("{mistyped:?}")), "{e:?}");
+        }
     }
 
     #[test]
     fn refusal_is_the_default_and_cooperative_is_asked_for() {
-        let s = Settings::parse(Some("64M".into()), None, Some("1".into()));
+        let s = Settings::parse(Some("64M".into()), None, Some("1".into())).unwrap();
         assert_eq!(
             (s.max, s.enforcement, s.report),
-            (Some(64 << 20), Enforcement::Refuse, true)
+            (Some(64 << 20), Enforcement::Refuse, Report::Stderr)
         );
-        let c = Settings::parse(None, Some("cooperative".into()), None);
-        assert_eq!(c.enforcement, Enforcement::Cooperative);
-        assert!(c.warnings.is_empty());
+        let c = Settings::parse(None, Some("cooperative".into()), None).unwrap();
+        assert_eq!((c.max, c.enforcement), (None, Enforcement::Cooperative));
+        let u = Settings::parse(Some("unlimited".into()), None, Some("0".into())).unwrap();
+        assert_eq!((u.max, u.report), (None, Report::Off));
+    }
+
+    #[test]
+    fn a_report_path_has_a_slash() {
+        for (v, r) in [
+            ("", Report::Off),
+            ("0", Report::Off),
+            ("1", Report::Stderr),
+            ("./sc", Report::File("./sc".into())),
+            ("/tmp/sc", Report::File("/tmp/sc".into())),
+        ] {
+            assert_eq!(
+                Settings::parse(None, None, Some(v.into())).unwrap().report,
+                r
+            );
+        }
+        assert!(Settings::parse(None, None, Some("report.txt".into())).is_err());
     }
 }

@@ -1,7 +1,8 @@
 //! The preload library on real programs: C test programs
-//! (`tests/c/heap_test.c`, `tests/c/stale_tag_test.c`), Debian's `sqlite3` shell running a generated
-//! SQL workload, and `python3` — unmodified, with
-//! `LD_PRELOAD=libsplitcount_preload.so`.
+//! (`tests/c/heap_test.c`, `tests/c/stale_tag_test.c`,
+//! `tests/c/strict_limit_test.c`, `tests/c/aligned_alloc_test.c`), Debian's
+//! `sqlite3` shell running a generated SQL workload, `python3`, `bash` and
+//! `/bin/true` — unmodified, with `LD_PRELOAD=libsplitcount_preload.so`.
 //!
 //! The library is the one cargo built for this test run, beside this
 //! test's binary (`target/<profile>/deps/libsplitcount_preload.so`).
@@ -42,18 +43,41 @@ fn preloaded(exe: &Path, env: &[(&str, &str)]) -> Command {
     c
 }
 
-/// The `key=value` pairs of the report's line for `group`.
-fn report(stderr: &str, group: &str) -> HashMap<String, String> {
-    let prefix = format!("splitcount-preload: group={group} ");
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with(&prefix))
-        .unwrap_or_else(|| panic!("no report line for {group} in:\n{stderr}"));
-    line["splitcount-preload: ".len()..]
+/// The `key=value` pairs of a report line (`splitcount-preload: pid=…
+/// program=… key=value…`); a bare word (`glibc`) is kept as `word=""`.
+fn pairs(line: &str) -> HashMap<String, String> {
+    line.strip_prefix("splitcount-preload: ")
+        .unwrap_or_else(|| panic!("not a report line: {line}"))
         .split(' ')
-        .filter_map(|kv| kv.split_once('='))
+        .map(|kv| kv.split_once('=').unwrap_or((kv, "")))
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect()
+}
+
+/// The report's lines: every one has the reporting process's id and name.
+fn report_lines(report: &str) -> Vec<HashMap<String, String>> {
+    report
+        .lines()
+        .filter(|l| l.starts_with("splitcount-preload: pid="))
+        .map(pairs)
+        .inspect(|r| assert!(r.contains_key("program"), "{r:?}"))
+        .collect()
+}
+
+/// The `key=value` pairs of the report's line for `group`.
+fn report(stderr: &str, group: &str) -> HashMap<String, String> {
+    report_lines(stderr)
+        .into_iter()
+        .find(|r| r.get("group").map(String::as_str) == Some(group))
+        .unwrap_or_else(|| panic!("no report line for {group} in:\n{stderr}"))
+}
+
+/// The report's line for glibc's own figures.
+fn glibc_report(stderr: &str) -> HashMap<String, String> {
+    report_lines(stderr)
+        .into_iter()
+        .find(|r| r.contains_key("glibc"))
+        .unwrap_or_else(|| panic!("no glibc line in:\n{stderr}"))
 }
 
 fn number(r: &HashMap<String, String>, key: &str) -> u64 {
@@ -68,6 +92,21 @@ fn text(b: &[u8]) -> String {
 
 fn exited_normally(out: &Output) -> bool {
     out.status.code().is_some()
+}
+
+/// Compiles `tests/c/<name>.c` alone, linked with nothing of ours: a
+/// program that can run with and without the preload.
+fn plain_c_program(name: &str) -> PathBuf {
+    let exe = deps_dir().join(format!("splitcount_preload_{name}"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let status = Command::new("cc")
+        .args(["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .status()
+        .expect("cc runs (install gcc)");
+    assert!(status.success(), "tests/c/{name}.c does not compile");
+    exe
 }
 
 /// Compiles `tests/c/<name>.c` against the C API's header and this
@@ -250,11 +289,7 @@ fn sqlite_runs_unmodified_and_its_heap_is_tracked() {
     );
     // At exit, after the stocks are drained, what is still charged is what
     // glibc still holds for the program (its chunks are larger: headers).
-    let glibc: u64 = stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("splitcount-preload: glibc in_use="))
-        .and_then(|l| l.split(' ').next()?.parse().ok())
-        .expect("the report's glibc line");
+    let glibc = number(&glibc_report(&stderr), "in_use");
     let usage = number(&ours, "usage");
     println!("sqlite3 at exit: tracked {usage} B, glibc in use {glibc} B (with the library's own)");
     assert!(usage <= glibc);
@@ -325,22 +360,296 @@ except MemoryError:
     assert!(number(&ours, "peak") <= 100 << 20);
 }
 
+/// A value the preload cannot read stops the program at load, before
+/// `main`, with exit status 78 (`EX_CONFIG`) and a message naming the
+/// variable and the value: a mistyped limit never runs a program
+/// unlimited. (Before, each was named on stderr and ignored: `/bin/true`
+/// ran, unlimited, and exited 0.)
 #[test]
-fn a_bad_environment_is_named_and_ignored() {
+fn a_bad_configuration_stops_the_program_at_load() {
+    for (name, value) in [
+        ("SPLITCOUNT_PRELOAD_MAX", "1.5G"),
+        ("SPLITCOUNT_PRELOAD_MAX", "10MX"),
+        ("SPLITCOUNT_PRELOAD_MAX", "lots"),
+        ("SPLITCOUNT_PRELOAD_MAX", ""),
+        ("SPLITCOUNT_PRELOAD_MAX", "512 M"),
+        ("SPLITCOUNT_PRELOAD_ENFORCE", "sometimes"),
+        ("SPLITCOUNT_PRELOAD_REPORT", "yes"),
+    ] {
+        let out = preloaded(&program("true", "coreutils"), &[(name, value)])
+            .output()
+            .unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{name}={value:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{name}={value:?}")),
+            "{name}={value:?}: {stderr}"
+        );
+        assert!(stderr.contains("not running true (pid "), "{stderr}");
+        assert!(stderr.contains("exit status 78"), "{stderr}");
+    }
     let out = preloaded(
         &program("true", "coreutils"),
-        &[
-            ("SPLITCOUNT_PRELOAD_MAX", "lots"),
-            ("SPLITCOUNT_PRELOAD_ENFORCE", "sometimes"),
-        ],
+        &[("SPLITCOUNT_PRELOAD_MAX", "1.5G")],
     )
+    .output()
+    .unwrap();
+    println!("{}", text(&out.stderr));
+}
+
+/// The spellings of a limit an operator may write all work, each unit a
+/// power of 1024 (`KB`, `MB`, `GB` too), case-insensitive; `max` and
+/// `unlimited` mean none.
+#[test]
+fn limits_take_the_usual_units() {
+    for (value, max) in [
+        ("512m", (512u64 << 20).to_string()),
+        ("512MiB", (512u64 << 20).to_string()),
+        ("10MB", (10u64 << 20).to_string()),
+        ("2gb", (2u64 << 30).to_string()),
+        ("64K", (64u64 << 10).to_string()),
+        ("1048576", (1u64 << 20).to_string()),
+        ("max", "none".to_owned()),
+        ("unlimited", "none".to_owned()),
+    ] {
+        let out = preloaded(
+            &program("true", "coreutils"),
+            &[
+                ("SPLITCOUNT_PRELOAD_MAX", value),
+                ("SPLITCOUNT_PRELOAD_REPORT", "1"),
+            ],
+        )
+        .output()
+        .unwrap();
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{value}: {stderr}");
+        assert_eq!(report(&stderr, "/preload")["max"], max, "{value}");
+    }
+}
+
+/// Every report line names the process (its id, its program's name), so
+/// that the reports of a shell script's processes can be told apart.
+#[test]
+fn report_lines_name_the_process() {
+    let child = preloaded(
+        &program("true", "coreutils"),
+        &[("SPLITCOUNT_PRELOAD_REPORT", "1")],
+    )
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let pid = child.id().to_string();
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    let lines = report_lines(&stderr);
+    assert_eq!(lines.len(), 3, "/preload, /, glibc:\n{stderr}");
+    for l in &lines {
+        assert_eq!(
+            (l["pid"].as_str(), l["program"].as_str()),
+            (pid.as_str(), "true")
+        );
+    }
+    println!("{stderr}");
+}
+
+/// `SPLITCOUNT_PRELOAD_REPORT=<path>` writes each process's report to
+/// `<path>.<pid>`, and nothing to stderr: a shell and the program it
+/// forks and runs report to a file each. (bash: dash leaves with `_exit`,
+/// which runs no exit handler, so it reports nothing.)
+#[test]
+fn a_report_path_gets_a_file_per_process() {
+    let dir = deps_dir().join(format!("report-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = dir.join("sc");
+    let out = preloaded(
+        &program("bash", "bash"),
+        &[("SPLITCOUNT_PRELOAD_REPORT", base.to_str().unwrap())],
+    )
+    .args(["-c", "/bin/true & wait; echo done"])
     .output()
     .unwrap();
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("SPLITCOUNT_PRELOAD_MAX=lots"), "{stderr}");
+    assert_eq!(text(&out.stdout).trim(), "done");
+    assert!(!stderr.contains("splitcount-preload"), "{stderr}");
+    let mut programs = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        let pid = name.strip_prefix("sc.").expect("sc.<pid>");
+        let report = std::fs::read_to_string(&path).unwrap();
+        let lines = report_lines(&report);
+        assert_eq!(lines.len(), 3, "{name}:\n{report}");
+        assert!(lines.iter().all(|l| l["pid"] == pid), "{name}:\n{report}");
+        programs.push(lines[0]["program"].clone());
+    }
+    programs.sort();
+    assert_eq!(programs, ["bash", "true"], "one report per process");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The figures line of `tests/c/strict_limit_test.c`, as numbers.
+fn strict_limit_test(max: &str, count: u64) -> HashMap<String, u64> {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    let exe = EXE.get_or_init(|| c_program("strict_limit_test"));
+    let out = preloaded(exe, &[("SPLITCOUNT_PRELOAD_MAX", max)])
+        .arg(count.to_string())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(
-        stderr.contains("SPLITCOUNT_PRELOAD_ENFORCE=sometimes"),
-        "{stderr}"
+        out.status.success(),
+        "MAX={max}: {}\n{stdout}\n{stderr}",
+        out.status
     );
+    assert!(stdout.trim_end().ends_with("checks passed"), "{stdout}");
+    println!("MAX={max}: {}", stdout.trim_end());
+    stdout
+        .lines()
+        .find(|l| l.contains(" handed="))
+        .unwrap_or_else(|| panic!("no figures in:\n{stdout}"))
+        .split(' ')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.parse().expect("a number")))
+        .collect()
+}
+
+/// Strict limits: a program that ignores NULL and keeps asking for 1 KiB
+/// blocks (100,000 of them) under `SPLITCOUNT_PRELOAD_MAX=1M` holds no
+/// more than the limit. The program checks that every refusal is NULL
+/// with `errno = ENOMEM`, that nothing is handed out after the first
+/// refusal (malloc, calloc, realloc's growth, the aligned ones), that
+/// /preload's usage is exactly the usable bytes handed out (no block
+/// escaped the accounting), and that allocations succeed again once some
+/// blocks are freed.
+///
+/// The slack of the accounting (a thread's reserve, up to 32 KiB; the
+/// per-CPU byte stocks, 64 KiB batches) is charged *inside* the limit: it
+/// can make a refusal come early, never let a block through late. A
+/// refusal drains the stocks and the thread's reserve before it refuses,
+/// so with one thread it comes only when the next block does not fit:
+/// the bytes held are within one block of the limit, never above it.
+/// (Before strict limits, the reporting grace let 99,902 of the 100,000
+/// through: 99,902 KiB held under a 1 MiB limit.)
+#[test]
+fn a_program_that_ignores_null_holds_no_more_than_the_limit() {
+    let f = strict_limit_test("1M", 100_000);
+    let max = 1 << 20;
+    let block_usable = f["held"] / f["handed"].max(1);
+    println!(
+        "under MAX=1M: {} of {} handed out, {} bytes usable held (+{} before), the first \
+         refused at #{}",
+        f["handed"], f["attempts"], f["held"], f["usage_before"], f["first_refusal"]
+    );
+    assert_eq!(f["max"], max);
+    assert!(f["refused"] > 0, "nothing refused");
+    assert_eq!(f["handed"] + f["refused"], f["attempts"]);
+    assert_eq!(
+        f["handed"], f["first_refusal"],
+        "handed out after a refusal"
+    );
+    assert!(
+        f["usage_after"] <= max,
+        "usage {} above the limit",
+        f["usage_after"]
+    );
+    assert!(
+        f["usage_after"] + block_usable > max,
+        "refused with room for another block: usage {} of {max}",
+        f["usage_after"]
+    );
+    assert!(f["again"] > 0, "nothing handed out after blocks were freed");
+}
+
+/// A smaller limit never lets more through: the same program under
+/// `MAX=1` (nothing at all), `4K`, `64K` and `1M` holds at most the limit,
+/// and no more under a smaller one.
+#[test]
+fn a_smaller_limit_never_lets_more_through() {
+    let mut last = 0;
+    for (max, bytes) in [
+        ("1", 1u64),
+        ("4K", 4 << 10),
+        ("64K", 64 << 10),
+        ("1M", 1 << 20),
+    ] {
+        let f = strict_limit_test(max, 2_000);
+        assert_eq!(f["max"], bytes);
+        assert!(f["refused"] > 0, "MAX={max}: nothing refused");
+        assert!(f["usage_after"] <= bytes, "MAX={max}: {f:?}");
+        assert!(
+            f["held"] >= last,
+            "MAX={max} held less than a smaller limit"
+        );
+        last = f["held"];
+    }
+}
+
+/// `aligned_alloc`, `memalign` and `posix_memalign` answer as the host's
+/// glibc does, on a table of alignments (0, 1, not powers of two, huge)
+/// and sizes (0, not a multiple of the alignment, huge): the same block or
+/// NULL, the same errno, a block aligned as glibc aligns it. glibc up to
+/// 2.37 (Debian 12 has 2.36) takes `aligned_alloc(0, 16)` and
+/// `aligned_alloc(24, 48)` as `memalign`, which rounds the alignment up;
+/// 2.38 answers `EINVAL` to both. (The preload said `EINVAL` on 2.36.)
+#[test]
+fn aligned_allocations_answer_as_the_hosts_glibc() {
+    let exe = plain_c_program("aligned_alloc_test");
+    let run = |preload: bool| {
+        let mut c = Command::new(&exe);
+        if preload {
+            c.env("LD_PRELOAD", preload_so());
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            out.status,
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    };
+    let (host, ours) = (run(false), run(true));
+    assert!(!host.contains("MISALIGNED"), "{host}");
+    assert!(host.contains("aligned_alloc(24, 48): "), "{host}");
+    for (h, o) in host.lines().zip(ours.lines()) {
+        assert_eq!(o, h, "under the preload, against the host's glibc");
+    }
+    assert_eq!(host.lines().count(), ours.lines().count());
+    println!("{ours}");
+}
+
+/// sqlite3 under a tiny limit stops at once with "out of memory", and a
+/// smaller limit lets no more through: `MAX=1` holds nothing, `4K` at
+/// most 4 KiB. (With the reporting grace, sqlite3 under `MAX=1` ran on
+/// with usage 0, while `4K` failed at open.)
+#[test]
+fn sqlite_under_a_tiny_limit_stops_with_out_of_memory() {
+    use std::io::Write;
+    for (max, bytes) in [("1", 1u64), ("4K", 4 << 10)] {
+        let mut child = preloaded(
+            &program("sqlite3", "sqlite3"),
+            &[
+                ("SPLITCOUNT_PRELOAD_MAX", max),
+                ("SPLITCOUNT_PRELOAD_REPORT", "1"),
+            ],
+        )
+        .arg(":memory:")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+        let sql = "CREATE TABLE t(a); INSERT INTO t VALUES (1); SELECT 'ran on', a FROM t;\n";
+        let _ = child.stdin.take().unwrap().write_all(sql.as_bytes());
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.code(), Some(1), "MAX={max}: {stdout}\n{stderr}");
+        assert!(stderr.contains("out of memory"), "MAX={max}: {stderr}");
+        assert!(!stdout.contains("ran on"), "MAX={max}: {stdout}");
+        let ours = report(&stderr, "/preload");
+        assert!(number(&ours, "peak") <= bytes, "MAX={max}: {ours:?}");
+        assert!(number(&ours, "events.refused") >= 1);
+    }
 }

@@ -18,14 +18,14 @@ static void preload_handles(void) {
   OK(splitcount_preload_group(&preload_group));
 }
 
-static uint64_t usage(splitcount_group *g) {
+static inline uint64_t usage(splitcount_group *g) {
   uint64_t v = 0;
   OK(splitcount_hierarchy_drain_stocks(h, NULL));
   OK(splitcount_group_usage(g, &v));
   return v;
 }
 
-static splitcount_group *child(const char *name) {
+static inline splitcount_group *child(const char *name) {
   splitcount_group *g = NULL;
   OK(splitcount_group_child(preload_group, name, &g));
   return g;

@@ -80,7 +80,9 @@
 //! neighbours nothing. After a refusal the thread's small allocations that
 //! would be refused again pass unaccounted for a while
 //! ([`REPORTING_GRACE`]), and so do a panicking thread's: error messages
-//! always print.
+//! always print. An allocator built with
+//! [`Accounted::without_reporting_grace`] has strict limits instead (for C
+//! callers, which are told by a null and handle it).
 //!
 //! **Slack.** Usage may run ahead of live bytes (requested sizes or
 //! footprints, as charged) by the reserves (at most

@@ -134,9 +134,20 @@ impl std::error::Error for AttachError {
 /// static REQUESTED: Accounted<System> = Accounted::new(System);
 /// static FOOTPRINT: Accounted<System, Footprint> = Accounted::with_charging(System, Footprint);
 /// ```
+///
+/// **After a refusal** a thread gets the [`REPORTING_GRACE`] by default
+/// (its small allocations that would be refused again pass unaccounted,
+/// up to 1 MiB, so that a Rust program can format and print the refusal),
+/// and a panicking thread's allocations always pass.
+/// [`Accounted::without_reporting_grace`] turns both off, for callers that
+/// are told of a refusal by a null and handle it — C programs
+/// (`splitcount-preload` uses it).
 pub struct Accounted<A, C = Requested> {
     pub(super) inner: A,
     state: AtomicPtr<Attached>,
+    /// Whether a refusal grants the reporting grace (and a panicking
+    /// thread passes): fixed at construction.
+    reporting_grace: bool,
     charging: PhantomData<fn() -> C>,
 }
 
@@ -157,8 +168,42 @@ impl<A, C: Charging> Accounted<A, C> {
         Accounted {
             inner,
             state: AtomicPtr::new(std::ptr::null_mut()),
+            reporting_grace: true,
             charging: PhantomData,
         }
+    }
+
+    /// The same allocator with **strict limits**: past a refusing limit
+    /// (or a ceiling) every allocation is refused — null — until usage
+    /// falls, however the caller reacts. No [`REPORTING_GRACE`] after a
+    /// refusal, and no pass for a panicking thread: nothing is ever handed
+    /// out unaccounted because a limit was reached.
+    ///
+    /// For callers that are told of a refusal by a null and handle it: a C
+    /// program under `splitcount-preload` (`malloc` returns NULL with
+    /// `errno = ENOMEM`, which C code is written to check). A Rust program
+    /// aborts on a null from an ordinary allocation, and without the grace
+    /// it cannot even format the refusal (a `format!` or a panic message
+    /// allocates, and is refused too): keep the default there.
+    ///
+    /// ```
+    /// use splitcount::alloc::Accounted;
+    /// use std::alloc::System;
+    ///
+    /// static STRICT: Accounted<System> = Accounted::new(System).without_reporting_grace();
+    /// assert!(!STRICT.has_reporting_grace());
+    /// assert!(Accounted::new(System).has_reporting_grace()); // the default
+    /// ```
+    pub const fn without_reporting_grace(mut self) -> Accounted<A, C> {
+        self.reporting_grace = false;
+        self
+    }
+
+    /// Whether a refusal grants the thread the [`REPORTING_GRACE`] (the
+    /// default), or limits are strict
+    /// ([`Accounted::without_reporting_grace`]).
+    pub const fn has_reporting_grace(&self) -> bool {
+        self.reporting_grace
     }
 
     /// Start accounting into `hierarchy` (threads outside any scope charge
@@ -638,6 +683,7 @@ impl<A, C: Charging> fmt::Debug for Accounted<A, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Accounted")
             .field("charging", &C::NAME)
+            .field("reporting_grace", &self.reporting_grace)
             .field("attached", &self.attached().is_some())
             .finish()
     }
@@ -682,5 +728,81 @@ mod tests {
             extended(fits).map(|l| (l.size(), l.align())),
             Some((100 + (1 << 20), 1 << 20))
         );
+    }
+
+    /// Fills a fresh group limited to 64 KiB (refusing) with 64-byte blocks
+    /// through `alloc` until one is refused, then tries `after` more:
+    /// (blocks held at the first refusal, how many of the `after` were
+    /// handed out, whether one succeeds once a block is freed, the group's
+    /// usage then with the stocks and reserve drained, the live blocks'
+    /// bytes). In a thread of its own: the thread's state is `alloc`'s.
+    fn refusals_with(alloc: &'static Accounted<System>, after: usize) -> [u64; 5] {
+        let h = Hierarchy::default();
+        alloc.attach(&h).unwrap();
+        let g = h.root().child("limited").unwrap();
+        g.set_max(64 << 10).unwrap();
+        g.set_enforcement(crate::charge::Enforcement::Refuse);
+        let layout = Layout::from_size_align(64, 8).unwrap();
+        std::thread::spawn(move || {
+            let _in_g = g.enter();
+            let mut live = Vec::new();
+            // SAFETY: a valid layout of non-zero size; every block handed
+            // out is freed below with the same layout.
+            unsafe {
+                loop {
+                    let p = alloc.alloc(layout);
+                    if p.is_null() {
+                        break;
+                    }
+                    live.push(p);
+                }
+                let held = live.len() as u64;
+                let mut passed = 0;
+                for _ in 0..after {
+                    let p = alloc.alloc(layout);
+                    if !p.is_null() {
+                        passed += 1;
+                        live.push(p);
+                    }
+                }
+                alloc.dealloc(live.pop().unwrap(), layout);
+                let again = alloc.alloc(layout);
+                if !again.is_null() {
+                    live.push(again);
+                }
+                drain_thread();
+                alloc.drain();
+                let usage = g.usage();
+                let bytes = live.len() as u64 * 64;
+                for p in live {
+                    alloc.dealloc(p, layout);
+                }
+                [held, passed, (!again.is_null()) as u64, usage, bytes]
+            }
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// Strict limits: past a refusing limit every allocation is refused
+    /// until a free makes room, and usage counts every block handed out.
+    /// (The default grants the reporting grace: the same allocations pass,
+    /// unaccounted — checked beside it, so that this test fails if
+    /// `without_reporting_grace` stops taking the grace away.)
+    #[test]
+    fn without_the_reporting_grace_nothing_passes_a_refusing_limit() {
+        static STRICT: Accounted<System> = Accounted::new(System).without_reporting_grace();
+        static DEFAULT: Accounted<System> = Accounted::new(System);
+        let [held, passed, again, usage, bytes] = refusals_with(&STRICT, 1000);
+        assert!(
+            held > 0 && held <= 1024,
+            "{held} blocks of 64 B under 64 KiB"
+        );
+        assert_eq!(passed, 0, "allocations past the limit handed out");
+        assert_eq!(again, 1, "a free makes room again");
+        assert_eq!(usage, bytes, "usage misses blocks handed out");
+        let [_, passed, _, usage, bytes] = refusals_with(&DEFAULT, 1000);
+        assert!(passed > 0, "the default's reporting grace");
+        assert!(usage < bytes, "the grace's blocks are unaccounted");
     }
 }

@@ -7,12 +7,15 @@
 //!   1. a removed group's scope charges its nearest live ancestor
 //!   2. refill the reserve: charge n + RESERVE_BATCH (stock or counter)  ── fits ──▶ done
 //!   3. already over a cooperative limit, in a breach episode           ──────────▶ over-charge, cheaply
-//!      over a refusing limit, in the thread's reporting grace          ──────────▶ unaccounted
+//!      over a refusing limit, in the thread's reporting grace¹         ──────────▶ unaccounted
 //!   4. exact charge: reclaim hooks, a drain that could make room       ── fits ──▶ done
 //!   5. over a cooperative limit, no ceiling in the way                  ──────────▶ over-charge, breach
-//!      in the thread's reporting grace (after a refusal, a panic)      ──────────▶ unaccounted
+//!      in the thread's reporting grace¹ (after a refusal, a panic)     ──────────▶ unaccounted
 //!   6. the OOM stage (hooks, one retry)                                 ── fits ──▶ done
-//!   7. refused: refusal hooks (one retry), null; the grace begins
+//!   7. refused: refusal hooks (one retry), null; the grace¹ begins
+//!
+//!  ¹ not with `without_reporting_grace` (strict limits, the C preload's):
+//!    there every allocation past a refusing limit goes on to 6 and 7.
 //! ```
 //!
 //! **Why step 3.** A tenant over its cooperative limit keeps allocating
@@ -92,7 +95,7 @@ impl<A, C: Charging> Accounted<A, C> {
         // … or over a refusing limit (or a ceiling) while the thread is in
         // the reporting grace that a refusal began: the refusal ran reclaim
         // and the drain already.
-        if refusal_in_the_way(acc.usage(), n) && in_reporting_grace(n) {
+        if refusal_in_the_way(acc.usage(), n) && self.in_reporting_grace(n) {
             return Ok(None);
         }
         let node = match held.take().or_else(|| acc.node()) {
@@ -123,7 +126,7 @@ impl<A, C: Charging> Accounted<A, C> {
         }
         // The reporting grace (`in_reporting_grace`): such an allocation
         // passes, unaccounted and uncounted, before the OOM stage.
-        if in_reporting_grace(n) {
+        if self.in_reporting_grace(n) {
             shared.stall_ends(&node, &over);
             return Ok(None);
         }
@@ -198,7 +201,8 @@ impl<A, C: Charging> Accounted<A, C> {
     /// Refuse an allocation of `n` bytes charged through `acc` because of
     /// `by`'s limit (`None`: too large for any): remember it, run the
     /// refusal hooks (one more try if one freed memory), return the
-    /// refusal, and grant the thread its reporting grace.
+    /// refusal, and grant the thread its reporting grace (unless this
+    /// allocator has none: [`Accounted::without_reporting_grace`]).
     #[cold]
     fn refuse(
         &self,
@@ -207,7 +211,7 @@ impl<A, C: Charging> Accounted<A, C> {
         n: u64,
         by: Option<&UsageCounter>,
     ) -> Result<Option<AccountKey>, ()> {
-        if by.is_none() && in_reporting_grace(n) {
+        if by.is_none() && self.in_reporting_grace(n) {
             return Ok(None);
         }
         let by = by.unwrap_or(acc.usage());
@@ -259,8 +263,27 @@ impl<A, C: Charging> Accounted<A, C> {
                 );
             }
         }
-        STATE.with(|t| t.grace.set(REPORTING_GRACE));
+        if self.has_reporting_grace() {
+            STATE.with(|t| t.grace.set(REPORTING_GRACE));
+        }
         Err(())
+    }
+
+    /// Whether an allocation of `n` bytes that would be refused passes
+    /// unaccounted, taking its bytes from the thread's reporting grace:
+    /// while the thread panics (a panic message, a backtrace, unwinding),
+    /// and for [`REPORTING_GRACE`] bytes after a refusal in allocations of
+    /// at most [`REPORTING_GRACE_ALLOCATION`] — so that a refusal can be
+    /// reported. Never for an allocator without the grace
+    /// ([`Accounted::without_reporting_grace`]): its limits are strict.
+    fn in_reporting_grace(&self, n: u64) -> bool {
+        self.has_reporting_grace()
+            && (std::thread::panicking()
+                || (n <= REPORTING_GRACE_ALLOCATION
+                    && STATE.with(|t| {
+                        let left = t.grace.get();
+                        (left >= n).then(|| t.grace.set(left - n)).is_some()
+                    })))
     }
 }
 
@@ -300,20 +323,6 @@ fn ceiling_in_the_way(counter: &UsageCounter, n: u64) -> Option<&UsageCounter> {
     counter
         .chain()
         .find(|c| c.ceiling() != UNLIMITED && c.usage().saturating_add(n) > c.ceiling())
-}
-
-/// Whether an allocation of `n` bytes that would be refused passes
-/// unaccounted, taking its bytes from the thread's reporting grace: while
-/// the thread panics (a panic message, a backtrace, unwinding), and for
-/// [`REPORTING_GRACE`] bytes after a refusal in allocations of at most
-/// [`REPORTING_GRACE_ALLOCATION`] — so that a refusal can be reported.
-fn in_reporting_grace(n: u64) -> bool {
-    std::thread::panicking()
-        || (n <= REPORTING_GRACE_ALLOCATION
-            && STATE.with(|t| {
-                let left = t.grace.get();
-                (left >= n).then(|| t.grace.set(left - n)).is_some()
-            }))
 }
 
 /// Mark the groups from `node` up to `refuser` breached, and tell each

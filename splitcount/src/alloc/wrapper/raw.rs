@@ -5,7 +5,9 @@
 //!
 //! The semantics are those of [`Accounted`]'s `GlobalAlloc` methods — a
 //! charge goes through the thread's reserve, the byte stock and the slow
-//! path (reclaim, drains, enforcement, refusal hooks, reporting grace) —
+//! path (reclaim, drains, enforcement, refusal hooks, and the reporting
+//! grace unless the allocator is built `without_reporting_grace`, as the
+//! preload's is) —
 //! except that a thread in no group charges a group of the caller's choice
 //! (the preload's `/preload`) instead of the root. An account is named by
 //! its address, which the caller stores in its block's header and hands
