@@ -154,6 +154,49 @@
 #define SPLITCOUNT_STAT_EVENT 1
 
 /**
+ * The stock batch of `splitcount_hierarchy_create` (Rust's
+ * `HierarchyConfig::default()`): right for units counted one by one
+ * (pages, objects, requests). A charge larger than the batch never comes
+ * from the stock, so for bytes use `SPLITCOUNT_STOCK_BATCH_BYTES`.
+ */
+#define SPLITCOUNT_STOCK_BATCH_DEFAULT 64
+
+/**
+ * The stock batch recommended for a hierarchy charged in bytes: 64 KiB,
+ * so that charges of typical allocation sizes (100 B to 4 KiB, anything
+ * under 64 KiB) are served from the CPU's stock, and what is stocked per
+ * group and CPU stays at most 64 KiB (as the preload's byte stock).
+ */
+#define SPLITCOUNT_STOCK_BATCH_BYTES 65536
+
+/**
+ * The largest stock batch (a stock slot keeps its units in 32 bits).
+ */
+#define SPLITCOUNT_STOCK_BATCH_MAX (uint64_t)UINT32_MAX
+
+/**
+ * The most groups a CPU's stock holds at once (one 128-byte block); the
+ * slots of `splitcount_hierarchy_create`.
+ */
+#define SPLITCOUNT_STOCK_SLOTS_MAX 7
+
+/**
+ * The major version of the library this header belongs to (semver: an
+ * incompatible change of the API bumps it).
+ */
+#define SPLITCOUNT_VERSION_MAJOR 0
+
+/**
+ * The minor version of the library this header belongs to.
+ */
+#define SPLITCOUNT_VERSION_MINOR 1
+
+/**
+ * The patch version of the library this header belongs to.
+ */
+#define SPLITCOUNT_VERSION_PATCH 0
+
+/**
  * A split counter (opaque: a checked handle, never dereferenced).
  */
 typedef struct splitcount_counter splitcount_counter;
@@ -432,7 +475,18 @@ int splitcount_group_high(splitcount_group *group, uint64_t *out);
 
 /**
  * Charge `n` units regardless of limits (the kernel's forced charge; Rust:
- * `Group::force_charge`), at the group and every ancestor.
+ * `Group::force_charge`), at the group and every ancestor, without the
+ * stock.
+ *
+ * A forced charge is outside enforcement: whatever the group's
+ * enforcement, it passes `max` without counting a `max` event and
+ * without recording a breach, so `splitcount_group_check` stays OK after
+ * it, as in Rust (a breach is a cooperative limit's decision to let an
+ * allocation through; see `splitcount_group_check`). A caller that forces
+ * a charge learns that it went over from the usage against `max`; one
+ * that wants the limit's verdict charges with
+ * `splitcount_group_try_charge`. A request above 2^55 units is
+ * `SPLITCOUNT_E_INVALID`.
  *
  * Thread-safe.
  */
@@ -459,14 +513,62 @@ int splitcount_group_try_charge(splitcount_group *group, uint64_t n);
 int splitcount_group_uncharge(splitcount_group *group, uint64_t n);
 
 /**
- * The usage (this group and below, stocked units included) in `*out`.
+ * The usage (this group and below, stocked units included) in `*out`:
+ * what the limits compare. It runs ahead of what is in use by the units
+ * stocked for the subtree — after a charge of 10 and its uncharge it reads
+ * a batch (64 by default) on each CPU that charged — until
+ * `splitcount_hierarchy_drain_stocks`; `splitcount_group_usage_exact`
+ * reads it without them.
  *
- * Thread-safe.
+ * Thread-safe; a few loads.
  *
  * # Safety
  * `out` is valid for a write.
  */
 int splitcount_group_usage(splitcount_group *group, uint64_t *out);
+
+/**
+ * What is in use in this group and below in `*out`: the usage less the
+ * units stocked for the subtree on every CPU (Rust: `Group::usage` −
+ * `Group::stocked_subtree`), without draining anything. Exact while no
+ * charge or uncharge of the subtree runs meanwhile (each that does may
+ * show in it or not, and one in flight may move it by up to a batch).
+ * Under the preload library the threads' reserves (at most 32 KiB per
+ * thread, charged to the group a thread allocated in last) still count;
+ * `splitcount_hierarchy_drain_stocks` returns the calling thread's.
+ *
+ * Thread-safe; takes each CPU's stock lock in turn (as a drain does, but
+ * leaves the stocks as they are).
+ *
+ * # Safety
+ * `out` is valid for a write.
+ */
+int splitcount_group_usage_exact(splitcount_group *group, uint64_t *out);
+
+/**
+ * The units charged to this group (not its children) and held unused in
+ * the per-CPU stocks, on all CPUs, in `*out` (Rust: `Group::stocked`; at
+ * most the hierarchy's stock batch per CPU).
+ *
+ * Thread-safe; takes each CPU's stock lock in turn.
+ *
+ * # Safety
+ * `out` is valid for a write.
+ */
+int splitcount_group_stocked(splitcount_group *group, uint64_t *out);
+
+/**
+ * The units charged to this group or any group below it and held unused
+ * in the per-CPU stocks, on all CPUs, in `*out` (Rust:
+ * `Group::stocked_subtree`): the part of `splitcount_group_usage` that
+ * nothing uses.
+ *
+ * Thread-safe; takes each CPU's stock lock in turn.
+ *
+ * # Safety
+ * `out` is valid for a write.
+ */
+int splitcount_group_stocked_subtree(splitcount_group *group, uint64_t *out);
 
 /**
  * The peak usage since creation or the last `splitcount_group_reset_peak`
@@ -497,11 +599,17 @@ int splitcount_group_reset_peak(splitcount_group *group);
 int splitcount_group_events(splitcount_group *group, splitcount_events *out);
 
 /**
- * The checkpoint of cooperative enforcement: `SPLITCOUNT_OK`, or
- * `SPLITCOUNT_E_OVER_LIMIT` with the numbers in the message if an
- * allocation charged to this group (or below it) went over a cooperative
- * limit, until `splitcount_group_clear_breach`. One load when nothing
- * happened.
+ * The checkpoint of cooperative enforcement (Rust: `Group::check`):
+ * `SPLITCOUNT_OK`, or `SPLITCOUNT_E_OVER_LIMIT` with the numbers in the
+ * message if an allocation charged to this group (or below it) went over
+ * a cooperative limit and was let through, until
+ * `splitcount_group_clear_breach`. One load when nothing happened.
+ *
+ * Only allocations record breaches: the preload library's `malloc` (and
+ * a Rust program's `Accounted` allocator) over a limit whose enforcement
+ * is `SPLITCOUNT_ENFORCE_COOPERATIVE`. `splitcount_group_try_charge` is
+ * refused at the limit instead, and `splitcount_group_charge` (forced)
+ * records none.
  *
  * Thread-safe.
  */
@@ -559,8 +667,12 @@ int splitcount_group_flush(splitcount_group *group, bool force, bool *flushed);
 /**
  * Create a hierarchy with only a root group, whose groups carry the
  * `count` stat items of `items` (`items` may be NULL when `count` is 0).
- * Stock: 7 groups per CPU, batch 64. On success `*out` is its handle;
- * destroy it with `splitcount_hierarchy_destroy`.
+ * Stock: `SPLITCOUNT_STOCK_SLOTS_MAX` (7) groups per CPU, batch
+ * `SPLITCOUNT_STOCK_BATCH_DEFAULT` (64 units) — for units counted one by
+ * one; a hierarchy charged in bytes wants
+ * `splitcount_hierarchy_create_with` and `SPLITCOUNT_STOCK_BATCH_BYTES`.
+ * On success `*out` is its handle; destroy it with
+ * `splitcount_hierarchy_destroy`.
  *
  * Thread-safe.
  *
@@ -569,6 +681,40 @@ int splitcount_group_flush(splitcount_group *group, bool force, bool *flushed);
  * `out` is valid for a write.
  */
 int splitcount_hierarchy_create(const splitcount_stat_item *items, size_t count, splitcount_hierarchy **out);
+
+/**
+ * `splitcount_hierarchy_create` with the per-CPU stock's shape: a charge
+ * that misses its CPU's stock charges `stock_batch` units to the usage
+ * counters at once and keeps the surplus there, for the next charges on
+ * that CPU (the kernel's `MEMCG_CHARGE_BATCH`); each CPU's stock holds the
+ * units of up to `stock_slots` groups at once.
+ *
+ * - `stock_batch`: 1 to `SPLITCOUNT_STOCK_BATCH_MAX`. A charge larger
+ *   than the batch never comes from the stock, and one of at least the
+ *   batch that misses it is charged exactly, through the usage counters,
+ *   leaving nothing stocked; so the batch should be well above the usual
+ *   charge: `SPLITCOUNT_STOCK_BATCH_BYTES` (64 KiB) for bytes,
+ *   `SPLITCOUNT_STOCK_BATCH_DEFAULT` (64) for pages or objects.
+ * - `stock_slots`: 1 to `SPLITCOUNT_STOCK_SLOTS_MAX` (7); more groups
+ *   charged from one CPU than slots evict each other.
+ *
+ * Other values are `SPLITCOUNT_E_INVALID` (nothing is created).
+ *
+ * **Slack.** Stocked units are charged, so no limit is passed because of
+ * them, but usage runs ahead of what is in use: by at most `stock_batch`
+ * units per CPU for one group (`splitcount_group_stocked`), and at most
+ * `stock_batch × stock_slots × CPUs` for the whole hierarchy — with 64 KiB,
+ * 7 slots and 64 CPUs, 4 MiB for a group and 28 MiB in all. A charge
+ * refused by a limit drains the stocked units of the refusing group's
+ * subtree first; `splitcount_group_usage_exact` reads the usage without
+ * them.
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * As `splitcount_hierarchy_create`.
+ */
+int splitcount_hierarchy_create_with(const splitcount_stat_item *items, size_t count, uint64_t stock_batch, uint32_t stock_slots, splitcount_hierarchy **out);
 
 /**
  * Destroy a hierarchy handle and every group handle obtained through it
@@ -670,6 +816,16 @@ int splitcount_enter(splitcount_group *group);
  * Thread-safe; acts on the calling thread only.
  */
 int splitcount_leave(void);
+
+/**
+ * The version of the library, "MAJOR.MINOR.PATCH" (with a pre-release
+ * suffix such as "-rc.1" if it has one): a static string. A program built
+ * with one header and run with another library can compare it with the
+ * `SPLITCOUNT_VERSION_*` macros it was compiled with.
+ *
+ * Thread-safe.
+ */
+const char *splitcount_version(void);
 
 #ifdef __cplusplus
 }  // extern "C"

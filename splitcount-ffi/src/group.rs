@@ -336,7 +336,18 @@ pub unsafe extern "C" fn splitcount_group_high(
 }
 
 /// Charge `n` units regardless of limits (the kernel's forced charge; Rust:
-/// `Group::force_charge`), at the group and every ancestor.
+/// `Group::force_charge`), at the group and every ancestor, without the
+/// stock.
+///
+/// A forced charge is outside enforcement: whatever the group's
+/// enforcement, it passes `max` without counting a `max` event and
+/// without recording a breach, so `splitcount_group_check` stays OK after
+/// it, as in Rust (a breach is a cooperative limit's decision to let an
+/// allocation through; see `splitcount_group_check`). A caller that forces
+/// a charge learns that it went over from the usage against `max`; one
+/// that wants the limit's verdict charges with
+/// `splitcount_group_try_charge`. A request above 2^55 units is
+/// `SPLITCOUNT_E_INVALID`.
 ///
 /// Thread-safe.
 #[no_mangle]
@@ -379,9 +390,14 @@ pub extern "C" fn splitcount_group_uncharge(group: *mut splitcount_group, n: u64
     })
 }
 
-/// The usage (this group and below, stocked units included) in `*out`.
+/// The usage (this group and below, stocked units included) in `*out`:
+/// what the limits compare. It runs ahead of what is in use by the units
+/// stocked for the subtree — after a charge of 10 and its uncharge it reads
+/// a batch (64 by default) on each CPU that charged — until
+/// `splitcount_hierarchy_drain_stocks`; `splitcount_group_usage_exact`
+/// reads it without them.
 ///
-/// Thread-safe.
+/// Thread-safe; a few loads.
 ///
 /// # Safety
 /// `out` is valid for a write.
@@ -392,6 +408,76 @@ pub unsafe extern "C" fn splitcount_group_usage(
 ) -> c_int {
     // SAFETY: the caller's contract.
     unsafe { read("splitcount_group_usage", group, out, Group::usage) }
+}
+
+/// What is in use in this group and below in `*out`: the usage less the
+/// units stocked for the subtree on every CPU (Rust: `Group::usage` −
+/// `Group::stocked_subtree`), without draining anything. Exact while no
+/// charge or uncharge of the subtree runs meanwhile (each that does may
+/// show in it or not, and one in flight may move it by up to a batch).
+/// Under the preload library the threads' reserves (at most 32 KiB per
+/// thread, charged to the group a thread allocated in last) still count;
+/// `splitcount_hierarchy_drain_stocks` returns the calling thread's.
+///
+/// Thread-safe; takes each CPU's stock lock in turn (as a drain does, but
+/// leaves the stocks as they are).
+///
+/// # Safety
+/// `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_group_usage_exact(
+    group: *mut splitcount_group,
+    out: *mut u64,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe {
+        read("splitcount_group_usage_exact", group, out, |g| {
+            let usage = g.usage();
+            usage.saturating_sub(g.stocked_subtree())
+        })
+    }
+}
+
+/// The units charged to this group (not its children) and held unused in
+/// the per-CPU stocks, on all CPUs, in `*out` (Rust: `Group::stocked`; at
+/// most the hierarchy's stock batch per CPU).
+///
+/// Thread-safe; takes each CPU's stock lock in turn.
+///
+/// # Safety
+/// `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_group_stocked(
+    group: *mut splitcount_group,
+    out: *mut u64,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { read("splitcount_group_stocked", group, out, Group::stocked) }
+}
+
+/// The units charged to this group or any group below it and held unused
+/// in the per-CPU stocks, on all CPUs, in `*out` (Rust:
+/// `Group::stocked_subtree`): the part of `splitcount_group_usage` that
+/// nothing uses.
+///
+/// Thread-safe; takes each CPU's stock lock in turn.
+///
+/// # Safety
+/// `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_group_stocked_subtree(
+    group: *mut splitcount_group,
+    out: *mut u64,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe {
+        read(
+            "splitcount_group_stocked_subtree",
+            group,
+            out,
+            Group::stocked_subtree,
+        )
+    }
 }
 
 /// The peak usage since creation or the last `splitcount_group_reset_peak`
@@ -445,11 +531,17 @@ pub unsafe extern "C" fn splitcount_group_events(
     })
 }
 
-/// The checkpoint of cooperative enforcement: `SPLITCOUNT_OK`, or
-/// `SPLITCOUNT_E_OVER_LIMIT` with the numbers in the message if an
-/// allocation charged to this group (or below it) went over a cooperative
-/// limit, until `splitcount_group_clear_breach`. One load when nothing
-/// happened.
+/// The checkpoint of cooperative enforcement (Rust: `Group::check`):
+/// `SPLITCOUNT_OK`, or `SPLITCOUNT_E_OVER_LIMIT` with the numbers in the
+/// message if an allocation charged to this group (or below it) went over
+/// a cooperative limit and was let through, until
+/// `splitcount_group_clear_breach`. One load when nothing happened.
+///
+/// Only allocations record breaches: the preload library's `malloc` (and
+/// a Rust program's `Accounted` allocator) over a limit whose enforcement
+/// is `SPLITCOUNT_ENFORCE_COOPERATIVE`. `splitcount_group_try_charge` is
+/// refused at the limit instead, and `splitcount_group_charge` (forced)
+/// records none.
 ///
 /// Thread-safe.
 #[no_mangle]

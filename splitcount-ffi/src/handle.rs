@@ -5,19 +5,28 @@
 //! opaque struct (so that C's type checker tells a group from a counter):
 //!
 //! ```text
-//!  63      56 55                 32 31                         0
-//!  ┌─────────┬─────────────────────┬────────────────────────────┐
-//!  │  kind   │ generation (24 bit) │ slot index + 1             │
-//!  └─────────┴─────────────────────┴────────────────────────────┘
+//!  63      56 55                               24 23                 0
+//!  ┌─────────┬───────────────────────────────────┬───────────────────┐
+//!  │  kind   │ generation (32 bit, odd)          │ slot index        │
+//!  └─────────┴───────────────────────────────────┴───────────────────┘
 //! ```
 //!
-//! It is never dereferenced. A lookup checks the kind, bounds-checks the
-//! index, and compares the generation with the slot's (odd: live): NULL, a
-//! made-up value, a handle of another kind, and a destroyed or released
-//! handle (whose slot's generation moved on) are all refused with
-//! `SPLITCOUNT_E_HANDLE`. A slot is reused only with a new generation, so a
-//! stale handle does not name its slot's next object until the 24-bit
-//! generation wraps (16,777,216 reuses of that one slot).
+//! It is never dereferenced. A lookup checks the kind (never 0, so NULL is
+//! no handle), and compares the generation with the slot's (odd: live):
+//! NULL, a made-up value, a handle of another kind, and a destroyed or
+//! released handle (whose slot's generation moved on) are all refused with
+//! `SPLITCOUNT_E_HANDLE`.
+//!
+//! **A released handle is never accepted again.** A slot's generation goes
+//! up by 2 per reuse (odd when filled, even when emptied), and the handle
+//! carries all 32 bits of it, so a slot has 2^31 lives (generations 1, 3,
+//! …, 2^32 − 1); a slot whose last life ends is retired — never handed out
+//! again — instead of wrapping to generation 1, where its first handle
+//! would name its next object. A retired slot costs 4096th of a chunk; with
+//! one slot reused in a loop, the table runs out (`SPLITCOUNT_E_BUSY`) after
+//! 2^24 · 2^31 = 2^55 handles of one kind: over a century at 100 ns per
+//! handle. (With a 24-bit generation that went up by 2, a slot's handle
+//! came back after 2^23 reuses.)
 //!
 //! **Lookups take no lock and write nothing shared** — a counter's add
 //! through a handle costs a few loads more than in Rust. Slots live in
@@ -45,10 +54,19 @@ compile_error!("handles carry 64 bits in a pointer: 64-bit targets only");
 const CHUNK: usize = 4096;
 /// Chunks per table: up to 16,777,216 live handles of one kind.
 const CHUNKS: usize = 4096;
-const GENERATION_MASK: u32 = (1 << 24) - 1;
+/// Bits of a handle that carry the slot index (the low ones).
+const INDEX_BITS: u32 = 24;
+const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
+/// Bits of a handle that carry the kind (the high ones).
+const KIND_SHIFT: u32 = 56;
+// Every slot index fits its field, and the generation's 32 bits fit
+// between the index and the kind.
+const _: () = assert!(CHUNK * CHUNKS == 1 << INDEX_BITS);
+const _: () = assert!(KIND_SHIFT - INDEX_BITS == u32::BITS);
 
 struct Slot<T> {
     /// Odd while the slot holds an object; bumped on every fill and empty.
+    /// 0 again after the slot's last life: retired, never filled again.
     generation: AtomicU32,
     value: UnsafeCell<Option<T>>,
 }
@@ -74,6 +92,7 @@ unsafe impl<T: Send + Sync> Sync for Registry<T> {}
 
 impl<T> Registry<T> {
     pub(crate) const fn new(kind: u8, what: &'static str) -> Registry<T> {
+        assert!(kind != 0, "kind 0 would make the NULL pointer a handle");
         Registry {
             kind,
             what,
@@ -99,14 +118,21 @@ impl<T> Registry<T> {
         )
     }
 
+    /// The handle of the object in slot `index` at generation `generation`.
+    fn encode(&self, index: usize, generation: u32) -> u64 {
+        ((self.kind as u64) << KIND_SHIFT) | ((generation as u64) << INDEX_BITS) | index as u64
+    }
+
+    /// The slot index and generation a handle of this kind names.
     #[inline(always)]
     fn decode(&self, handle: u64) -> Option<(usize, u32)> {
-        let kind = (handle >> 56) as u8;
-        let index = (handle & 0xFFFF_FFFF) as usize;
-        if kind != self.kind || index == 0 || index > CHUNK * CHUNKS {
+        if (handle >> KIND_SHIFT) as u8 != self.kind {
             return None;
         }
-        Some((index - 1, ((handle >> 32) as u32) & GENERATION_MASK))
+        Some((
+            (handle & INDEX_MASK) as usize,
+            (handle >> INDEX_BITS) as u32,
+        ))
     }
 
     #[inline(always)]
@@ -135,7 +161,7 @@ impl<T> Registry<T> {
         let slot = self.slot(index)?;
         // Acquire: pairs with the Release store that published the value.
         let g = slot.generation.load(Ordering::Acquire);
-        if g & 1 == 0 || g & GENERATION_MASK != generation {
+        if g & 1 == 0 || g != generation {
             return None;
         }
         // SAFETY: live (checked above); the value is not written until the
@@ -195,14 +221,30 @@ impl<T> Registry<T> {
         // SAFETY: the generation is even (free slot): no lookup reads the
         // value, and writers hold `free`.
         unsafe { *slot.value.get() = Some(value) };
-        let g = slot.generation.load(Ordering::Relaxed).wrapping_add(1);
+        // A free slot is even and not retired (`vacate`), so this is odd
+        // and never 1 twice.
+        let g = slot.generation.load(Ordering::Relaxed) + 1;
         // Release: publishes the value to lookups.
         slot.generation.store(g, Ordering::Release);
-        Ok(
-            ((self.kind as u64) << 56)
-                | (((g & GENERATION_MASK) as u64) << 32)
-                | (index as u64 + 1),
-        )
+        Ok(self.encode(index, g))
+    }
+
+    /// Empty the live slot `index` (the caller holds `free`): its
+    /// generation moves on, so its handles are refused from now on, and it
+    /// goes back on the free list — unless that was its last life (the
+    /// generation wrapped to 0): then it is retired, so that no handle of
+    /// it is ever accepted again.
+    fn vacate(&self, free: &mut Vec<u32>, index: usize) -> T {
+        let slot = self.slot(index).expect("a used slot has a chunk");
+        // Relaxed: lookups that see the even generation fail without
+        // reading the value; the lock orders writers.
+        let was = slot.generation.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: no longer live; writers hold `free`.
+        let value = unsafe { (*slot.value.get()).take() }.expect("a live slot holds a value");
+        if was != u32::MAX {
+            free.push(index as u32);
+        }
+        value
     }
 
     /// Release a handle: its object, or the stale-handle error (a second
@@ -211,14 +253,7 @@ impl<T> Registry<T> {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         self.get(handle)?;
         let (index, _) = self.decode(handle).expect("decoded by get");
-        let slot = self.slot(index).expect("found by get");
-        // Relaxed: lookups that see the even generation fail without
-        // reading the value; the lock orders writers.
-        slot.generation.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: no longer live; writers hold `free`.
-        let value = unsafe { (*slot.value.get()).take() }.expect("a live slot holds a value");
-        free.0.push(index as u32);
-        Ok(value)
+        Ok(self.vacate(&mut free.0, index))
     }
 
     /// Release every live handle whose object satisfies `which`; their
@@ -232,11 +267,9 @@ impl<T> Registry<T> {
                 continue;
             }
             // SAFETY: live, and writers hold `free`.
-            let value = unsafe { &mut *slot.value.get() };
+            let value = unsafe { &*slot.value.get() };
             if value.as_ref().is_some_and(&which) {
-                slot.generation.fetch_add(1, Ordering::Relaxed);
-                taken.extend(value.take());
-                free.0.push(index as u32);
+                taken.push(self.vacate(&mut free.0, index));
             }
         }
         taken
@@ -244,8 +277,98 @@ impl<T> Registry<T> {
 }
 
 #[cfg(test)]
+impl<T> Registry<T> {
+    /// Make the free slot `index` look as if it had been filled and
+    /// emptied until now `reuses` times after its first life: its next
+    /// object gets generation `2 · reuses + 1`, as `reuses` insert/remove
+    /// cycles would give it (2^31 of them take minutes).
+    fn set_reuses(&self, index: usize, reuses: u32) {
+        let free = self.free.lock().unwrap();
+        assert!(free.0.contains(&(index as u32)), "slot {index} is free");
+        let slot = self.slot(index).expect("a used slot has a chunk");
+        slot.generation.store(2 * reuses, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The slot a handle names.
+    fn slot_of(handle: u64) -> u64 {
+        handle & INDEX_MASK
+    }
+
+    #[test]
+    fn a_released_handle_is_refused_through_every_reuse_of_its_slot() {
+        let r: Registry<u32> = Registry::new(7, "test");
+        let first = r.insert(0).unwrap();
+        r.remove(first).unwrap();
+        // The edges of a 24-bit generation that goes up by 2 (2^23 reuses)
+        // and of one that goes up by 1 (2^24), each side, and the last life
+        // of the slot.
+        let edges = [
+            1,
+            (1 << 23) - 1,
+            1 << 23,
+            (1 << 23) + 1,
+            (1 << 24) - 1,
+            1 << 24,
+            (1 << 24) + 1,
+            (1 << 31) - 2,
+            (1 << 31) - 1,
+        ];
+        for reuses in edges {
+            r.set_reuses(slot_of(first) as usize, reuses);
+            let now = r.insert(reuses).unwrap();
+            assert_eq!(slot_of(now), slot_of(first), "reuse {reuses}: same slot");
+            assert_eq!(*r.get(now).unwrap(), reuses);
+            if let Ok(v) = r.get(first) {
+                panic!("reuse {reuses}: the first handle names the slot's new object ({v})");
+            }
+            r.remove(now).unwrap();
+        }
+    }
+
+    /// A slot's first handle (released) and the handle of its last life
+    /// (live, holding 1).
+    fn first_and_last_life(r: &Registry<u32>) -> (u64, u64) {
+        let first = r.insert(0).unwrap();
+        r.remove(first).unwrap();
+        r.set_reuses(slot_of(first) as usize, (1 << 31) - 1);
+        let last = r.insert(1).unwrap();
+        assert_eq!(slot_of(last), slot_of(first));
+        assert_eq!(
+            last >> INDEX_BITS & u64::from(u32::MAX),
+            u64::from(u32::MAX)
+        );
+        (first, last)
+    }
+
+    #[test]
+    fn a_slot_is_retired_after_its_last_life_instead_of_wrapping() {
+        let r: Registry<u32> = Registry::new(7, "test");
+        let (first, last) = first_and_last_life(&r);
+        r.remove(last).unwrap();
+        // The next object goes elsewhere; neither handle of the old slot
+        // comes back, however many objects follow.
+        for i in 2..100 {
+            let next = r.insert(i).unwrap();
+            assert_ne!(slot_of(next), slot_of(first), "the retired slot was reused");
+            assert!(r.get(first).is_err() && r.get(last).is_err());
+            r.remove(next).unwrap();
+        }
+    }
+
+    #[test]
+    fn remove_where_retires_a_slot_after_its_last_life() {
+        let r: Registry<u32> = Registry::new(7, "test");
+        let (first, last) = first_and_last_life(&r);
+        assert_eq!(r.remove_where(|_| true), vec![1]);
+        let next = r.insert(2).unwrap();
+        assert_ne!(slot_of(next), slot_of(first));
+        assert!(r.get(first).is_err() && r.get(last).is_err());
+    }
 
     #[test]
     fn a_released_handle_is_refused_and_its_slot_reused_with_a_new_generation() {
@@ -256,7 +379,7 @@ mod tests {
         assert_eq!(r.get(a).unwrap_err().code, SPLITCOUNT_E_HANDLE);
         assert_eq!(r.remove(a).unwrap_err().code, SPLITCOUNT_E_HANDLE);
         let b = r.insert(2).unwrap();
-        assert_eq!(a & 0xFFFF_FFFF, b & 0xFFFF_FFFF, "same slot");
+        assert_eq!(a & INDEX_MASK, b & INDEX_MASK, "same slot");
         assert_ne!(a, b);
         assert!(r.get(a).is_err());
         assert_eq!(*r.get(b).unwrap(), 2);

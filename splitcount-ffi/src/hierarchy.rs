@@ -1,5 +1,5 @@
-//! Hierarchies: create, destroy, the root, lookup by path, stat item ids,
-//! draining the stocks.
+//! Hierarchies: create (with the stock's batch and slots), destroy, the
+//! root, lookup by path, stat item ids, draining the stocks.
 
 use crate::error::{
     put, run, text, Error, Result, SPLITCOUNT_E_INVALID, SPLITCOUNT_E_NOT_FOUND, SPLITCOUNT_E_NULL,
@@ -28,6 +28,25 @@ pub struct splitcount_stat_item {
 pub const SPLITCOUNT_STAT_GAUGE: u32 = 0;
 /// A stat item that only counts up (events).
 pub const SPLITCOUNT_STAT_EVENT: u32 = 1;
+
+/// The stock batch of `splitcount_hierarchy_create` (Rust's
+/// `HierarchyConfig::default()`): right for units counted one by one
+/// (pages, objects, requests). A charge larger than the batch never comes
+/// from the stock, so for bytes use `SPLITCOUNT_STOCK_BATCH_BYTES`.
+pub const SPLITCOUNT_STOCK_BATCH_DEFAULT: u64 = 64;
+/// The stock batch recommended for a hierarchy charged in bytes: 64 KiB,
+/// so that charges of typical allocation sizes (100 B to 4 KiB, anything
+/// under 64 KiB) are served from the CPU's stock, and what is stocked per
+/// group and CPU stays at most 64 KiB (as the preload's byte stock).
+pub const SPLITCOUNT_STOCK_BATCH_BYTES: u64 = 65536;
+/// The largest stock batch (a stock slot keeps its units in 32 bits).
+pub const SPLITCOUNT_STOCK_BATCH_MAX: u64 = u32::MAX as u64;
+/// The most groups a CPU's stock holds at once (one 128-byte block); the
+/// slots of `splitcount_hierarchy_create`.
+pub const SPLITCOUNT_STOCK_SLOTS_MAX: u32 = 7;
+
+const _: () = assert!(SPLITCOUNT_STOCK_BATCH_MAX == splitcount::raw::MAX_STOCK_BATCH);
+const _: () = assert!(SPLITCOUNT_STOCK_SLOTS_MAX as usize == splitcount::raw::MAX_STOCK_SLOTS);
 
 /// What a hierarchy handle holds.
 pub(crate) struct HierarchyEntry {
@@ -58,8 +77,12 @@ pub(crate) fn hierarchy(h: *mut splitcount_hierarchy) -> Result<&'static Hierarc
 
 /// Create a hierarchy with only a root group, whose groups carry the
 /// `count` stat items of `items` (`items` may be NULL when `count` is 0).
-/// Stock: 7 groups per CPU, batch 64. On success `*out` is its handle;
-/// destroy it with `splitcount_hierarchy_destroy`.
+/// Stock: `SPLITCOUNT_STOCK_SLOTS_MAX` (7) groups per CPU, batch
+/// `SPLITCOUNT_STOCK_BATCH_DEFAULT` (64 units) — for units counted one by
+/// one; a hierarchy charged in bytes wants
+/// `splitcount_hierarchy_create_with` and `SPLITCOUNT_STOCK_BATCH_BYTES`.
+/// On success `*out` is its handle; destroy it with
+/// `splitcount_hierarchy_destroy`.
 ///
 /// Thread-safe.
 ///
@@ -73,34 +96,96 @@ pub unsafe extern "C" fn splitcount_hierarchy_create(
     out: *mut *mut splitcount_hierarchy,
 ) -> c_int {
     run("splitcount_hierarchy_create", || {
-        let items: &[splitcount_stat_item] = match (items.is_null(), count) {
-            (_, 0) => &[],
-            (true, _) => return Err(Error::new(SPLITCOUNT_E_NULL, "items is NULL")),
-            // SAFETY: `count` items by the caller's contract.
-            (false, n) => unsafe { std::slice::from_raw_parts(items, n) },
-        };
-        let mut schema = Vec::with_capacity(items.len());
-        for (i, item) in items.iter().enumerate() {
-            // SAFETY: NUL-terminated by the caller's contract.
-            let name = unsafe { text(item.name, &format!("items[{i}].name")) }?;
-            schema.push(match item.kind {
-                SPLITCOUNT_STAT_GAUGE => StatItem::gauge(name),
-                SPLITCOUNT_STAT_EVENT => StatItem::event(name),
-                k => {
-                    return Err(Error::new(
-                        SPLITCOUNT_E_INVALID,
-                        format!(
-                            "items[{i}].kind is {k}: SPLITCOUNT_STAT_GAUGE (0) or \
-                             SPLITCOUNT_STAT_EVENT (1)"
-                        ),
-                    ))
-                }
-            });
-        }
-        let h = Hierarchy::new(HierarchyConfig::default().stats(schema))?;
         // SAFETY: the caller's contract.
-        unsafe { HIERARCHIES.hand_out(HierarchyEntry::new(h), out) }
+        unsafe { create(items, count, HierarchyConfig::default(), out) }
     })
+}
+
+/// `splitcount_hierarchy_create` with the per-CPU stock's shape: a charge
+/// that misses its CPU's stock charges `stock_batch` units to the usage
+/// counters at once and keeps the surplus there, for the next charges on
+/// that CPU (the kernel's `MEMCG_CHARGE_BATCH`); each CPU's stock holds the
+/// units of up to `stock_slots` groups at once.
+///
+/// - `stock_batch`: 1 to `SPLITCOUNT_STOCK_BATCH_MAX`. A charge larger
+///   than the batch never comes from the stock, and one of at least the
+///   batch that misses it is charged exactly, through the usage counters,
+///   leaving nothing stocked; so the batch should be well above the usual
+///   charge: `SPLITCOUNT_STOCK_BATCH_BYTES` (64 KiB) for bytes,
+///   `SPLITCOUNT_STOCK_BATCH_DEFAULT` (64) for pages or objects.
+/// - `stock_slots`: 1 to `SPLITCOUNT_STOCK_SLOTS_MAX` (7); more groups
+///   charged from one CPU than slots evict each other.
+///
+/// Other values are `SPLITCOUNT_E_INVALID` (nothing is created).
+///
+/// **Slack.** Stocked units are charged, so no limit is passed because of
+/// them, but usage runs ahead of what is in use: by at most `stock_batch`
+/// units per CPU for one group (`splitcount_group_stocked`), and at most
+/// `stock_batch × stock_slots × CPUs` for the whole hierarchy — with 64 KiB,
+/// 7 slots and 64 CPUs, 4 MiB for a group and 28 MiB in all. A charge
+/// refused by a limit drains the stocked units of the refusing group's
+/// subtree first; `splitcount_group_usage_exact` reads the usage without
+/// them.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// As `splitcount_hierarchy_create`.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_hierarchy_create_with(
+    items: *const splitcount_stat_item,
+    count: usize,
+    stock_batch: u64,
+    stock_slots: u32,
+    out: *mut *mut splitcount_hierarchy,
+) -> c_int {
+    run("splitcount_hierarchy_create_with", || {
+        let config = HierarchyConfig::default()
+            .stock_batch(stock_batch)
+            .stock_slots(stock_slots as usize);
+        // SAFETY: the caller's contract.
+        unsafe { create(items, count, config, out) }
+    })
+}
+
+/// The body of the `create` functions: `config` with the stat items of
+/// `items`.
+///
+/// # Safety
+/// As `splitcount_hierarchy_create`.
+unsafe fn create(
+    items: *const splitcount_stat_item,
+    count: usize,
+    config: HierarchyConfig,
+    out: *mut *mut splitcount_hierarchy,
+) -> Result<()> {
+    let items: &[splitcount_stat_item] = match (items.is_null(), count) {
+        (_, 0) => &[],
+        (true, _) => return Err(Error::new(SPLITCOUNT_E_NULL, "items is NULL")),
+        // SAFETY: `count` items by the caller's contract.
+        (false, n) => unsafe { std::slice::from_raw_parts(items, n) },
+    };
+    let mut schema = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        // SAFETY: NUL-terminated by the caller's contract.
+        let name = unsafe { text(item.name, &format!("items[{i}].name")) }?;
+        schema.push(match item.kind {
+            SPLITCOUNT_STAT_GAUGE => StatItem::gauge(name),
+            SPLITCOUNT_STAT_EVENT => StatItem::event(name),
+            k => {
+                return Err(Error::new(
+                    SPLITCOUNT_E_INVALID,
+                    format!(
+                        "items[{i}].kind is {k}: SPLITCOUNT_STAT_GAUGE (0) or \
+                         SPLITCOUNT_STAT_EVENT (1)"
+                    ),
+                ))
+            }
+        });
+    }
+    let h = Hierarchy::new(config.stats(schema))?;
+    // SAFETY: the caller's contract.
+    unsafe { HIERARCHIES.hand_out(HierarchyEntry::new(h), out) }
 }
 
 /// Destroy a hierarchy handle and every group handle obtained through it
@@ -214,4 +299,21 @@ pub unsafe extern "C" fn splitcount_hierarchy_drain_stocks(
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_batch_is_the_rust_default() {
+        assert_eq!(
+            SPLITCOUNT_STOCK_BATCH_DEFAULT,
+            HierarchyConfig::default().stock_batch
+        );
+        assert_eq!(
+            SPLITCOUNT_STOCK_SLOTS_MAX as usize,
+            HierarchyConfig::default().stock_slots
+        );
+    }
 }

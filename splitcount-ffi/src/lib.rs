@@ -39,6 +39,7 @@ mod handle;
 mod hierarchy;
 mod preload;
 mod scope;
+mod version;
 
 pub use counter::*;
 pub use error::*;
@@ -46,6 +47,7 @@ pub use group::*;
 pub use hierarchy::*;
 pub use preload::*;
 pub use scope::*;
+pub use version::*;
 
 /// A hierarchy of groups (opaque: a checked handle, never dereferenced).
 #[allow(non_camel_case_types)]

@@ -2,9 +2,11 @@
  * destroyed, released, removed, of another kind, made up) that must give
  * an error code and never a crash. Exits 0 and prints "api_test: N checks
  * passed" when every check holds. */
+#define _GNU_SOURCE /* sched_getcpu, sched_setaffinity */
 #include "check.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -63,7 +65,8 @@ static void counters(void) {
   /* A stale handle whose slot now holds another counter. */
   splitcount_counter *again = NULL;
   OK(splitcount_counter_create(SPLITCOUNT_DESIGN_ATOMIC, 0, &again));
-  CHECK(((uintptr_t)again & 0xFFFFFFFF) == ((uintptr_t)c & 0xFFFFFFFF));
+  /* (The slot index is a handle's low 24 bits.) */
+  CHECK(((uintptr_t)again & 0xFFFFFF) == ((uintptr_t)c & 0xFFFFFF));
   FAILS(splitcount_counter_add(c, 1), SPLITCOUNT_E_HANDLE);
   FAILS(splitcount_counter_destroy(c), SPLITCOUNT_E_HANDLE);
   OK(splitcount_counter_add(again, 1));
@@ -227,6 +230,189 @@ static void groups(void) {
   FAILS(splitcount_hierarchy_create(bad_items, 1, &h), SPLITCOUNT_E_INVALID);
 }
 
+/* Keep the calling thread on the CPU it runs on, so that its charges meet
+ * one CPU's stock. */
+static void stay_on_this_cpu(void) {
+  int cpu = sched_getcpu();
+  CHECK(cpu >= 0);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  CHECK(sched_setaffinity(0, sizeof set, &set) == 0);
+}
+
+/* usage counts what the stocks hold; usage_exact does not, and needs no
+ * drain. */
+static void exact_reads(void) {
+  splitcount_hierarchy *h = NULL;
+  splitcount_group *root = NULL, *tenant = NULL, *query = NULL;
+  OK(splitcount_hierarchy_create(NULL, 0, &h));
+  OK(splitcount_hierarchy_root(h, &root));
+  OK(splitcount_group_child(root, "tenant", &tenant));
+  OK(splitcount_group_child(tenant, "query", &query));
+  uint64_t usage = 0, exact = 1, stocked = 0, below = 0;
+
+  /* A symmetric charge and uncharge: usage keeps a batch per CPU that
+   * charged, the exact read is 0. */
+  OK(splitcount_group_try_charge(query, 10));
+  OK(splitcount_group_uncharge(query, 10));
+  OK(splitcount_group_usage(query, &usage));
+  CHECK(usage > 0 && usage % SPLITCOUNT_STOCK_BATCH_DEFAULT == 0);
+  OK(splitcount_group_usage_exact(query, &exact));
+  CHECK(exact == 0);
+  OK(splitcount_group_stocked(query, &stocked));
+  CHECK(stocked == usage);
+
+  /* Units in use below a group: its own stock holds none, its subtree's
+   * does; the exact read of every level is what is in use. */
+  OK(splitcount_group_try_charge(query, 10));
+  OK(splitcount_group_try_charge(query, 7));
+  OK(splitcount_group_uncharge(query, 7));
+  OK(splitcount_group_usage(tenant, &usage));
+  OK(splitcount_group_stocked(tenant, &stocked));
+  OK(splitcount_group_stocked_subtree(tenant, &below));
+  CHECK(stocked == 0 && below == usage - 10);
+  OK(splitcount_group_usage_exact(tenant, &exact));
+  CHECK(exact == 10);
+  OK(splitcount_group_usage_exact(root, &exact));
+  CHECK(exact == 10);
+  /* The drain-and-read gives the same number, and leaves usage exact. */
+  OK(splitcount_hierarchy_drain_stocks(h, NULL));
+  OK(splitcount_group_usage(tenant, &usage));
+  CHECK(usage == 10);
+  OK(splitcount_group_usage_exact(tenant, &exact));
+  CHECK(exact == 10);
+  FAILS(splitcount_group_usage_exact(tenant, NULL), SPLITCOUNT_E_NULL);
+  FAILS(splitcount_group_usage_exact(NULL, &exact), SPLITCOUNT_E_HANDLE);
+  FAILS(splitcount_group_stocked(NULL, &stocked), SPLITCOUNT_E_HANDLE);
+  OK(splitcount_hierarchy_destroy(h));
+}
+
+/* A forced charge is outside enforcement, as Rust's Group::force_charge:
+ * past max under either enforcement it counts no max event and records
+ * no breach; check reports only allocations let through by a cooperative
+ * limit (the preload's malloc: splitcount-preload's tests). */
+static void forced_charges(void) {
+  splitcount_hierarchy *h = NULL;
+  splitcount_group *root = NULL, *g = NULL;
+  OK(splitcount_hierarchy_create(NULL, 0, &h));
+  OK(splitcount_hierarchy_root(h, &root));
+  OK(splitcount_group_child(root, "forced", &g));
+  OK(splitcount_group_set_max(g, 1000));
+  uint32_t modes[] = {SPLITCOUNT_ENFORCE_COOPERATIVE, SPLITCOUNT_ENFORCE_REFUSE};
+  for (int i = 0; i < 2; i++) {
+    OK(splitcount_group_set_enforcement(g, modes[i]));
+    splitcount_events before, after;
+    OK(splitcount_group_events(g, &before));
+    OK(splitcount_group_charge(g, 1500));
+    uint64_t usage = 0, exact = 0, max = 0;
+    OK(splitcount_group_usage(g, &usage));
+    OK(splitcount_group_usage_exact(g, &exact));
+    OK(splitcount_group_max(g, &max));
+    CHECK(exact == 1500 && usage > max); /* how a forcing caller sees it */
+    OK(splitcount_group_check(g));
+    OK(splitcount_group_check(root));
+    OK(splitcount_group_events(g, &after));
+    CHECK(after.max == before.max && after.oom == before.oom);
+    /* The limit's verdict is try_charge's: refused either way. */
+    FAILS(splitcount_group_try_charge(g, 1), SPLITCOUNT_E_LIMIT);
+    OK(splitcount_group_check(g));
+    OK(splitcount_group_uncharge(g, 1500));
+    /* (Units the uncharge stocked would serve the next round's try_charge.) */
+    OK(splitcount_hierarchy_drain_stocks(h, NULL));
+  }
+  FAILS(splitcount_group_charge(g, (uint64_t)1 << 60), SPLITCOUNT_E_INVALID);
+  OK(splitcount_hierarchy_destroy(h));
+}
+
+/* Byte charges (100 B to 4 KiB) meet the stock under a 64 KiB batch; they
+ * all miss it under the default batch of 64 units. */
+static void byte_stock(void) {
+  splitcount_hierarchy *h = NULL;
+  FAILS(splitcount_hierarchy_create_with(NULL, 0, 0, 7, &h),
+        SPLITCOUNT_E_INVALID);
+  CHECK(strstr(splitcount_last_error(), "stock batch") != NULL);
+  FAILS(splitcount_hierarchy_create_with(NULL, 0, SPLITCOUNT_STOCK_BATCH_MAX + 1,
+                                         7, &h),
+        SPLITCOUNT_E_INVALID);
+  FAILS(splitcount_hierarchy_create_with(NULL, 0, UINT64_MAX, 7, &h),
+        SPLITCOUNT_E_INVALID);
+  FAILS(splitcount_hierarchy_create_with(NULL, 0, 65536, 0, &h),
+        SPLITCOUNT_E_INVALID);
+  FAILS(splitcount_hierarchy_create_with(NULL, 0, 65536,
+                                         SPLITCOUNT_STOCK_SLOTS_MAX + 1, &h),
+        SPLITCOUNT_E_INVALID);
+  FAILS(splitcount_hierarchy_create_with(NULL, 0, 65536, 7, NULL),
+        SPLITCOUNT_E_NULL);
+  OK(splitcount_hierarchy_create_with(NULL, 0, SPLITCOUNT_STOCK_BATCH_MAX, 1, &h));
+  OK(splitcount_hierarchy_destroy(h));
+
+  stay_on_this_cpu();
+  const uint64_t sizes[] = {100, 1000, 4096};
+  const uint64_t batch = SPLITCOUNT_STOCK_BATCH_BYTES;
+  splitcount_hierarchy *bytes = NULL, *units = NULL;
+  splitcount_group *broot = NULL, *b = NULL, *uroot = NULL, *u = NULL;
+  OK(splitcount_hierarchy_create_with(NULL, 0, batch,
+                                      SPLITCOUNT_STOCK_SLOTS_MAX, &bytes));
+  OK(splitcount_hierarchy_root(bytes, &broot));
+  OK(splitcount_group_child(broot, "bytes", &b));
+  OK(splitcount_hierarchy_create(NULL, 0, &units));
+  OK(splitcount_hierarchy_root(units, &uroot));
+  OK(splitcount_group_child(uroot, "bytes", &u));
+  uint64_t usage = 0, stocked = 0;
+
+  /* The first charge misses: a whole batch is charged, the rest stocked. */
+  OK(splitcount_group_try_charge(b, sizes[0]));
+  OK(splitcount_group_usage(b, &usage));
+  OK(splitcount_group_stocked(b, &stocked));
+  CHECK(usage == batch && stocked == batch - sizes[0]);
+  OK(splitcount_group_uncharge(b, sizes[0]));
+  /* Then every size, charged and uncharged 1000 times, is a stock hit:
+   * the usage never moves. */
+  for (int round = 0; round < 1000; round++) {
+    for (int i = 0; i < 3; i++) {
+      OK(splitcount_group_try_charge(b, sizes[i]));
+      OK(splitcount_group_usage(b, &usage));
+      CHECK(usage == batch);
+      OK(splitcount_group_uncharge(b, sizes[i]));
+    }
+  }
+  OK(splitcount_group_stocked(b, &stocked));
+  CHECK(stocked == batch);
+  OK(splitcount_group_usage_exact(b, &usage));
+  CHECK(usage == 0);
+
+  /* Under the default batch each of them misses, every time: it is
+   * charged to the usage counters exactly, and the stock keeps at most a
+   * batch of 64 units of what the uncharges give back. */
+  for (int round = 0; round < 3; round++) {
+    for (int i = 0; i < 3; i++) {
+      uint64_t was = 0;
+      OK(splitcount_group_usage(u, &was));
+      OK(splitcount_group_try_charge(u, sizes[i]));
+      OK(splitcount_group_usage(u, &usage));
+      CHECK(usage == was + sizes[i]);
+      OK(splitcount_group_uncharge(u, sizes[i]));
+      OK(splitcount_group_stocked(u, &stocked));
+      CHECK(stocked <= SPLITCOUNT_STOCK_BATCH_DEFAULT);
+    }
+  }
+  OK(splitcount_hierarchy_destroy(bytes));
+  OK(splitcount_hierarchy_destroy(units));
+}
+
+/* The header's version macros are the library's version. */
+static void version(void) {
+  char built[64];
+  snprintf(built, sizeof built, "%d.%d.%d", SPLITCOUNT_VERSION_MAJOR,
+           SPLITCOUNT_VERSION_MINOR, SPLITCOUNT_VERSION_PATCH);
+  const char *v = splitcount_version();
+  CHECK(v != NULL);
+  CHECK(strncmp(v, built, strlen(built)) == 0);
+  char next = v[strlen(built)];
+  CHECK(next == '\0' || next == '-' || next == '+');
+}
+
 static void errors(void) {
   CHECK(strcmp(splitcount_status_name(SPLITCOUNT_E_HANDLE),
                "SPLITCOUNT_E_HANDLE") == 0);
@@ -241,6 +427,10 @@ int main(void) {
   counters();
   counter_threads();
   groups();
+  exact_reads();
+  forced_charges();
+  byte_stock();
+  version();
   errors();
   printf("api_test: %d checks passed\n", checks);
   return 0;
