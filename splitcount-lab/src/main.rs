@@ -35,11 +35,12 @@ enum Command {
         json: bool,
     },
     /// Run a benchmark suite in interleaved rounds: `cpu-id`, `percpu`,
-    /// `counters`, `charge`, `stats`, `alloc`, `async`, `groups`, `metrics`,
-    /// `layout`, `ffi` or `noisy`.
+    /// `counters`, `charge`, `fault`, `stats`, `alloc`, `async`, `groups`,
+    /// `metrics`, `layout`, `ffi` or `noisy`.
     Bench {
-        /// The suite: `cpu-id`, `percpu`, `counters`, `charge`, `stats`,
-        /// `alloc`, `async`, `groups`, `metrics`, `layout`, `ffi` or `noisy`
+        /// The suite: `cpu-id`, `percpu`, `counters`, `charge`, `fault`,
+        /// `stats`, `alloc`, `async`, `groups`, `metrics`, `layout`, `ffi` or
+        /// `noisy`
         /// (`layout` always runs two threads, `stats` one and `noisy` one
         /// and two; they ignore `--threads`; for `async` a thread count is
         /// the runtime's worker threads).
@@ -264,6 +265,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 "counters" => bench::counters::run(&threads, &plan),
                 "percpu" => bench::percpu::run(&threads, &plan),
                 "charge" => bench::charge::run(&threads, &plan),
+                "fault" => bench::fault::run(&threads, &plan),
                 "stats" => bench::stats::run(stats_groups(groups)?, &plan),
                 "alloc" => bench::alloc::run(&exe, &threads, &plan),
                 "async" => bench::requests::run(&exe, &threads, &plan),

@@ -317,8 +317,8 @@ fn bad_flags_are_refused_with_the_valid_values() {
         &["bench", "nope"],
         &[
             "\"nope\"",
-            "cpu-id, percpu, counters, charge, stats, alloc, async, groups, metrics, layout, ffi, \
-             noisy",
+            "cpu-id, percpu, counters, charge, fault, stats, alloc, async, groups, metrics, layout, \
+             ffi, noisy",
         ],
     );
     refused(
@@ -401,13 +401,38 @@ fn bench_charge_has_every_case_at_every_thread_count_with_ratios_to_no_accountin
         "charge",
         &["--threads", "1,2", "--seconds", "0.03", "--rounds", "3"],
     );
+    let rseq = splitcount_lab::bench::bare_rseq::BareRseq::new().is_some();
     for case in splitcount_lab::bench::charge::CASES {
+        if case == splitcount_lab::bench::charge::BARE_RSEQ && !rseq {
+            continue;
+        }
         for t in [1, 2] {
             let l = line(&lines, case, t);
             assert!(l["ops_per_sec"].as_f64().unwrap() > 0.0);
             assert_eq!(l["baseline"], "no-accounting");
         }
     }
+}
+
+/// `bench fault` prints every case at every thread count, per fault, with
+/// faults per second as a share of no accounting's.
+#[test]
+fn bench_fault_reports_every_case_per_fault_as_a_share_of_no_accounting() {
+    let lines = bench_json(
+        "fault",
+        &["--threads", "1,2", "--seconds", "0.03", "--rounds", "3"],
+    );
+    for case in splitcount_lab::bench::fault::CASES {
+        for t in [1, 2] {
+            let l = line(&lines, case, t);
+            assert_eq!(l["suite"], "fault");
+            assert_eq!(l["baseline"], "no-accounting");
+            for key in ["ns_per_op", "ops_per_sec", "ratio", "low", "high"] {
+                assert!(l[key].as_f64().unwrap() > 0.0, "{case}: {key} in {l}");
+            }
+        }
+    }
+    assert_eq!(line(&lines, "no-accounting", 1)["ratio"], 1.0);
 }
 
 #[test]

@@ -23,7 +23,12 @@
 //!   1 slot (the kernel before 6.16) or 7. With 4 tenants, 7 slots keep every
 //!   tenant's units and 1 slot misses on every op; with 8 tenants, more than
 //!   the slots, round-robin eviction makes both miss.
+//! - `bare-rseq` (the floor): the page write and two bare per-CPU rseq adds
+//!   ([`super::bare_rseq`]), +1 for the charge and −1 for the uncharge —
+//!   the least any per-CPU stock can do per op; only where glibc
+//!   registered rseq.
 
+use super::bare_rseq::BareRseq;
 use super::{Bench, Entry};
 use crate::timing::{measure, Plan};
 use splitcount::group::{Group, Hierarchy, HierarchyConfig};
@@ -31,6 +36,9 @@ use std::hint::black_box;
 
 /// The baseline every case is divided by.
 pub const BASELINE: &str = "no-accounting";
+
+/// The floor: two bare rseq adds per op.
+pub const BARE_RSEQ: &str = "bare-rseq";
 
 /// Pages in a thread's pool, and charges outstanding before uncharging.
 const POOL: usize = 64;
@@ -45,9 +53,11 @@ const MISS_GROUPS: usize = 12;
 /// charged this many ops before.
 const MISS_WINDOW: usize = 256;
 
-/// The cases, in table order.
-pub const CASES: [&str; 8] = [
+/// The cases, in table order (`bare-rseq` only where glibc registered
+/// rseq).
+pub const CASES: [&str; 9] = [
     BASELINE,
+    BARE_RSEQ,
     "usage-counter",
     "stock",
     "stock-misses",
@@ -85,14 +95,27 @@ impl Pages {
 
 /// Units a thread holds charged, per group, returned when the thread's
 /// operation is dropped (after its timed loop), so usage stays bounded.
-struct Held<'g> {
+/// `direct`: on the usage counters (`usage-counter`), not through the
+/// stock.
+pub(super) struct Held<'g> {
     groups: &'g [Group],
     held: Vec<u64>,
     direct: bool,
 }
 
 impl<'g> Held<'g> {
-    fn new(groups: &'g [Group], direct: bool) -> Held<'g> {
+    /// Thread `t`'s share of `groups`: the `per_thread` after the first
+    /// `t · per_thread`.
+    pub(super) fn of_thread(
+        groups: &'g [Group],
+        per_thread: usize,
+        t: usize,
+        direct: bool,
+    ) -> Held<'g> {
+        Held::new(&groups[t * per_thread..(t + 1) * per_thread], direct)
+    }
+
+    pub(super) fn new(groups: &'g [Group], direct: bool) -> Held<'g> {
         Held {
             groups,
             held: vec![0; groups.len()],
@@ -101,7 +124,7 @@ impl<'g> Held<'g> {
     }
 
     #[inline]
-    fn charge(&mut self, i: usize, n: u64) {
+    pub(super) fn charge(&mut self, i: usize, n: u64) {
         let g = &self.groups[i];
         if self.direct {
             splitcount::raw::usage_counter(g)
@@ -113,8 +136,15 @@ impl<'g> Held<'g> {
         self.held[i] += n;
     }
 
+    /// The usage of the groups together (their counters: stocked units
+    /// included).
+    #[cfg(test)]
+    pub(super) fn groups_usage(&self) -> u64 {
+        self.groups.iter().map(Group::usage).sum()
+    }
+
     #[inline]
-    fn uncharge(&mut self, i: usize, n: u64) {
+    pub(super) fn uncharge(&mut self, i: usize, n: u64) {
         let g = &self.groups[i];
         if self.direct {
             splitcount::raw::usage_counter(g).uncharge(n);
@@ -144,9 +174,8 @@ fn tenants<'a>(
     direct: bool,
 ) -> Entry<'a> {
     Entry::new(case, threads, move |t| {
-        let mine = &groups[t * per_thread..(t + 1) * per_thread];
         let mut pages = Pages::new();
-        let mut held = Held::new(mine, direct);
+        let mut held = Held::of_thread(groups, per_thread, t, direct);
         let mut turn = 0;
         let mut outstanding = 0;
         move || {
@@ -168,9 +197,8 @@ fn tenants<'a>(
 /// [`MISS_WINDOW`] ops before.
 fn misses<'a>(threads: usize, groups: &'a [Group]) -> Entry<'a> {
     Entry::new("stock-misses", threads, move |t| {
-        let mine = &groups[t * MISS_GROUPS..(t + 1) * MISS_GROUPS];
         let mut pages = Pages::new();
-        let mut held = Held::new(mine, false);
+        let mut held = Held::of_thread(groups, MISS_GROUPS, t, false);
         // Which group each of the last MISS_WINDOW ops charged.
         let mut window = [usize::MAX; MISS_WINDOW];
         let mut op = 0usize;
@@ -190,7 +218,7 @@ fn misses<'a>(threads: usize, groups: &'a [Group]) -> Entry<'a> {
 
 /// `count` children of `parent` (the hierarchy's `/bench`: two levels
 /// deep), named `{prefix}{i}`.
-fn groups(parent: &Group, prefix: &str, count: usize) -> Result<Vec<Group>, String> {
+pub(super) fn groups(parent: &Group, prefix: &str, count: usize) -> Result<Vec<Group>, String> {
     (0..count)
         .map(|i| {
             parent
@@ -201,7 +229,7 @@ fn groups(parent: &Group, prefix: &str, count: usize) -> Result<Vec<Group>, Stri
 }
 
 /// A hierarchy with `slots` stock slots per CPU, and its `/bench` group.
-fn hierarchy(slots: usize) -> Result<(Hierarchy, Group), String> {
+pub(super) fn hierarchy(slots: usize) -> Result<(Hierarchy, Group), String> {
     let h =
         Hierarchy::new(HierarchyConfig::default().stock_slots(slots)).map_err(|e| e.to_string())?;
     let bench = h.root().child("bench").map_err(|e| e.to_string())?;
@@ -219,6 +247,7 @@ pub fn run(threads: &[usize], plan: &Plan) -> Result<Bench, String> {
     let tenants_of = |parent: &Group, n: usize| groups(parent, &format!("t{n}-"), most * n);
     let (four_1, four_7) = (tenants_of(&one_slot, 4)?, tenants_of(&seven_slots, 4)?);
     let (eight_1, eight_7) = (tenants_of(&one_slot, 8)?, tenants_of(&seven_slots, 8)?);
+    let bare = BareRseq::new();
 
     let mut entries = Vec::new();
     for &t in threads {
@@ -226,6 +255,16 @@ pub fn run(threads: &[usize], plan: &Plan) -> Result<Bench, String> {
             let mut pages = Pages::new();
             move || pages.touch()
         }));
+        if let Some(bare) = &bare {
+            entries.push(Entry::new(BARE_RSEQ, t, move |_| {
+                let mut pages = Pages::new();
+                move || {
+                    pages.touch();
+                    bare.add(black_box(1));
+                    bare.add(black_box(-1));
+                }
+            }));
+        }
         entries.push(tenants("usage-counter", t, &shared, 1, true));
         entries.push(tenants("stock", t, &shared, 1, false));
         entries.push(misses(t, &missing));
@@ -251,6 +290,11 @@ mod tests {
         };
         let bench = run(&[1], &plan).unwrap();
         let cases: Vec<&str> = bench.records.iter().map(|r| r.case.as_str()).collect();
-        assert_eq!(cases, CASES);
+        let rseq = BareRseq::new().is_some();
+        let expected: Vec<&str> = CASES
+            .into_iter()
+            .filter(|&c| rseq || c != BARE_RSEQ)
+            .collect();
+        assert_eq!(cases, expected);
     }
 }

@@ -14,6 +14,7 @@ pub mod bare_rseq;
 pub mod charge;
 pub mod counters;
 pub mod cpu_id;
+pub mod fault;
 pub mod ffi;
 pub mod groups;
 pub mod layout;
@@ -31,9 +32,9 @@ use std::time::Duration;
 pub use crate::timing::Entry;
 
 /// The suites of `bench`, in the order the CLI lists them.
-pub const SUITES: [&str; 12] = [
-    "cpu-id", "percpu", "counters", "charge", "stats", "alloc", "async", "groups", "metrics",
-    "layout", "ffi", "noisy",
+pub const SUITES: [&str; 13] = [
+    "cpu-id", "percpu", "counters", "charge", "fault", "stats", "alloc", "async", "groups",
+    "metrics", "layout", "ffi", "noisy",
 ];
 
 /// One case of a suite at a thread count, over all rounds.
@@ -52,7 +53,8 @@ pub struct Record {
     pub ops_per_sec: f64,
     /// Median over rounds of `ns_per_op` ÷ the baseline's in the same round
     /// (in `noisy`, a `*-healthy` row's is its `ops_per_sec` ÷ the
-    /// baseline's: see [`noisy`]).
+    /// baseline's: see [`noisy`]; in `fault`, faults per second per thread
+    /// ÷ the baseline's, the inverse: see [`fault`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio: Option<f64>,
     /// The case `ratio` is relative to.

@@ -113,6 +113,16 @@ fn hypervisor_signature() -> Option<String> {
 /// Whether a hardware performance counter (CPU cycles, this thread, user
 /// space) can be opened, and if not, why.
 pub fn perf_counters() -> String {
+    match hardware_counter(0) {
+        Ok(()) => "available (CPU cycles can be counted)".to_owned(),
+        Err(why) => why,
+    }
+}
+
+/// Open (and close) the hardware counter `config` (`PERF_COUNT_HW_*`:
+/// 0 CPU cycles, 3 cache misses) for this thread in user space, or say in
+/// words why it cannot be opened.
+pub fn hardware_counter(config: u64) -> Result<(), String> {
     #[cfg(target_os = "linux")]
     {
         // `struct perf_event_attr`, zeroed: type (u32) at byte 0, size
@@ -121,8 +131,8 @@ pub fn perf_counters() -> String {
         const PERF_TYPE_HARDWARE: u64 = 0;
         const SIZE: u64 = 128;
         attr[0] = PERF_TYPE_HARDWARE | (SIZE << 32);
-        attr[1] = 0; // PERF_COUNT_HW_CPU_CYCLES
-                     // disabled (bit 0), exclude_kernel (5), exclude_hv (6)
+        attr[1] = config;
+        // disabled (bit 0), exclude_kernel (5), exclude_hv (6)
         attr[5] = 1 | 1 << 5 | 1 << 6;
         // SAFETY: `attr` is a zeroed perf_event_attr of the size it states;
         // pid 0 / cpu -1: this thread on any CPU; no group, no flags.
@@ -139,13 +149,13 @@ pub fn perf_counters() -> String {
         if fd >= 0 {
             // SAFETY: `fd` was just opened by us and is closed once.
             unsafe { libc::close(fd as libc::c_int) };
-            return "available (CPU cycles can be counted)".to_owned();
+            return Ok(());
         }
         let err = std::io::Error::last_os_error();
         let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
             .map(|s| s.trim().to_owned())
             .unwrap_or_else(|_| "?".into());
-        match err.raw_os_error() {
+        Err(match err.raw_os_error() {
             Some(libc::ENOENT) | Some(libc::EOPNOTSUPP) | Some(libc::ENODEV) => {
                 "not available (no hardware PMU exposed: common in virtual machines)".to_owned()
             }
@@ -154,11 +164,12 @@ pub fn perf_counters() -> String {
             }
             Some(libc::ENOSYS) => "not available (no perf_event_open system call)".to_owned(),
             _ => format!("not available ({err})"),
-        }
+        })
     }
     #[cfg(not(target_os = "linux"))]
     {
-        "not available (not Linux)".to_owned()
+        let _ = config;
+        Err("not available (not Linux)".to_owned())
     }
 }
 

@@ -15,7 +15,7 @@
 //! The README shows the same table: [`readme_table`] generates it, and a
 //! test checks the README holds exactly that.
 
-use crate::bench::{charge, counters, groups, noisy, percpu, requests, stats};
+use crate::bench::{charge, counters, fault, groups, noisy, percpu, requests, stats};
 use crate::timing::{Figure, Measured};
 use serde::Serialize;
 
@@ -150,6 +150,23 @@ const fn cost(
     }
 }
 
+/// A `fault` case's faults per second at `threads` ≥ 0.97× no
+/// accounting's: a real fault costs microseconds, so accounting should
+/// vanish in it (the seed's stock read 0.85×).
+const fn faults(name: &'static str, case: &'static str, threads: usize) -> Target {
+    Target {
+        name,
+        suite: fault::SUITE,
+        measure: Measure::Speedup {
+            case,
+            baseline: fault::BASELINE,
+            threads,
+        },
+        bound: Bound::AtLeast(0.97),
+        on_siblings: None,
+    }
+}
+
 /// Every target, in the order the verdicts are shown.
 pub const TARGETS: &[Target] = &[
     cost(
@@ -168,6 +185,26 @@ pub const TARGETS: &[Target] = &[
         2,
         1.05,
     ),
+    cost(
+        "charge: stock vs the bare rseq floor, 1 thread",
+        "charge",
+        "stock",
+        charge::BARE_RSEQ,
+        1,
+        1.05,
+    ),
+    cost(
+        "charge: stock vs the bare rseq floor, 2 threads",
+        "charge",
+        "stock",
+        charge::BARE_RSEQ,
+        2,
+        1.05,
+    ),
+    faults("fault: stock, 1 thread", "stock", 1),
+    faults("fault: stock, 2 threads", "stock", 2),
+    faults("fault: 32 tenants, 1 thread", "32-tenants", 1),
+    faults("fault: 32 tenants, 2 threads", "32-tenants", 2),
     cost(
         "allocator: 16–512 B, 1 thread",
         "alloc",
@@ -756,6 +793,7 @@ mod tests {
         use crate::bench::alloc::{case, Workload};
         let names: Vec<String> = match suite {
             "charge" => charge::CASES.iter().map(|c| c.to_string()).collect(),
+            "fault" => fault::CASES.iter().map(|c| c.to_string()).collect(),
             "counters" => counters::CASES.iter().map(|c| c.to_string()).collect(),
             "stats" => stats::CASES.iter().map(|c| c.to_string()).collect(),
             "percpu" => percpu::CASES.iter().map(|c| c.to_string()).collect(),
@@ -864,6 +902,31 @@ mod tests {
             ("beside-cooperative-healthy", 2, &[41.0; 4]),
         ]);
         assert_eq!(t.verdict(&unharmed).status, Status::Met);
+    }
+
+    #[test]
+    fn a_fault_goal_reads_faults_per_second_as_a_share_of_no_accounting() {
+        let t = target("fault: stock, 1 thread");
+        assert_eq!(
+            t.goal(),
+            "stock ≥ 0.97× the throughput of no-accounting, 1 thread"
+        );
+        let slower = measured(&[("no-accounting", 1, &[100.0; 4]), ("stock", 1, &[110.0; 4])]);
+        let v = t.verdict(&slower);
+        assert_eq!(
+            (v.status, v.measured()),
+            (Status::NotMet, "0.91×".to_owned())
+        );
+        let close = measured(&[("no-accounting", 1, &[100.0; 4]), ("stock", 1, &[102.0; 4])]);
+        assert_eq!(t.verdict(&close).status, Status::Met);
+    }
+
+    #[test]
+    fn the_stock_floor_is_not_measured_without_rseq() {
+        let t = target("charge: stock vs the bare rseq floor, 1 thread");
+        assert_eq!(t.goal(), "stock ≤ ×1.05 of bare-rseq, 1 thread");
+        let no_rseq = measured(&[("no-accounting", 1, &[100.0; 4]), ("stock", 1, &[104.0; 4])]);
+        assert_eq!(t.verdict(&no_rseq).status, Status::NotMeasured);
     }
 
     #[test]

@@ -144,6 +144,20 @@ pub const SUITES: &[Suite] = &[
         run: timed::charge,
     },
     Suite {
+        name: "fault",
+        title: "Faults: the kernel's 2009 memcg experiment, real page faults charged",
+        about: "Each op maps 64 anonymous pages, writes a byte to each (a first-touch page \
+                fault, charged one unit as the kernel charges a page), unmaps them and \
+                uncharges: without accounting (the baseline), on the root group, on a child \
+                group's usage counters directly (no stock, the kernel before 2009) and through \
+                the per-CPU stock; then each thread charging 8 or 32 tenants in turn, fault by \
+                fault. Cells: ns per fault (CPU time, the kernel's included) and × the \
+                baseline's faults per second in the same round, beside the seed's table \
+                (faults in 60 s on 8 CPUs, cache misses per fault). Cache misses are not \
+                measured here: the note says whether this machine has the counter.",
+        run: timed::fault,
+    },
+    Suite {
         name: "stats",
         title: "Statistics: a read after few changes in a large tree",
         about: "A tree of 10,000 groups (1,000 in a quick run) four levels deep where 10 \

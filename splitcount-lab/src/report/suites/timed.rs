@@ -1,4 +1,4 @@
-//! The timed suites (`counters`, `layout`, `charge`, `stats`, `alloc`,
+//! The timed suites (`counters`, `layout`, `charge`, `fault`, `stats`, `alloc`,
 //! `ffi`, `async`, `noisy`, `groups`, `percpu`, `cpu-id`): each runs its
 //! `bench` module (interleaved rounds, [`crate::timing`]) and shows the
 //! records as one table — a row per case, a column per thread count, each
@@ -31,6 +31,28 @@ pub fn charge(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
     let b = counted(progress, || bench::charge::run(&[1, 2], &s.plan()))?;
     let mut out = outcome("charge", &b, "op")?;
     out.plots = thread_plots("charge", &b.records, "op")?;
+    Ok(out)
+}
+
+/// `fault`: real page faults, charged as the kernel charges them, at 1
+/// and 2 threads; × is faults per second (higher is better).
+pub fn fault(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
+    let b = counted(progress, || bench::fault::run(&[1, 2], &s.plan()))?;
+    let mut out = outcome(bench::fault::SUITE, &b, "fault")?;
+    out.settings["pages_per_mmap"] = json!(bench::fault::PAGES);
+    out.settings["cache_misses"] = json!(bench::fault::cache_misses());
+    let bars: Vec<Bar> = b
+        .records
+        .iter()
+        .filter(|r| r.baseline.as_deref() != Some(&r.case))
+        .map(|r| ratio_bar(r, format!("{} ({}t)", r.case, r.threads)))
+        .collect();
+    out.plots = vec![plots::bar_chart(
+        "fault: faults per second ÷ no accounting's (median of rounds; 1 is no cost)",
+        "× faults/s",
+        Axis::Linear,
+        &bars,
+    )?];
     Ok(out)
 }
 
@@ -407,7 +429,8 @@ fn table(suite: &str, b: &Bench, op: &str) -> Table {
     if !baselines.is_empty() {
         t.note(format!(
             "×: time per {op} (CPU time) divided by the baseline's at the same thread count in \
-             the same round; ops/s of all threads together are in report.json"
+             the same round, unless a note below says otherwise; ops/s of all threads \
+             together are in report.json"
         ));
     }
     for n in b.notes() {
