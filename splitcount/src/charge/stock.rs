@@ -443,7 +443,14 @@ impl<K: StockKey> Stock<K> {
     /// returns `false`, and [`StockActivity::sealed`] counts the blocks that
     /// now take their lock on every operation.
     pub fn uses_rseq(&self) -> bool {
-        self.mode != Mode::Locks && self.activity.sealed.load(Relaxed) == 0
+        self.mode != Mode::Locks && !self.fell_back()
+    }
+
+    /// Whether a fence failed and some block was sealed ([`Stock::seal`]):
+    /// a `Busy` from a sequence may then mean a sealed block, used under
+    /// its lock. Cold: read only off the hit paths.
+    fn fell_back(&self) -> bool {
+        self.activity.sealed.load(Relaxed) != 0
     }
 
     fn block(&self, cpu: usize) -> &Block {
@@ -478,7 +485,7 @@ impl<K: StockKey> Stock<K> {
                     // A sealed block is locked like in lock mode (from any
                     // CPU: no sequence commits to it). Cold: only after a
                     // fence failed.
-                    Err(stock_rseq::Step::Busy) if self.activity.sealed.load(Relaxed) != 0 => {
+                    Err(stock_rseq::Step::Busy) if self.fell_back() => {
                         let block = self.block(cpu);
                         let restore = block.try_lock_sealed()?;
                         Some(Locked { block, restore })
@@ -615,9 +622,7 @@ impl<K: StockKey> Stock<K> {
                 stock_rseq::Step::Slow => self.consume_locked(cpu(), key, n),
                 // A sealed block (after a failed fence) is used under its
                 // lock; a held one is bypassed.
-                stock_rseq::Step::Busy if self.activity.sealed.load(Relaxed) != 0 => {
-                    self.consume_locked(cpu(), key, n)
-                }
+                stock_rseq::Step::Busy if self.fell_back() => self.consume_locked(cpu(), key, n),
                 _ => Consumed::Busy,
             };
         }

@@ -806,17 +806,19 @@ impl UsageCounter {
     /// usage, or `None` (see the module docs, `set_max` vs `try_charge`).
     #[inline]
     fn add_within_max(&self, n: u64) -> Option<u64> {
-        loop {
+        'read: loop {
             // SeqCst: `setting` before the word and the limit (a refusal is
             // final only if it is even and unchanged after); the word
             // before the limit (a new generation comes with its limit).
             let setting = self.limits.setting.load(SeqCst);
             let mut word = self.hot.usage.load(SeqCst);
             let max = self.limits.max.load(SeqCst);
-            while let Some(new) = (word & VALUE)
-                .checked_add(n)
-                .filter(|&v| v <= max && v <= VALUE)
-            {
+            let fits = |word: u64| {
+                (word & VALUE)
+                    .checked_add(n)
+                    .filter(|&v| v <= max && v <= VALUE)
+            };
+            while let Some(new) = fits(word) {
                 // SeqCst: fails if a setter bumped the generation since
                 // `word` was read — then the limit is read again.
                 match self
@@ -826,16 +828,10 @@ impl UsageCounter {
                 {
                     Ok(_) => return Some(new),
                     Err(seen) if (seen ^ word) & !VALUE == 0 => word = seen,
-                    Err(_) => break,
+                    Err(_) => continue 'read,
                 }
             }
-            // Refused by `max` as read — or a setter got in between.
-            if (word & VALUE)
-                .checked_add(n)
-                .is_some_and(|v| v <= max && v <= VALUE)
-            {
-                continue;
-            }
+            // Refused by `max` as read: final unless a setter ran meanwhile.
             if setting % 2 == 0 && self.limits.setting.load(SeqCst) == setting {
                 return None;
             }
