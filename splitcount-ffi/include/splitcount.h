@@ -175,10 +175,10 @@
 #define SPLITCOUNT_STOCK_BATCH_MAX (uint64_t)UINT32_MAX
 
 /**
- * The most groups a CPU's stock holds at once (one 128-byte block); the
+ * The most groups a CPU's stock holds at once (one 1 KiB block); the
  * slots of `splitcount_hierarchy_create`.
  */
-#define SPLITCOUNT_STOCK_SLOTS_MAX 7
+#define SPLITCOUNT_STOCK_SLOTS_MAX 63
 
 /**
  * The major version of the library this header belongs to (semver: an
@@ -667,8 +667,9 @@ int splitcount_group_flush(splitcount_group *group, bool force, bool *flushed);
 /**
  * Create a hierarchy with only a root group, whose groups carry the
  * `count` stat items of `items` (`items` may be NULL when `count` is 0).
- * Stock: `SPLITCOUNT_STOCK_SLOTS_MAX` (7) groups per CPU, batch
- * `SPLITCOUNT_STOCK_BATCH_DEFAULT` (64 units) — for units counted one by
+ * Stock: `SPLITCOUNT_STOCK_SLOTS_MAX` (63) groups per CPU, batch
+ * `SPLITCOUNT_STOCK_BATCH_DEFAULT` (64 units), at most 7 batches stocked
+ * per CPU in all — for units counted one by
  * one; a hierarchy charged in bytes wants
  * `splitcount_hierarchy_create_with` and `SPLITCOUNT_STOCK_BATCH_BYTES`.
  * On success `*out` is its handle; destroy it with
@@ -687,7 +688,10 @@ int splitcount_hierarchy_create(const splitcount_stat_item *items, size_t count,
  * that misses its CPU's stock charges `stock_batch` units to the usage
  * counters at once and keeps the surplus there, for the next charges on
  * that CPU (the kernel's `MEMCG_CHARGE_BATCH`); each CPU's stock holds the
- * units of up to `stock_slots` groups at once.
+ * units of up to `stock_slots` groups at once, and at most 7 batches of
+ * units in all (its budget): with more groups charging on a CPU than
+ * that, each is granted a share of the budget and its misses charge the
+ * share instead of a batch.
  *
  * - `stock_batch`: 1 to `SPLITCOUNT_STOCK_BATCH_MAX`. A charge larger
  *   than the batch never comes from the stock, and one of at least the
@@ -695,7 +699,7 @@ int splitcount_hierarchy_create(const splitcount_stat_item *items, size_t count,
  *   leaving nothing stocked; so the batch should be well above the usual
  *   charge: `SPLITCOUNT_STOCK_BATCH_BYTES` (64 KiB) for bytes,
  *   `SPLITCOUNT_STOCK_BATCH_DEFAULT` (64) for pages or objects.
- * - `stock_slots`: 1 to `SPLITCOUNT_STOCK_SLOTS_MAX` (7); more groups
+ * - `stock_slots`: 1 to `SPLITCOUNT_STOCK_SLOTS_MAX` (63); more groups
  *   charged from one CPU than slots evict each other.
  *
  * Other values are `SPLITCOUNT_E_INVALID` (nothing is created).
@@ -703,8 +707,9 @@ int splitcount_hierarchy_create(const splitcount_stat_item *items, size_t count,
  * **Slack.** Stocked units are charged, so no limit is passed because of
  * them, but usage runs ahead of what is in use: by at most `stock_batch`
  * units per CPU for one group (`splitcount_group_stocked`), and at most
- * `stock_batch × stock_slots × CPUs` for the whole hierarchy — with 64 KiB,
- * 7 slots and 64 CPUs, 4 MiB for a group and 28 MiB in all. A charge
+ * `stock_batch × 7 × CPUs` for the whole hierarchy, whatever the number
+ * of groups and slots — with 64 KiB and 64 CPUs, 4 MiB for a group and
+ * 28 MiB in all. A charge
  * refused by a limit drains the stocked units of the refusing group's
  * subtree first; `splitcount_group_usage_exact` reads the usage without
  * them.

@@ -41,9 +41,9 @@ pub const SPLITCOUNT_STOCK_BATCH_DEFAULT: u64 = 64;
 pub const SPLITCOUNT_STOCK_BATCH_BYTES: u64 = 65536;
 /// The largest stock batch (a stock slot keeps its units in 32 bits).
 pub const SPLITCOUNT_STOCK_BATCH_MAX: u64 = u32::MAX as u64;
-/// The most groups a CPU's stock holds at once (one 128-byte block); the
+/// The most groups a CPU's stock holds at once (one 1 KiB block); the
 /// slots of `splitcount_hierarchy_create`.
-pub const SPLITCOUNT_STOCK_SLOTS_MAX: u32 = 7;
+pub const SPLITCOUNT_STOCK_SLOTS_MAX: u32 = 63;
 
 const _: () = assert!(SPLITCOUNT_STOCK_BATCH_MAX == splitcount::raw::MAX_STOCK_BATCH);
 const _: () = assert!(SPLITCOUNT_STOCK_SLOTS_MAX as usize == splitcount::raw::MAX_STOCK_SLOTS);
@@ -77,8 +77,9 @@ pub(crate) fn hierarchy(h: *mut splitcount_hierarchy) -> Result<&'static Hierarc
 
 /// Create a hierarchy with only a root group, whose groups carry the
 /// `count` stat items of `items` (`items` may be NULL when `count` is 0).
-/// Stock: `SPLITCOUNT_STOCK_SLOTS_MAX` (7) groups per CPU, batch
-/// `SPLITCOUNT_STOCK_BATCH_DEFAULT` (64 units) — for units counted one by
+/// Stock: `SPLITCOUNT_STOCK_SLOTS_MAX` (63) groups per CPU, batch
+/// `SPLITCOUNT_STOCK_BATCH_DEFAULT` (64 units), at most 7 batches stocked
+/// per CPU in all — for units counted one by
 /// one; a hierarchy charged in bytes wants
 /// `splitcount_hierarchy_create_with` and `SPLITCOUNT_STOCK_BATCH_BYTES`.
 /// On success `*out` is its handle; destroy it with
@@ -105,7 +106,10 @@ pub unsafe extern "C" fn splitcount_hierarchy_create(
 /// that misses its CPU's stock charges `stock_batch` units to the usage
 /// counters at once and keeps the surplus there, for the next charges on
 /// that CPU (the kernel's `MEMCG_CHARGE_BATCH`); each CPU's stock holds the
-/// units of up to `stock_slots` groups at once.
+/// units of up to `stock_slots` groups at once, and at most 7 batches of
+/// units in all (its budget): with more groups charging on a CPU than
+/// that, each is granted a share of the budget and its misses charge the
+/// share instead of a batch.
 ///
 /// - `stock_batch`: 1 to `SPLITCOUNT_STOCK_BATCH_MAX`. A charge larger
 ///   than the batch never comes from the stock, and one of at least the
@@ -113,7 +117,7 @@ pub unsafe extern "C" fn splitcount_hierarchy_create(
 ///   leaving nothing stocked; so the batch should be well above the usual
 ///   charge: `SPLITCOUNT_STOCK_BATCH_BYTES` (64 KiB) for bytes,
 ///   `SPLITCOUNT_STOCK_BATCH_DEFAULT` (64) for pages or objects.
-/// - `stock_slots`: 1 to `SPLITCOUNT_STOCK_SLOTS_MAX` (7); more groups
+/// - `stock_slots`: 1 to `SPLITCOUNT_STOCK_SLOTS_MAX` (63); more groups
 ///   charged from one CPU than slots evict each other.
 ///
 /// Other values are `SPLITCOUNT_E_INVALID` (nothing is created).
@@ -121,8 +125,9 @@ pub unsafe extern "C" fn splitcount_hierarchy_create(
 /// **Slack.** Stocked units are charged, so no limit is passed because of
 /// them, but usage runs ahead of what is in use: by at most `stock_batch`
 /// units per CPU for one group (`splitcount_group_stocked`), and at most
-/// `stock_batch × stock_slots × CPUs` for the whole hierarchy — with 64 KiB,
-/// 7 slots and 64 CPUs, 4 MiB for a group and 28 MiB in all. A charge
+/// `stock_batch × 7 × CPUs` for the whole hierarchy, whatever the number
+/// of groups and slots — with 64 KiB and 64 CPUs, 4 MiB for a group and
+/// 28 MiB in all. A charge
 /// refused by a limit drains the stocked units of the refusing group's
 /// subtree first; `splitcount_group_usage_exact` reads the usage without
 /// them.

@@ -14,8 +14,8 @@
 #[allow(unused_imports)]
 pub(crate) use std::sync::{
     atomic::{
-        fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
-        Ordering,
+        fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU16, AtomicU32, AtomicU64, AtomicU8,
+        AtomicUsize, Ordering,
     },
     Arc, Mutex, MutexGuard,
 };
@@ -24,8 +24,8 @@ pub(crate) use std::sync::{
 #[allow(unused_imports)]
 pub(crate) use loom::sync::{
     atomic::{
-        fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
-        Ordering,
+        fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU16, AtomicU32, AtomicU64, AtomicU8,
+        AtomicUsize, Ordering,
     },
     Arc, Mutex, MutexGuard,
 };

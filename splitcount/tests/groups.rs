@@ -245,7 +245,7 @@ fn a_removed_groups_handles_act_on_the_nearest_live_ancestor() {
 fn bad_configuration_and_requests() {
     assert!(Hierarchy::new(HierarchyConfig::default().stock_batch(0)).is_err());
     assert!(Hierarchy::new(HierarchyConfig::default().stock_slots(0)).is_err());
-    assert!(Hierarchy::new(HierarchyConfig::default().stock_slots(8)).is_err());
+    assert!(Hierarchy::new(HierarchyConfig::default().stock_slots(64)).is_err());
     let h = Hierarchy::default();
     let g = h.root().child("g").unwrap();
     let e = g.charge(u64::MAX).unwrap_err();

@@ -19,7 +19,7 @@ mod common;
 
 use common::{online_cpu_ids, pin_to, unpin, Migrator, Rng};
 use splitcount::cpu::Topology;
-use splitcount::group::{Hierarchy, HierarchyConfig};
+use splitcount::group::{Group, Hierarchy, HierarchyConfig};
 use splitcount::raw::{Consumed, Stock, StockKey, UsageCounter};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -29,15 +29,12 @@ use std::time::{Duration, Instant};
 const MOVES: u64 = 3_000;
 const LIMIT: Duration = Duration::from_secs(8);
 
-#[test]
-fn charges_racing_drains_of_every_cpu_stay_exact() {
-    // A small batch and two slots: hits, misses, stashes and evictions.
-    let h = Hierarchy::new(HierarchyConfig::default().stock_batch(16).stock_slots(2)).unwrap();
-    let parent = h.root().child("parent").unwrap();
-    let g = parent.child("g").unwrap();
-    let others: Vec<_> = (0..3)
-        .map(|i| parent.child(&format!("other-{i}")).unwrap())
-        .collect();
+/// Three workers charge and uncharge `g` (and now and then one of
+/// `others`, so slots turn over) while moved between CPUs from another
+/// thread and a drainer empties every CPU's stock without pause; `check`
+/// runs after every drain. At the end `g` and every other key are exactly
+/// at 0, with no underflow.
+fn race_drains(h: &Hierarchy, g: &Group, others: &[Group], check: impl Fn() + Sync) {
     let migrator = Migrator::start();
     let done = AtomicBool::new(false);
     let drains = AtomicU64::new(0);
@@ -46,12 +43,13 @@ fn charges_racing_drains_of_every_cpu_stay_exact() {
         s.spawn(|| {
             while !done.load(Relaxed) {
                 h.drain_stocks();
+                check();
                 drains.fetch_add(1, Relaxed);
             }
         });
         let workers: Vec<_> = (0..3u64)
             .map(|t| {
-                let (g, others, migrator) = (&g, &others, &migrator);
+                let migrator = &migrator;
                 s.spawn(move || {
                     let _moved = migrator.register();
                     let mut rng = Rng::new(t + 1);
@@ -68,7 +66,7 @@ fn charges_racing_drains_of_every_cpu_stay_exact() {
                             }
                             // Another key now and then: the slots turn over.
                             if rng.below(16) == 0 {
-                                let o = &others[rng.below(3) as usize];
+                                let o = &others[rng.below(others.len() as u64) as usize];
                                 o.charge(1).unwrap();
                                 o.uncharge(1);
                             }
@@ -87,13 +85,48 @@ fn charges_racing_drains_of_every_cpu_stay_exact() {
     h.drain_stocks();
     assert_eq!(g.events().underflow, 0, "an uncharge found too little");
     assert_eq!(g.usage(), 0, "units were lost or counted twice");
-    assert_eq!(parent.usage(), 0);
+    for o in others {
+        assert_eq!((o.usage(), o.events().underflow), (0, 0), "{}", o.path());
+    }
     assert!(moves > 100, "only {moves} moves");
     assert!(
         drains.load(Relaxed) > 100,
         "only {} drains",
         drains.load(Relaxed)
     );
+}
+
+#[test]
+fn charges_racing_drains_of_every_cpu_stay_exact() {
+    // A small batch and two slots: hits, misses, stashes and evictions.
+    let h = Hierarchy::new(HierarchyConfig::default().stock_batch(16).stock_slots(2)).unwrap();
+    let parent = h.root().child("parent").unwrap();
+    let g = parent.child("g").unwrap();
+    let others: Vec<_> = (0..3)
+        .map(|i| parent.child(&format!("other-{i}")).unwrap())
+        .collect();
+    race_drains(&h, &g, &others, || {});
+    assert_eq!(parent.usage(), 0);
+}
+
+#[test]
+fn many_tenants_racing_drains_stay_exact_and_within_the_budget() {
+    // 63 slots (keys in hashed windows) and a budget of 40 units shared by
+    // 41 keys: quotas are granted, taken back and refilled by shares while
+    // the sequences run, and no CPU ever stocks more than the budget.
+    let h = Hierarchy::new(HierarchyConfig::default().stock_batch(16).stock_budget(40)).unwrap();
+    let cpus = h.config().machine.cpus();
+    let g = h.root().child("g").unwrap();
+    let others: Vec<_> = (0..40)
+        .map(|i| h.root().child(&format!("other-{i}")).unwrap())
+        .collect();
+    race_drains(&h, &g, &others, || {
+        for cpu in 0..cpus {
+            let stocked = h.stocked_on_cpu(cpu);
+            assert!(stocked <= 40, "cpu {cpu} stocks {stocked} units");
+        }
+    });
+    assert_eq!(h.root().usage(), 0);
 }
 
 /// A key that must not stay in a slot without units (`KEEP_EMPTY = false`,

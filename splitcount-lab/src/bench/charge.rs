@@ -13,16 +13,21 @@
 //! - `stock`: the same through `Group::charge`/`uncharge`: the stock's hit
 //!   path (the thread's group always has units in this CPU's stock).
 //! - `stock-misses`: a working set larger than the stock can hold: each op
-//!   charges a unit to the thread's current group — one of 12 (more than
-//!   the 7 slots), switching every 96 ops — and uncharges the unit charged
+//!   charges a unit to the thread's current group — one of 72 (more than
+//!   the 63 slots), switching every 96 ops — and uncharges the unit charged
 //!   256 ops before (more than the 64-unit batch outstanding, spread over
 //!   groups whose slots have been evicted): the same two calls per op as
 //!   `stock`, but refills, drains and evictions on most of them.
 //! - `{4,8}-tenants-{1-slot,7-slots}`: each thread serves 4 or 8 tenants
 //!   in turn, op by op (a server multiplexing requests), with a CPU stock of
-//!   1 slot (the kernel before 6.16) or 7. With 4 tenants, 7 slots keep every
-//!   tenant's units and 1 slot misses on every op; with 8 tenants, more than
-//!   the slots, round-robin eviction makes both miss.
+//!   1 slot (the kernel before 6.16) or 7 (the kernel's since). With 4
+//!   tenants, 7 slots keep every tenant's units and 1 slot misses on every
+//!   op; with 8 tenants, more than the slots, round-robin eviction makes
+//!   both miss.
+//! - `8-tenants`, `32-tenants`: the same with the default stock — 63 slots
+//!   and a budget of 7 batches per CPU: 8 tenants each keep a batch's worth
+//!   (56 units: the budget's share), 32 keep 14 units each and refill once
+//!   per 14 of their charges.
 //! - `bare-rseq` (the floor): the page write and two bare per-CPU rseq adds
 //!   ([`super::bare_rseq`]), +1 for the charge and −1 for the uncharge —
 //!   the least any per-CPU stock can do per op; only where glibc
@@ -46,8 +51,9 @@ const POOL: usize = 64;
 /// Ops charging one group before switching, in `stock-misses`.
 const BURST: usize = 96;
 
-/// Groups each thread cycles through in `stock-misses`.
-const MISS_GROUPS: usize = 12;
+/// Groups each thread cycles through in `stock-misses` (more than a CPU's
+/// 63 slots).
+const MISS_GROUPS: usize = 72;
 
 /// Units outstanding in `stock-misses`: each op uncharges the unit
 /// charged this many ops before.
@@ -55,7 +61,7 @@ const MISS_WINDOW: usize = 256;
 
 /// The cases, in table order (`bare-rseq` only where glibc registered
 /// rseq).
-pub const CASES: [&str; 9] = [
+pub const CASES: [&str; 11] = [
     BASELINE,
     BARE_RSEQ,
     "usage-counter",
@@ -65,6 +71,8 @@ pub const CASES: [&str; 9] = [
     "4-tenants-7-slots",
     "8-tenants-1-slot",
     "8-tenants-7-slots",
+    "8-tenants",
+    "32-tenants",
 ];
 
 /// A thread's private pool of pages, written one by one.
@@ -228,7 +236,8 @@ pub(super) fn groups(parent: &Group, prefix: &str, count: usize) -> Result<Vec<G
         .collect()
 }
 
-/// A hierarchy with `slots` stock slots per CPU, and its `/bench` group.
+/// A hierarchy with `slots` stock slots per CPU (and the default budget),
+/// and its `/bench` group.
 pub(super) fn hierarchy(slots: usize) -> Result<(Hierarchy, Group), String> {
     let h =
         Hierarchy::new(HierarchyConfig::default().stock_slots(slots)).map_err(|e| e.to_string())?;
@@ -240,13 +249,15 @@ pub(super) fn hierarchy(slots: usize) -> Result<(Hierarchy, Group), String> {
 pub fn run(threads: &[usize], plan: &Plan) -> Result<Bench, String> {
     let most = threads.iter().copied().max().unwrap_or(1);
     let ((_h1, one_slot), (_h7, seven_slots)) = (hierarchy(1)?, hierarchy(7)?);
+    let (_hd, default) = hierarchy(splitcount::raw::MAX_STOCK_SLOTS)?;
     // One group shared by all threads: the page-fault loop of a process.
-    let shared = groups(&seven_slots, "tenant", 1)?;
+    let shared = groups(&default, "tenant", 1)?;
     let shared: Vec<Group> = vec![shared[0].clone(); most];
-    let missing = groups(&seven_slots, "miss", most * MISS_GROUPS)?;
+    let missing = groups(&default, "miss", most * MISS_GROUPS)?;
     let tenants_of = |parent: &Group, n: usize| groups(parent, &format!("t{n}-"), most * n);
     let (four_1, four_7) = (tenants_of(&one_slot, 4)?, tenants_of(&seven_slots, 4)?);
     let (eight_1, eight_7) = (tenants_of(&one_slot, 8)?, tenants_of(&seven_slots, 8)?);
+    let (eight, many) = (tenants_of(&default, 8)?, tenants_of(&default, 32)?);
     let bare = BareRseq::new();
 
     let mut entries = Vec::new();
@@ -272,6 +283,8 @@ pub fn run(threads: &[usize], plan: &Plan) -> Result<Bench, String> {
         entries.push(tenants("4-tenants-7-slots", t, &four_7, 4, false));
         entries.push(tenants("8-tenants-1-slot", t, &eight_1, 8, false));
         entries.push(tenants("8-tenants-7-slots", t, &eight_7, 8, false));
+        entries.push(tenants("8-tenants", t, &eight, 8, false));
+        entries.push(tenants("32-tenants", t, &many, 32, false));
     }
     let measured = measure("charge", plan, entries)?;
     Ok(Bench::new(measured, |_| Some(BASELINE.to_owned())))

@@ -127,6 +127,6 @@ pub use trim::{TrimPolicy, Trimmed, DEFAULT_TRIM_INTERVAL};
 #[doc(hidden)]
 pub use wrapper::raw_account;
 pub use wrapper::{
-    take_last_refusal, Accounted, AttachError, BYTE_BATCH, REPORTING_GRACE,
+    take_last_refusal, Accounted, AttachError, BYTE_BATCH, BYTE_BUDGET, REPORTING_GRACE,
     REPORTING_GRACE_ALLOCATION,
 };

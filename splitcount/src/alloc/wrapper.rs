@@ -23,6 +23,11 @@ use std::sync::Arc;
 /// Bytes a stock miss charges at once to a group's usage counter.
 pub const BYTE_BATCH: u64 = 64 << 10;
 
+/// The most bytes one CPU's byte stock holds, whatever the number of
+/// accounts it serves (7 batches: 448 KiB). With more accounts on a CPU
+/// than that has batches for, each gets a share of it.
+pub const BYTE_BUDGET: u64 = crate::charge::DEFAULT_BUDGET_BATCHES * BYTE_BATCH;
+
 /// What a thread may still allocate unaccounted after a refusal, where it
 /// would be refused again — in allocations of at most
 /// [`REPORTING_GRACE_ALLOCATION`] bytes — until a charge succeeds or its
@@ -265,8 +270,9 @@ impl<A, C: Charging> Accounted<A, C> {
         } else {
             crate::charge::Stock::for_host
         };
-        let stock =
-            make(machine.cpus(), MAX_STOCK_SLOTS, BYTE_BATCH).map_err(AttachError::Stock)?;
+        let stock = make(machine.cpus(), MAX_STOCK_SLOTS, BYTE_BATCH)
+            .and_then(|s| s.with_budget(BYTE_BUDGET))
+            .map_err(AttachError::Stock)?;
         hierarchy
             .shared()
             .bytes
@@ -326,16 +332,16 @@ impl<A, C: Charging> Accounted<A, C> {
 
     /// The most that usage can run ahead of live bytes (the allocator's
     /// slack), with `threads` threads allocating: every thread's reserve
-    /// full ([`super::MAX_THREAD_RESERVE`]) and every CPU's byte stock full
-    /// (`7 ·` [`BYTE_BATCH`]). A refusal drains the stocks first, so a limit
+    /// full ([`super::MAX_THREAD_RESERVE`]) and every CPU's byte stock at
+    /// its budget ([`BYTE_BUDGET`]: `7 ·` [`BYTE_BATCH`], however many
+    /// accounts a CPU serves). A refusal drains the stocks first, so a limit
     /// refuses at most `threads · MAX_THREAD_RESERVE` bytes early — the
     /// other threads' reserves of the refusing group's bytes.
     pub fn max_slack(&self, threads: usize) -> u64 {
         let cpus = self
             .attached()
             .map_or_else(|| cpu::Topology::host().cpus(), |st| st.machine.cpus());
-        (threads as u64) * super::MAX_THREAD_RESERVE
-            + cpus as u64 * MAX_STOCK_SLOTS as u64 * BYTE_BATCH
+        (threads as u64) * super::MAX_THREAD_RESERVE + cpus as u64 * BYTE_BUDGET
     }
 
     /// Charge `n` bytes to the current account; the account charged (`None`:
@@ -450,14 +456,15 @@ impl<A, C: Charging> Accounted<A, C> {
     ) -> Result<bool, *const UsageCounter> {
         let stock = &st.bytes().stock;
         let cpu = || st.machine.current_cpu();
-        if stock.consume_with(cpu, &acc, n) == Consumed::Hit {
+        let (taken, refill) = stock.take_with(cpu, &acc, n);
+        if taken == Consumed::Hit {
             return Ok(false);
         }
-        let batch = stock.batch();
-        if n < batch {
-            if let Ok(crossed) = acc.try_charge(batch) {
-                if !stock.stash_hit(&acc, batch - n, batch) {
-                    let _ = stock.stash_with(cpu, &acc, batch - n).uncharge();
+        // A batch, or the account's share of this CPU's budget.
+        if n < refill {
+            if let Ok(crossed) = acc.try_charge(refill) {
+                if !stock.stash_hit(&acc, refill - n, refill) {
+                    let _ = stock.stash_with(cpu, &acc, refill - n).uncharge();
                 }
                 return Ok(crossed);
             }

@@ -17,6 +17,7 @@ pub(crate) mod usage;
 // The stock and the usage counter are building blocks of groups, public
 // under `crate::raw` only.
 pub use stock::StockActivity;
+pub(crate) use stock::DEFAULT_BUDGET_BATCHES;
 pub(crate) use stock::{Consumed, Stock, StockError, StockKey, MAX_STOCK_BATCH, MAX_STOCK_SLOTS};
 pub(crate) use usage::UsageCounter;
 pub use usage::{Busy, Enforcement, Events, MAX_REQUEST, MAX_USAGE, UNLIMITED};

@@ -1,11 +1,12 @@
 //! [`Stock`]: the per-CPU pre-charged stock (the kernel's `memcg_stock_pcp`,
 //! with several groups per CPU as since Linux 6.16).
 //!
-//! Each CPU keeps up to [`MAX_STOCK_SLOTS`] slots `(key, units)`: units
-//! already charged to the key's usage counter (and its ancestors) but not
-//! yet used. A charge that finds enough units in its CPU's slot for its key
-//! takes them and touches no shared cache line; a miss charges a whole batch
-//! to the usage counter and stashes the surplus here.
+//! Each CPU keeps up to [`MAX_STOCK_SLOTS`] slots `(key, units, quota)`:
+//! units already charged to the key's usage counter (and its ancestors) but
+//! not yet used. A charge that finds enough units in its CPU's slot for its
+//! key takes them and touches no shared cache line; a miss charges a batch
+//! (or the key's share of the CPU's budget) to the usage counter and
+//! stashes the surplus here.
 //!
 //! The key ([`StockKey`]) is what units are charged through: a group's
 //! usage counter for [`crate::group::Group::charge`], the allocator's
@@ -13,11 +14,23 @@
 //! alive: see `alloc/account.rs`).
 //!
 //! ```text
-//!  CPU n, one 128-byte block:
-//!  ┌──────┬────────┬──────────────────────────────┬───────────────────────┐
-//!  │ lock │ victim │ key[0..7] (8 B each)         │ units[0..7] (4 B each) │
-//!  └──────┴────────┴──────────────────────────────┴───────────────────────┘
+//!  CPU n, one 1 KiB block:
+//!  ┌──────┬────────┬──────┬─────────┬──────────────────────┬─────┬─────────┐
+//!  │ lock │ victim │ used │ granted │ slot 0: key │ units │ … │ slot 62 │
+//!  │ 4 B  │ 2 B    │ 2 B  │ 8 B     │ 8 B         │ 4 B + quota 4 B │       │
+//!  └──────┴────────┴──────┴─────────┴──────────────────────┴─────┴─────────┘
 //! ```
+//!
+//! **The budget.** A CPU stocks at most `budget` units in all (default
+//! [`DEFAULT_BUDGET_BATCHES`] batches), however many keys it serves: each
+//! slot holds at most its quota, and the quotas, granted under the lock,
+//! add up to at most the budget. With few keys each is granted a batch;
+//! with many, a fair share (`budget / keys`), and its misses charge that
+//! share — so 32 tenants on a CPU keep hitting the stock (a miss per share
+//! of charges) instead of evicting each other, and the hidden charge stays
+//! `budget · CPUs` whatever the number of groups. With more than [`WINDOW`]
+//! slots a key lives in a window of them that a hash of its word picks, so
+//! a hit scans at most [`WINDOW`] keys.
 //!
 //! **Locking.** Threads that share a CPU can preempt each other, so each
 //! CPU's block has a try-lock. The hot path never waits: if the lock is
@@ -31,7 +44,7 @@
 //!
 //! **Slack.** Stocked units are charged, so usage never exceeds a limit
 //! because of the stock; it may *over*-report real use by at most
-//! `batch · slots · ncpu` units across the machine.
+//! `budget · ncpu` units across the machine.
 //!
 //! **`fork`.** A child process has only the thread that forked; a block
 //! lock held by any other thread at that moment would never be released
@@ -44,12 +57,23 @@
 use super::stock_rseq;
 use super::usage::UsageCounter;
 use crate::sync::{
-    Arc, AtomicU32, AtomicU64, AtomicUsize,
+    Arc, AtomicU16, AtomicU32, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
 
-/// Most slots a CPU's stock can have (one 128-byte block).
-pub const MAX_STOCK_SLOTS: usize = 7;
+/// Most slots a CPU's stock can have (one 1 KiB block).
+pub const MAX_STOCK_SLOTS: usize = 63;
+
+/// The default budget, in batches: a CPU stocks at most this many batches
+/// of units in all, however many keys it serves (the stock's capacity
+/// before budgets: 7 slots of a batch).
+pub const DEFAULT_BUDGET_BATCHES: u64 = 7;
+
+/// Slots a key may occupy in a block of more slots than this: a window of
+/// consecutive slots whose start a hash of the key picks. The hit
+/// sequences scan the window only; in a block of at most this many slots
+/// every key may use every slot.
+pub const WINDOW: usize = 16;
 
 /// The largest batch: units are kept as `u32`.
 pub const MAX_STOCK_BATCH: u64 = u32::MAX as u64;
@@ -164,10 +188,31 @@ impl<K: StockKey> Leftovers<K> {
     }
 }
 
-/// One CPU's block: one 128-byte line. The lock word first (the fork
-/// handlers reach every block's lock without knowing the key type), the
-/// keys' words from byte 8, their units from byte 64 — the layout the rseq
+/// One slot: a key's word, the units it holds, and its quota — the most
+/// units it may hold, granted out of its CPU's budget (see [`Block`]).
+#[repr(C)]
+#[derive(Default)]
+struct Slot {
+    /// The key as its word ([`StockKey::into_raw`]; 0: empty). Written
+    /// under the lock only; read by the sequences and by drains looking
+    /// for a key without the lock.
+    key: AtomicUsize,
+    /// Units held. Written by the hit sequences (on the block's CPU, lock
+    /// free) and under the lock.
+    units: AtomicU32,
+    /// Units granted: `units ≤ quota` always. Written under the lock only;
+    /// the stash sequence checks it.
+    quota: AtomicU32,
+}
+
+/// One CPU's block: 1 KiB, a 16-byte header and [`MAX_STOCK_SLOTS`]
+/// 16-byte slots. The lock word first (the fork handlers reach every
+/// block's lock without knowing the key type) — the layout the rseq
 /// sequences read (`stock_rseq.rs`).
+///
+/// **The budget.** `granted` is the sum of the slots' quotas and never
+/// exceeds the stock's budget; a slot never holds more than its quota. So
+/// a CPU never stocks more than the budget, however many keys it serves.
 #[repr(C, align(128))]
 struct Block {
     /// [`HELD`] while locked, plus [`SEALED`] once the block has left the
@@ -175,23 +220,25 @@ struct Block {
     /// 2 free and sealed, 3 held and sealed. The sequences treat any value
     /// but 0 as busy.
     lock: AtomicU32,
-    /// The next slot to evict (under the lock).
-    victim: AtomicU32,
-    /// Each slot's key as its word ([`StockKey::into_raw`]; 0: empty).
-    /// Written under the lock only; read by the sequences and by drains
-    /// looking for a key without the lock.
-    keys: [AtomicUsize; MAX_STOCK_SLOTS],
-    /// Each slot's units. Written by the hit sequences (on the block's CPU,
-    /// lock free) and under the lock.
-    units: [AtomicU32; MAX_STOCK_SLOTS],
+    /// The next slot of a window to evict (under the lock).
+    victim: AtomicU16,
+    /// Slots with a key (under the lock; read without it as a hint).
+    used: AtomicU16,
+    /// The sum of the slots' quotas (under the lock; read without it by a
+    /// miss, as a hint).
+    granted: AtomicU64,
+    slots: [Slot; MAX_STOCK_SLOTS],
 }
 
 // The layout the sequences read.
 #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
 const _: () = {
     assert!(std::mem::offset_of!(Block, lock) == 0);
-    assert!(std::mem::offset_of!(Block, keys) == stock_rseq::KEYS);
-    assert!(std::mem::offset_of!(Block, units) == stock_rseq::UNITS);
+    assert!(std::mem::offset_of!(Block, granted) == stock_rseq::GRANTED);
+    assert!(std::mem::offset_of!(Block, slots) == stock_rseq::SLOTS);
+    assert!(std::mem::size_of::<Slot>() == stock_rseq::SLOT);
+    assert!(std::mem::offset_of!(Slot, units) == stock_rseq::UNITS);
+    assert!(std::mem::offset_of!(Slot, quota) == stock_rseq::QUOTA);
     assert!(std::mem::size_of::<Block>() == stock_rseq::BLOCK);
 };
 
@@ -199,9 +246,10 @@ impl Block {
     fn new() -> Block {
         Block {
             lock: AtomicU32::new(0),
-            victim: AtomicU32::new(0),
-            keys: Default::default(),
-            units: Default::default(),
+            victim: AtomicU16::new(0),
+            used: AtomicU16::new(0),
+            granted: AtomicU64::new(0),
+            slots: std::array::from_fn(|_| Slot::default()),
         }
     }
 
@@ -232,23 +280,64 @@ impl Block {
         self.lock.store(restore, Release);
     }
 
-    /// The slot holding the key whose word is `raw`, among the first
-    /// `slots`.
-    fn find(&self, slots: usize, raw: usize) -> Option<usize> {
+    /// Slot `i`'s key word.
+    fn key(&self, i: usize) -> usize {
         // Relaxed: keys change only under the lock, which the caller holds
         // (or, for a lookup without it, a stale answer is allowed).
-        (0..slots).find(|&i| self.keys[i].load(Relaxed) == raw)
+        self.slots[i].key.load(Relaxed)
+    }
+
+    /// Store slot `i`'s key word; the old one.
+    fn swap_key(&self, i: usize, raw: usize) -> usize {
+        // Relaxed: under the lock (published by the unlock; the stash's
+        // fence orders it before the retired check).
+        self.slots[i].key.swap(raw, Relaxed)
+    }
+
+    /// The slot holding the key whose word is `raw`, within `window`.
+    fn find(&self, window: (usize, usize), raw: usize) -> Option<usize> {
+        (window.0..window.1).find(|&i| self.key(i) == raw)
     }
 
     fn units(&self, i: usize) -> u64 {
         // Relaxed: under the lock, the sequences do not write this block;
         // without it, a statistic.
-        self.units[i].load(Relaxed) as u64
+        self.slots[i].units.load(Relaxed) as u64
     }
 
     fn set_units(&self, i: usize, units: u64) {
         // Relaxed: under the lock (published by the unlock).
-        self.units[i].store(units as u32, Relaxed);
+        self.slots[i].units.store(units as u32, Relaxed);
+    }
+
+    fn quota(&self, i: usize) -> u64 {
+        // Relaxed: under the lock.
+        self.slots[i].quota.load(Relaxed) as u64
+    }
+
+    /// Set slot `i`'s quota, keeping `granted` the sum (under the lock).
+    fn set_quota(&self, i: usize, quota: u64) {
+        let old = self.quota(i);
+        // Relaxed: under the lock.
+        self.slots[i].quota.store(quota as u32, Relaxed);
+        let granted = self.granted.load(Relaxed) + quota - old;
+        self.granted.store(granted, Relaxed);
+    }
+
+    fn granted(&self) -> u64 {
+        // Relaxed: under the lock, or a hint.
+        self.granted.load(Relaxed)
+    }
+
+    fn used(&self) -> usize {
+        // Relaxed: under the lock, or a hint.
+        self.used.load(Relaxed) as usize
+    }
+
+    fn add_used(&self, delta: isize) {
+        // Relaxed: under the lock.
+        let used = self.used() as isize + delta;
+        self.used.store(used as u16, Relaxed);
     }
 }
 
@@ -277,6 +366,8 @@ pub struct Stock<K: StockKey = Arc<UsageCounter>> {
     cpus: Box<[Block]>,
     batch: u64,
     slots: usize,
+    /// The most units a CPU's slots may hold in all (≥ 1).
+    budget: u64,
     mode: Mode,
     /// Counts of the cold paths that reach other CPUs' blocks: on a line of
     /// their own, so that a drain's count never invalidates the line every
@@ -327,6 +418,8 @@ pub enum StockError {
     Slots(usize),
     /// A batch outside `1..=`[`MAX_STOCK_BATCH`] (units are kept as `u32`).
     Batch(u64),
+    /// A budget of 0 units per CPU.
+    Budget(u64),
 }
 
 impl std::fmt::Display for StockError {
@@ -341,6 +434,9 @@ impl std::fmt::Display for StockError {
                 f,
                 "the stock batch must be between 1 and {MAX_STOCK_BATCH}, not {b}"
             ),
+            StockError::Budget(b) => {
+                write!(f, "a CPU's stock budget must be at least 1 unit, not {b}")
+            }
         }
     }
 }
@@ -412,6 +508,7 @@ impl<K: StockKey> Stock<K> {
             cpus: (0..cpus).map(|_| Block::new()).collect(),
             batch,
             slots,
+            budget: batch.saturating_mul(DEFAULT_BUDGET_BATCHES),
             mode,
             activity: Default::default(),
             _keys: std::marker::PhantomData,
@@ -421,9 +518,64 @@ impl<K: StockKey> Stock<K> {
         Ok(stock)
     }
 
-    /// The batch: a miss charges this many units at once.
+    /// Cap what each CPU stocks in all at `budget` units (≥ 1; the default
+    /// is [`DEFAULT_BUDGET_BATCHES`] batches): a slot holds at most its
+    /// quota, and a CPU's quotas add up to at most the budget. With more
+    /// keys on a CPU than the budget has batches for, each key is granted a
+    /// share of it (and its misses charge that share) instead of a batch.
+    /// Call before the stock is used.
+    pub fn with_budget(mut self, budget: u64) -> Result<Stock<K>, StockError> {
+        if budget == 0 {
+            return Err(StockError::Budget(budget));
+        }
+        self.budget = budget;
+        Ok(self)
+    }
+
+    /// The budget: the most units one CPU stocks at a time, whatever the
+    /// number of keys. The stock over-reports real use by at most
+    /// `budget · cpus` units across the machine.
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// The batch: a miss charges this many units at once (or a key's share
+    /// of the budget when that is smaller; see [`Stock::with_budget`]).
     pub fn batch(&self) -> u64 {
         self.batch
+    }
+
+    /// The slots a key may occupy in a block: all of them, or a window of
+    /// [`WINDOW`] picked by a hash of its word.
+    #[inline(always)]
+    fn window(&self, raw: usize) -> (usize, usize) {
+        if self.slots <= WINDOW {
+            return (0, self.slots);
+        }
+        // Fibonacci hashing: the product's high half mixes every bit of
+        // the word (an address whose low bits are zero).
+        let h = (raw as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+        let start = ((h * (self.slots - WINDOW + 1) as u64) >> 32) as usize;
+        (start, start + WINDOW)
+    }
+
+    /// The units a miss for `key` should charge at once, from hints read on
+    /// the miss (its slot's quota, the block's granted units and slots in
+    /// use; `None`: it has no slot): its quota plus what the block has not
+    /// granted — and at least its fair share of the budget (`budget /
+    /// keys`), so that a key that got less than its share while others held
+    /// the budget asks for it (the stash then takes the share back from
+    /// quotas above it, `Stock::grant`). At least 1, at most a batch.
+    fn refill(&self, short: Option<(u64, u64, u64)>) -> u64 {
+        let Some((quota, granted, used)) = short else {
+            return self.batch.min(self.budget);
+        };
+        let room = quota.saturating_add(self.budget.saturating_sub(granted));
+        if room >= self.batch {
+            return self.batch;
+        }
+        let share = self.budget / used.max(1);
+        room.max(share).clamp(1, self.batch)
     }
 
     /// Slots per CPU.
@@ -601,59 +753,95 @@ impl<K: StockKey> Stock<K> {
     /// critical section.
     #[inline]
     pub(crate) fn consume_with(&self, cpu: impl FnOnce() -> usize, key: &K, n: u64) -> Consumed {
+        self.take_with(cpu, key, n).0
+    }
+
+    /// [`Stock::consume_with`], and on a miss the units to charge at once
+    /// ([`Stock::refill`]: the key's quota and what its block has left to
+    /// grant; a batch when busy).
+    #[inline]
+    pub(crate) fn take_with(
+        &self,
+        cpu: impl FnOnce() -> usize,
+        key: &K,
+        n: u64,
+    ) -> (Consumed, u64) {
         #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
         if let Mode::Rseq { offset } = self.mode {
+            use stock_rseq::{Consumed as Found, Step};
             let min_left = u64::from(!K::KEEP_EMPTY);
-            // SAFETY: as in `try_lock_here`; the key's word is its identity.
-            let step = unsafe {
+            let raw = key.as_raw();
+            // SAFETY: as in `try_lock_here`; the key's word is its
+            // identity; its window lies within the slots.
+            let found = unsafe {
                 stock_rseq::consume(
                     offset,
                     self.base(),
                     self.cpus.len(),
-                    self.slots,
-                    key.as_raw(),
+                    self.window(raw),
+                    raw,
                     n,
                     min_left,
                 )
             };
-            return match step {
-                stock_rseq::Step::Done => Consumed::Hit,
-                stock_rseq::Step::Miss => Consumed::Miss,
-                stock_rseq::Step::Slow => self.consume_locked(cpu(), key, n),
+            return match found {
+                Found::Step(Step::Done) => (Consumed::Hit, 0),
+                Found::Short {
+                    quota,
+                    granted,
+                    used,
+                } => (Consumed::Miss, self.refill(Some((quota, granted, used)))),
+                Found::Step(Step::Miss) => (Consumed::Miss, self.refill(None)),
+                Found::Step(Step::Slow) => self.consume_locked(cpu(), key, n),
                 // A sealed block (after a failed fence) is used under its
                 // lock; a held one is bypassed.
-                stock_rseq::Step::Busy if self.fell_back() => self.consume_locked(cpu(), key, n),
-                _ => Consumed::Busy,
+                Found::Step(Step::Busy) if self.fell_back() => self.consume_locked(cpu(), key, n),
+                _ => (Consumed::Busy, self.batch),
             };
         }
         self.consume_locked(cpu(), key, n)
     }
 
     #[cold]
-    fn consume_locked(&self, cpu: usize, key: &K, n: u64) -> Consumed {
+    fn consume_locked(&self, cpu: usize, key: &K, n: u64) -> (Consumed, u64) {
         let Some(locked) = self.try_lock_here(cpu) else {
-            return Consumed::Busy;
+            return (Consumed::Busy, self.batch);
         };
         let b = locked.block;
-        let (hit, emptied) = match b.find(self.slots, key.as_raw()) {
+        let (taken, emptied) = match b.find(self.window(key.as_raw()), key.as_raw()) {
             Some(i) if b.units(i) >= n => {
                 let left = b.units(i) - n;
                 b.set_units(i, left);
                 let emptied = (!K::KEEP_EMPTY && left == 0).then(|| {
                     key.counter().note_stock_slot(false);
-                    // Relaxed: under the lock.
-                    b.keys[i].swap(0, Relaxed)
+                    Self::forget_slot(b, i)
                 });
-                (Consumed::Hit, emptied)
+                ((Consumed::Hit, 0), emptied)
             }
-            _ => (Consumed::Miss, None),
+            Some(i) => (
+                (
+                    Consumed::Miss,
+                    self.refill(Some((b.quota(i), b.granted(), b.used() as u64))),
+                ),
+                None,
+            ),
+            None => ((Consumed::Miss, self.refill(None)), None),
         };
         drop(locked);
         if let Some(raw) = emptied {
             // SAFETY: the slot owned the key's word; it was taken out once.
             drop(unsafe { K::from_raw(raw) });
         }
-        hit
+        taken
+    }
+
+    /// Empty slot `i` of a locked block whose units are 0 or taken: its
+    /// key's word (owned by the caller now), its quota back to the budget.
+    fn forget_slot(b: &Block, i: usize) -> usize {
+        b.set_units(i, 0);
+        b.set_quota(i, 0);
+        b.add_used(-1);
+        b.swap_key(i, 0)
     }
 
     /// Keep `n` charged units for `key` in CPU `cpu`'s stock: added to its
@@ -673,14 +861,15 @@ impl<K: StockKey> Stock<K> {
     pub(crate) fn stash_hit(&self, key: &K, n: u64, cap: u64) -> bool {
         #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
         if let Mode::Rseq { offset } = self.mode {
-            // SAFETY: as in `consume`.
+            let raw = key.as_raw();
+            // SAFETY: as in `take_with`.
             return unsafe {
                 stock_rseq::stash(
                     offset,
                     self.base(),
                     self.cpus.len(),
-                    self.slots,
-                    key.as_raw(),
+                    self.window(raw),
+                    raw,
                     n,
                     cap,
                 )
@@ -720,25 +909,34 @@ impl<K: StockKey> Stock<K> {
             return;
         }
         let raw = key.as_raw();
-        let i = match b.find(self.slots, raw) {
+        let window = self.window(raw);
+        let i = match b.find(window, raw) {
             Some(i) => i,
             None => {
-                let empty = (0..self.slots).find(|&i| b.keys[i].load(Relaxed) == 0);
+                let (start, end) = window;
+                let empty = (start..end).find(|&i| b.key(i) == 0);
                 let i = empty.unwrap_or_else(|| {
                     // Relaxed: under the lock.
-                    let v = b.victim.load(Relaxed) as usize % self.slots;
-                    b.victim.store(((v + 1) % self.slots) as u32, Relaxed);
-                    v
+                    let v = b.victim.load(Relaxed) as usize % (end - start);
+                    b.victim.store(((v + 1) % (end - start)) as u16, Relaxed);
+                    start + v
                 });
                 key.counter().note_stock_slot(true);
-                let old = b.keys[i].swap(key.clone().into_raw(), Relaxed);
+                let units = b.units(i);
+                let old = if b.key(i) == 0 {
+                    b.add_used(1);
+                    b.swap_key(i, key.clone().into_raw())
+                } else {
+                    b.set_units(i, 0);
+                    b.set_quota(i, 0);
+                    b.swap_key(i, key.clone().into_raw())
+                };
                 if old != 0 {
                     // SAFETY: the slot owned the victim's word.
                     let victim = unsafe { K::from_raw(old) };
                     victim.counter().note_stock_slot(false);
-                    left.push(victim, b.units(i));
+                    left.push(victim, units);
                 }
-                b.set_units(i, 0);
                 // SeqCst: both drains read a block's key words without its
                 // lock, after a fence (`drain_key` to find the key,
                 // `drain_all` to skip a block with no key). A removal
@@ -748,10 +946,9 @@ impl<K: StockKey> Stock<K> {
                 // (and takes the slot once we unlock) or we see the flag.
                 crate::sync::fence(SeqCst);
                 if key.counter().is_retired() {
-                    let raw = b.keys[i].swap(0, Relaxed);
                     key.counter().note_stock_slot(false);
                     // SAFETY: the word we just stored.
-                    drop(unsafe { K::from_raw(raw) });
+                    drop(unsafe { K::from_raw(Self::forget_slot(b, i)) });
                     left.push(key.clone(), n);
                     return;
                 }
@@ -759,11 +956,39 @@ impl<K: StockKey> Stock<K> {
             }
         };
         let total = b.units(i).saturating_add(n);
-        let keep = total.min(self.batch);
+        self.grant(b, i, total.min(self.batch));
+        let keep = total.min(b.quota(i));
         b.set_units(i, keep);
         if total > keep {
             left.push(key.clone(), total - keep);
         }
+    }
+
+    /// Raise slot `i`'s quota towards `want` (≤ the batch) out of the
+    /// budget, under the block's lock. When the budget has less left than
+    /// needed, every other slot's quota first comes down to its fair share
+    /// (`budget / keys`, at most a batch) — but never below the units it
+    /// holds, so no unit moves: the budget is taken back from quotas that
+    /// their keys have used up, and a key that holds more than its share
+    /// keeps it until it spends it. The slot then gets what is left, up to
+    /// `want`: maybe less than its share until the others spend theirs.
+    fn grant(&self, b: &Block, i: usize, want: u64) {
+        let quota = b.quota(i);
+        if want <= quota {
+            return;
+        }
+        let need = want - quota;
+        if self.budget.saturating_sub(b.granted()) < need {
+            let share = (self.budget / b.used().max(1) as u64).clamp(1, self.batch);
+            for j in (0..self.slots).filter(|&j| j != i && b.key(j) != 0) {
+                let q = b.quota(j);
+                if q > share {
+                    b.set_quota(j, share.max(b.units(j)));
+                }
+            }
+        }
+        let free = self.budget.saturating_sub(b.granted());
+        b.set_quota(i, quota + need.min(free));
     }
 
     /// Return `n` units the caller had charged through `key` (an uncharge)
@@ -805,7 +1030,9 @@ impl<K: StockKey> Stock<K> {
             return left;
         };
         let b = locked.block;
-        let held = b.find(self.slots, key.as_raw()).map_or(0, |i| b.units(i));
+        let held = b
+            .find(self.window(key.as_raw()), key.as_raw())
+            .map_or(0, |i| b.units(i));
         // Relaxed: a bound check. Correct callers always pass it (usage
         // ≥ their own units + every stocked unit); concurrent charges
         // only raise the usage, and concurrent uncharges and drains on
@@ -831,12 +1058,11 @@ impl<K: StockKey> Stock<K> {
         cpu: usize,
         which: &dyn Fn(&UsageCounter) -> bool,
     ) -> [Option<(K, u64)>; MAX_STOCK_SLOTS] {
-        let mut taken: [Option<(K, u64)>; MAX_STOCK_SLOTS] = Default::default();
+        let mut taken: [Option<(K, u64)>; MAX_STOCK_SLOTS] = std::array::from_fn(|_| None);
         let (mut locked, mut fenced) = self.lock_unfenced(cpu);
         let b = locked.block;
         for (i, taken) in taken.iter_mut().enumerate().take(self.slots) {
-            // Relaxed: keys change only under the lock, which we hold.
-            let raw = b.keys[i].load(Relaxed);
+            let raw = b.key(i);
             if raw == 0 {
                 continue;
             }
@@ -863,10 +1089,8 @@ impl<K: StockKey> Stock<K> {
 
     /// Empty slot `i` of a locked (and fenced) block: its key and units.
     fn clear_slot(b: &Block, i: usize) -> (K, u64) {
-        // Relaxed: under the lock.
-        let raw = b.keys[i].swap(0, Relaxed);
         let units = b.units(i);
-        b.set_units(i, 0);
+        let raw = Self::forget_slot(b, i);
         // SAFETY: the slot owned the word; taken out once.
         let key = unsafe { K::from_raw(raw) };
         key.counter().note_stock_slot(false);
@@ -909,7 +1133,7 @@ impl<K: StockKey> Stock<K> {
             // Relaxed: a hint; a key stored after this look is one stocked
             // after the drain passed this CPU.
             let b = self.block(cpu);
-            if (0..self.slots).all(|i| b.keys[i].load(Relaxed) == 0) {
+            if b.used() == 0 {
                 continue;
             }
             for (k, units) in self.take_matching(cpu, which).into_iter().flatten() {
@@ -935,17 +1159,25 @@ impl<K: StockKey> Stock<K> {
         let mut drained = 0;
         for cpu in 0..self.cpus.len() {
             // Relaxed: comparing words only; the lock re-checks.
-            if self.block(cpu).find(self.slots, raw).is_none() {
+            if self.block(cpu).find(self.window(raw), raw).is_none() {
                 continue;
             }
             let locked = self.lock_remote(cpu);
-            if let Some(i) = locked.block.find(self.slots, raw) {
+            if let Some(i) = locked.block.find(self.window(raw), raw) {
                 let (k, units) = self.take_slot(locked, i);
                 k.return_units(units);
                 drained += units;
             }
         }
         drained
+    }
+
+    /// Units stocked on CPU `cpu` for every key: at most the budget
+    /// ([`Stock::budget`]). Waits for the CPU's lock; for tests and reports.
+    pub fn stocked_on(&self, cpu: usize) -> u64 {
+        let (locked, _) = self.lock_unfenced(cpu);
+        let b = locked.block;
+        (0..self.slots).map(|i| b.units(i)).sum()
     }
 
     /// Units stocked for `counter` on every CPU (waits for each lock; for
@@ -970,7 +1202,7 @@ impl<K: StockKey> Stock<K> {
                 let b = locked.block;
                 (0..self.slots)
                     .filter(|&i| {
-                        let raw = b.keys[i].load(Relaxed);
+                        let raw = b.key(i);
                         // SAFETY: under the lock the slot keeps its key
                         // alive; borrowed, not owned.
                         raw != 0 && {
@@ -1011,9 +1243,9 @@ impl<K: StockKey> Drop for Stock<K> {
         #[cfg(all(unix, not(loom)))]
         fork::unregister(&self.cpus);
         for b in self.cpus.iter() {
-            for k in &b.keys {
-                // Relaxed: no one else holds the stock any more.
-                let raw = k.load(Relaxed);
+            for i in 0..MAX_STOCK_SLOTS {
+                // No one else holds the stock any more.
+                let raw = b.key(i);
                 if raw != 0 {
                     // SAFETY: the slot owned the word; dropped once.
                     let key = unsafe { K::from_raw(raw) };
@@ -1168,9 +1400,15 @@ mod tests {
             Some(StockError::Slots(0))
         );
         assert_eq!(
-            Stock::<Arc<UsageCounter>>::new(2, 8, 64).err(),
-            Some(StockError::Slots(8))
+            Stock::<Arc<UsageCounter>>::new(2, 64, 64).err(),
+            Some(StockError::Slots(64))
         );
+        let e = Stock::<Arc<UsageCounter>>::new(2, 7, 64)
+            .and_then(|s| s.with_budget(0))
+            .err()
+            .unwrap();
+        assert_eq!(e, StockError::Budget(0));
+        assert!(e.to_string().contains("at least 1 unit"), "{e}");
         assert_eq!(
             Stock::<Arc<UsageCounter>>::new(2, 7, 0).err(),
             Some(StockError::Batch(0))
@@ -1183,9 +1421,10 @@ mod tests {
     }
 
     #[test]
-    fn the_per_cpu_block_is_one_128_byte_line() {
-        assert_eq!(std::mem::size_of::<Block>(), 128);
+    fn the_per_cpu_block_is_1_kib_of_16_byte_slots() {
+        assert_eq!(std::mem::size_of::<Block>(), 1024);
         assert_eq!(std::mem::align_of::<Block>(), 128);
+        assert_eq!(std::mem::size_of::<Slot>(), 16);
     }
 
     #[test]

@@ -6,16 +6,26 @@
 //!  21: arm                               21: arm
 //!  22: cpu = rseq->cpu_id                22: cpu = rseq->cpu_id
 //!      cpu ≥ blocks?     → unavailable       cpu ≥ blocks?     → unavailable
-//!      b = base + cpu·128                    b = base + cpu·128
+//!      b = base + cpu·1024                   b = base + cpu·1024
 //!      b.lock ≠ 0?       → busy              b.lock ≠ 0?       → busy
-//!      i = slot of key?  → miss              i = slot of key?  → slow
+//!      i = slot of key   → miss              i = slot of key   → slow
+//!          in its window?                        in its window?
 //!      u = b.units[i]                        u = b.units[i] + n
-//!      u < n?            → miss              u > cap?          → slow
-//!      u − n < min_left? → slow              b.units[i] = u      ; commit
-//!      b.units[i] = u − n  ; commit
+//!      u < n?            → short (4:)        u > cap?          → slow
+//!      u − n < min_left? → slow              u > b.quota[i]?   → slow
+//!      b.units[i] = u − n  ; commit          b.units[i] = u      ; commit
 //!  23:                                   23:
+//!      (4: read b.quota[i], b.granted,
+//!       b.used: the miss's refill hint)
 //!  25: disarm                            25: disarm
 //! ```
+//!
+//! A key's *window* is the run of slots it may occupy: all of them when a
+//! block has at most `stock::WINDOW` slots, else `WINDOW` slots from a
+//! start that a hash of the key's word picks (computed by the caller, so
+//! the sequences only scan). The quota check keeps every slot at or below
+//! the units its CPU's budget granted it — which is what bounds a CPU's
+//! stocked total by the budget whatever the number of keys (`stock.rs`).
 //!
 //! A sequence commits with one plain store and only if, on the CPU it runs
 //! on, the block was unlocked when it looked — from its start to its commit
@@ -75,35 +85,49 @@ fn step(status: u32) -> Step {
     }
 }
 
-/// Byte offsets in a block (see `stock.rs`): the lock word first, the keys
-/// from 8, the units from 64; blocks are 128 bytes apart.
-pub(crate) const KEYS: usize = 8;
-/// See [`KEYS`].
-pub(crate) const UNITS: usize = 64;
-/// See [`KEYS`].
-pub(crate) const BLOCK: usize = 128;
+/// Byte offsets in a block (see `stock.rs`): a 16-byte header (the lock
+/// word at 0, the units granted at 8), then 16-byte slots from [`SLOTS`],
+/// each its key word, its units at 8 and its quota at 12; blocks are
+/// [`BLOCK`] (`1 << 10`) bytes apart.
+pub(crate) const SLOTS: usize = 16;
+/// See [`SLOTS`].
+pub(crate) const SLOT: usize = 16;
+/// See [`SLOTS`].
+pub(crate) const GRANTED: usize = 8;
+/// See [`SLOTS`].
+pub(crate) const UNITS: usize = 8;
+/// See [`SLOTS`].
+pub(crate) const QUOTA: usize = 12;
+/// See [`SLOTS`].
+pub(crate) const BLOCK: usize = 1 << 10;
 
 /// Take `n` units for `key` from the calling CPU's block, leaving at least
-/// `min_left` in the slot.
+/// `min_left` in the slot; the key is looked for in slots
+/// `window.0..window.1`.
 ///
 /// # Safety
 /// `offset` is glibc's `__rseq_offset`; `base` points to `blocks` blocks of
-/// [`BLOCK`] bytes laid out as `stock.rs` says, of which `slots` key words
-/// are in use; every write to a block's units is such a sequence or made
-/// under its lock as this module describes.
+/// [`BLOCK`] bytes laid out as `stock.rs` says, `window` lies within each
+/// block's slots; every write to a block's units is such a sequence or
+/// made under its lock as this module describes.
 #[inline(always)]
 pub(crate) unsafe fn consume(
     offset: isize,
     base: *mut u8,
     blocks: usize,
-    slots: usize,
+    window: (usize, usize),
     key: usize,
     n: u64,
     min_left: u64,
-) -> Step {
+) -> Consumed {
     let status: u32;
+    let quota: usize;
+    let granted: usize;
+    let header: usize;
     // SAFETY: see the contract; the sequence writes only a unit word of
-    // the calling CPU's block, and the area's `rseq_cs`.
+    // the calling CPU's block, and the area's `rseq_cs`. The loads after
+    // the section (`4:`) read the block it looked at, which stays
+    // allocated whatever CPU the thread has moved to.
     unsafe {
         rseq_section!(
             off = offset;
@@ -112,49 +136,77 @@ pub(crate) unsafe fn consume(
                 "mov eax, 3",
                 "cmp {cpu}, {blocks}",
                 "jae 25f",
-                "shl {cpu}, 7",
+                "shl {cpu}, 10",
                 "add {cpu}, {base}",
                 "mov eax, 2",
                 "cmp dword ptr [{cpu}], 0",
                 "jne 25f",
                 "mov eax, 1",
-                "xor {idx:e}, {idx:e}",
                 "2:",
-                "cmp qword ptr [{cpu} + {idx} * 8 + 8], {key}",
+                "cmp qword ptr [{cpu} + {idx} + 16], {key}",
                 "je 3f",
-                "inc {idx}",
-                "cmp {idx}, {slots}",
+                "add {idx}, 16",
+                "cmp {idx}, {end}",
                 "jb 2b",
                 "jmp 25f",
                 "3:",
-                "mov {tmp:e}, dword ptr [{cpu} + {idx} * 4 + 64]",
+                "mov eax, 5",
+                "mov {tmp:e}, dword ptr [{cpu} + {idx} + 24]",
                 "cmp {tmp}, {n}",
-                "jb 25f",
+                "jb 4f",
                 "sub {tmp}, {n}",
                 "mov eax, 4",
                 "cmp {tmp}, {min}",
                 "jb 25f",
                 "xor eax, eax",
-                "mov dword ptr [{cpu} + {idx} * 4 + 64], {tmp:e}",
+                "mov dword ptr [{cpu} + {idx} + 24], {tmp:e}",
             ];
-            after = [];
+            after = [
+                "jmp 25f",
+                "4:",
+                "mov {key:e}, dword ptr [{cpu} + {idx} + 28]",
+                "mov {idx}, qword ptr [{cpu} + 8]",
+                "mov {cpu}, qword ptr [{cpu}]",
+            ];
             base = in(reg) base,
             blocks = in(reg) blocks,
-            slots = in(reg) slots,
-            key = in(reg) key,
+            idx = inout(reg) window.0 * SLOT => granted,
+            end = in(reg) window.1 * SLOT,
+            key = inout(reg) key => quota,
             n = in(reg) n,
             min = in(reg) min_left,
-            cpu = out(reg) _,
-            idx = out(reg) _,
+            cpu = out(reg) header,
             out("eax") status,
             options(nostack),
         );
     }
-    step(status)
+    match status {
+        0 => Consumed::Step(Step::Done),
+        5 => Consumed::Short {
+            quota: quota as u64,
+            granted: granted as u64,
+            // The header's first word: the lock, the victim, then `used`
+            // in the top 16 bits.
+            used: (header >> 48) as u64,
+        },
+        s => Consumed::Step(step(s)),
+    }
 }
 
-/// Add `n` units to `key`'s slot in the calling CPU's block, if the key has
-/// one and the slot stays at or below `cap`.
+/// What [`consume`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Consumed {
+    /// Any outcome but the one below (`Step::Miss`: the key has no slot).
+    Step(Step),
+    /// The key's slot holds too few units: its quota, the units granted to
+    /// the block's slots in all and the slots in use (the block's header,
+    /// read after the section: hints).
+    Short { quota: u64, granted: u64, used: u64 },
+}
+
+/// Add `n` units to `key`'s slot in the calling CPU's block (looked for in
+/// `window`, as in [`consume`]), if the key has one and the slot stays at
+/// or below both `cap` and its quota.
 ///
 /// # Safety
 /// As for [`consume`].
@@ -163,7 +215,7 @@ pub(crate) unsafe fn stash(
     offset: isize,
     base: *mut u8,
     blocks: usize,
-    slots: usize,
+    window: (usize, usize),
     key: usize,
     n: u64,
     cap: u64,
@@ -178,38 +230,40 @@ pub(crate) unsafe fn stash(
                 "mov eax, 3",
                 "cmp {cpu}, {blocks}",
                 "jae 25f",
-                "shl {cpu}, 7",
+                "shl {cpu}, 10",
                 "add {cpu}, {base}",
                 "mov eax, 2",
                 "cmp dword ptr [{cpu}], 0",
                 "jne 25f",
                 "mov eax, 4",
-                "xor {idx:e}, {idx:e}",
                 "2:",
-                "cmp qword ptr [{cpu} + {idx} * 8 + 8], {key}",
+                "cmp qword ptr [{cpu} + {idx} + 16], {key}",
                 "je 3f",
-                "inc {idx}",
-                "cmp {idx}, {slots}",
+                "add {idx}, 16",
+                "cmp {idx}, {end}",
                 "jb 2b",
                 "jmp 25f",
                 "3:",
-                "mov {tmp:e}, dword ptr [{cpu} + {idx} * 4 + 64]",
+                "mov {tmp:e}, dword ptr [{cpu} + {idx} + 24]",
                 "add {tmp}, {n}",
                 "jc 25f",
                 "cmp {tmp}, {cap}",
                 "ja 25f",
+                "mov {key:e}, dword ptr [{cpu} + {idx} + 28]",
+                "cmp {tmp}, {key}",
+                "ja 25f",
                 "xor eax, eax",
-                "mov dword ptr [{cpu} + {idx} * 4 + 64], {tmp:e}",
+                "mov dword ptr [{cpu} + {idx} + 24], {tmp:e}",
             ];
             after = [];
             base = in(reg) base,
             blocks = in(reg) blocks,
-            slots = in(reg) slots,
-            key = in(reg) key,
+            idx = inout(reg) window.0 * SLOT => _,
+            end = in(reg) window.1 * SLOT,
+            key = inout(reg) key => _,
             n = in(reg) n,
             cap = in(reg) cap,
             cpu = out(reg) _,
-            idx = out(reg) _,
             out("eax") status,
             options(nostack),
         );
@@ -242,7 +296,7 @@ pub(crate) unsafe fn lock_local(
                 "cmp {cpu}, {blocks}",
                 "jae 25f",
                 "mov {tmp}, {cpu}",
-                "shl {tmp}, 7",
+                "shl {tmp}, 10",
                 "add {tmp}, {base}",
                 "mov {one:e}, 1",
                 "xor eax, eax",

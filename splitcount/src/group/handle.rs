@@ -442,8 +442,9 @@ impl Group {
     /// Charge `n` units, or say why not.
     ///
     /// 1. This CPU's stock: if it holds `n` units for the group, take them.
-    /// 2. Charge `max(batch, n)` to the usage counters, keep the surplus in
-    ///    the stock.
+    /// 2. Charge a batch (or, with more groups on the CPU than its budget
+    ///    has batches for, the group's share of the budget) to the usage
+    ///    counters if `n` is smaller, and keep the surplus in the stock.
     /// 3. Refused: charge exactly `n`; call the refusing group's reclaim
     ///    hook; drain all CPUs' stocks of its subtree (once per refusing
     ///    group); retry up to [`super::MAX_RECLAIM_RETRIES`] times while progress
@@ -468,15 +469,16 @@ impl Group {
         let node = self.live();
         let stock = &self.shared.stock;
         let machine = &self.shared.config.machine;
-        if stock.consume_with(|| machine.current_cpu(), &node.usage, n) == Consumed::Hit {
+        let (taken, refill) = stock.take_with(|| machine.current_cpu(), &node.usage, n);
+        if taken == Consumed::Hit {
             return Ok(());
         }
-        let batch = stock.batch();
-        if n < batch {
-            if let Ok(crossed) = node.usage.try_charge_quiet(batch) {
-                if !stock.stash_hit(&node.usage, batch - n, batch) {
+        // A batch, or the group's share of this CPU's budget.
+        if n < refill {
+            if let Ok(crossed) = node.usage.try_charge_quiet(refill) {
+                if !stock.stash_hit(&node.usage, refill - n, refill) {
                     let _ = stock
-                        .stash_with(|| machine.current_cpu(), &node.usage, batch - n)
+                        .stash_with(|| machine.current_cpu(), &node.usage, refill - n)
                         .uncharge();
                 }
                 if crossed {

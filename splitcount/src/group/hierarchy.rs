@@ -5,7 +5,9 @@ use super::flusher::Flusher;
 use super::name::{child_path, components, validate_name};
 use super::node::Node;
 use super::{Group, GroupError};
-use crate::charge::{Stock, StockActivity, UsageCounter, MAX_STOCK_BATCH, MAX_STOCK_SLOTS};
+use crate::charge::{
+    Stock, StockActivity, UsageCounter, DEFAULT_BUDGET_BATCHES, MAX_STOCK_BATCH, MAX_STOCK_SLOTS,
+};
 use crate::cpu::Machine;
 use crate::stat::{StatError, StatGroup, StatId, StatItem, Stats};
 use std::sync::Arc;
@@ -24,8 +26,14 @@ pub struct HierarchyConfig {
     pub machine: Machine,
     /// Units a stock miss charges at once (default 64).
     pub stock_batch: u64,
-    /// Groups each CPU's stock can hold at once (1..=7, default 7).
+    /// Groups each CPU's stock can hold at once (1..=63, default 63).
     pub stock_slots: usize,
+    /// The most units each CPU's stock holds in all, whatever the number of
+    /// groups it serves (`None`: 7 batches, 448 units by default). With
+    /// more groups charging on a CPU than the budget has batches for, each
+    /// is granted a share of it (and its misses charge that share). See
+    /// [`Hierarchy::max_slack`].
+    pub stock_budget: Option<u64>,
     /// The stat items every group carries (none by default).
     pub stats: Vec<StatItem>,
 }
@@ -36,6 +44,7 @@ impl Default for HierarchyConfig {
             machine: Machine::host(),
             stock_batch: 64,
             stock_slots: MAX_STOCK_SLOTS,
+            stock_budget: None,
             stats: Vec::new(),
         }
     }
@@ -60,6 +69,18 @@ impl HierarchyConfig {
         self
     }
 
+    /// The most units each CPU's stock holds in all (≥ 1).
+    pub fn stock_budget(mut self, units: u64) -> Self {
+        self.stock_budget = Some(units);
+        self
+    }
+
+    /// The budget in force: [`HierarchyConfig::stock_budget`], or 7 batches.
+    pub fn effective_stock_budget(&self) -> u64 {
+        self.stock_budget
+            .unwrap_or(self.stock_batch.saturating_mul(DEFAULT_BUDGET_BATCHES))
+    }
+
     /// The stat items every group carries.
     pub fn stats(mut self, items: Vec<StatItem>) -> Self {
         self.stats = items;
@@ -78,6 +99,11 @@ impl HierarchyConfig {
                 "a CPU's stock holds 1 to {MAX_STOCK_SLOTS} groups, not {}",
                 self.stock_slots
             )));
+        }
+        if self.stock_budget == Some(0) {
+            return Err(GroupError::Config(
+                "a CPU's stock budget must be at least 1 unit, not 0".to_owned(),
+            ));
         }
         Ok(())
     }
@@ -172,6 +198,7 @@ impl Hierarchy {
             config.stock_slots,
             config.stock_batch,
         )
+        .and_then(|s| s.with_budget(config.effective_stock_budget()))
         .map_err(GroupError::Stock)?;
         let stats = Stats::new(&config.machine, config.stats.clone()).map_err(stat_error)?;
         let root_stats = StatGroup::new(&stats, 0, None).map_err(stat_error)?;
@@ -284,6 +311,34 @@ impl Hierarchy {
     /// made — see [`StockActivity::sealed`].
     pub fn uses_rseq_stock(&self) -> bool {
         self.shared.stock.uses_rseq()
+    }
+
+    /// Units stocked on CPU `cpu` (of the hierarchy's machine) for all its
+    /// groups, not counting the allocator's bytes: at most the stock budget
+    /// ([`HierarchyConfig::stock_budget`]). Waits for that CPU's stock
+    /// lock; for tests and reports.
+    pub fn stocked_on_cpu(&self, cpu: usize) -> u64 {
+        self.shared.stock.stocked_on(cpu)
+    }
+
+    /// The most that the usage of the root (or of any group, counting its
+    /// subtree) can run ahead of the units its callers hold: every CPU's
+    /// stock at its budget ([`HierarchyConfig::stock_budget`]), whatever
+    /// the number of groups. Stocked units are charged, so no limit is
+    /// passed because of them; a refusal drains the refusing subtree's
+    /// stocked units before it is final. The allocator's bytes have their
+    /// own bound ([`crate::alloc::Accounted::max_slack`]).
+    ///
+    /// ```
+    /// use splitcount::cpu::Machine;
+    /// use splitcount::group::{Hierarchy, HierarchyConfig};
+    /// let m = Machine::simulated(4, 1).unwrap();
+    /// let h = Hierarchy::new(HierarchyConfig::default().machine(&m)).unwrap();
+    /// assert_eq!(h.max_slack(), 4 * 7 * 64);
+    /// ```
+    pub fn max_slack(&self) -> u64 {
+        let stock = &self.shared.stock;
+        (stock.cpus() as u64).saturating_mul(stock.budget())
     }
 
     /// The state every handle of this hierarchy shares.

@@ -139,8 +139,11 @@ pub const SUITES: &[Suite] = &[
                 once 64 are outstanding): without accounting (the baseline), on the usage \
                 counters directly, and through the per-CPU stock — on its hit path (stock), \
                 and with a working set larger than the stock (stock-misses: bursts of 96 \
-                units to 12 groups in turn, so refills, drains and evictions are timed); then \
-                each thread serving 4 or 8 tenants in turn with 1 or 7 stock slots per CPU.",
+                units to 72 groups in turn, more than the 63 slots, so refills, drains and \
+                evictions are timed); then each thread serving 4 or 8 tenants in turn with 1 or \
+                7 stock slots per CPU (the kernel before and since 6.16), and 8 or 32 tenants \
+                with the default stock (63 slots, at most 7 batches stocked per CPU: 32 tenants \
+                get 14 units each).",
         run: timed::charge,
     },
     Suite {
