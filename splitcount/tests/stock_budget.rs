@@ -217,3 +217,28 @@ fn on_this_host_32_tenants_stay_within_the_budget() {
         assert_eq!(g.usage(), 200);
     }
 }
+
+#[test]
+fn returns_to_another_cpu_reach_the_counters_once_per_half_a_batch() {
+    // What a consumer thread does with a producer's blocks: units charged
+    // on CPU 0, returned one by one on CPU 1. CPU 1's slot fills to its
+    // quota (a batch), then each overflow drains it to half: the usage
+    // moves once per 32 returns, not on every return past the first 64.
+    let m = machine(2);
+    let h = Hierarchy::new(HierarchyConfig::default().machine(&m)).unwrap();
+    let g = h.root().child("producer").unwrap();
+    g.charge(10_000).unwrap();
+    m.set_current_cpu(1).unwrap();
+    let mut moves = 0;
+    for _ in 0..10_000 {
+        let before = g.usage();
+        g.uncharge(1);
+        if g.usage() != before {
+            moves += 1;
+        }
+    }
+    assert!(moves <= 10_000 / 32 + 1, "{moves} counter updates");
+    assert!(h.stocked_on_cpu(1) <= 64);
+    h.drain_stocks();
+    assert_eq!((g.usage(), g.events().underflow), (0, 0));
+}

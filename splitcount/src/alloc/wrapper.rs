@@ -532,7 +532,7 @@ impl<A, C: Charging> Accounted<A, C> {
             return;
         }
         let _ = stock
-            .stash_with(|| st.machine.current_cpu(), &acc, n)
+            .stash_returned_with(|| st.machine.current_cpu(), &acc, n)
             .uncharge();
     }
 }

@@ -69,8 +69,10 @@ pub const MAX_STOCK_SLOTS: usize = 63;
 /// before budgets: 7 slots of a batch).
 pub const DEFAULT_BUDGET_BATCHES: u64 = 7;
 
-/// Slots a key may occupy in a block of more slots than this: a window of
-/// consecutive slots whose start a hash of the key picks. The hit
+/// The fewest slots a key may occupy in a block of more slots than this: a
+/// window of consecutive slots whose start a hash of the key picks (among
+/// a power of two of starts, so that the hash is one multiplication and a
+/// shift: 32 slots from one of 32 starts in a block of 63). The hit
 /// sequences scan the window only; in a block of at most this many slots
 /// every key may use every slot.
 pub const WINDOW: usize = 16;
@@ -341,6 +343,16 @@ impl Block {
     }
 }
 
+/// What units a stash brings (see `Stock::stash_locked`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stashed {
+    /// The surplus of a miss's refill: the slot keeps what fits its quota.
+    Refill,
+    /// Units a caller gives back (an uncharge, a free): if they overflow
+    /// the slot, it drains to half its quota.
+    Returned,
+}
+
 /// Lock word bit: the block's lock is held.
 const HELD: u32 = 1;
 /// Lock word bit: the block is sealed — rseq mode fell back to locks for it
@@ -368,6 +380,12 @@ pub struct Stock<K: StockKey = Arc<UsageCounter>> {
     slots: usize,
     /// The most units a CPU's slots may hold in all (≥ 1).
     budget: u64,
+    /// `64 − log2(starts)` for a block of more than [`WINDOW`] slots, where
+    /// `starts` is the largest power of two ≤ `slots − WINDOW + 1`; 0 for
+    /// one key window of every slot.
+    start_shift: u32,
+    /// Slots per window: `slots − starts + 1` (≥ [`WINDOW`]), or `slots`.
+    window_len: usize,
     mode: Mode,
     /// Counts of the cold paths that reach other CPUs' blocks: on a line of
     /// their own, so that a drain's count never invalidates the line every
@@ -504,11 +522,21 @@ impl<K: StockKey> Stock<K> {
         if !(1..=MAX_STOCK_BATCH).contains(&batch) {
             return Err(StockError::Batch(batch));
         }
+        // Windows: a power of two of starts, as many as fit with windows of
+        // at least WINDOW slots.
+        let (start_shift, window_len) = if slots <= WINDOW {
+            (0, slots)
+        } else {
+            let starts = 1usize << (slots - WINDOW + 1).ilog2();
+            (64 - starts.ilog2(), slots - starts + 1)
+        };
         let stock = Stock {
             cpus: (0..cpus).map(|_| Block::new()).collect(),
             batch,
             slots,
             budget: batch.saturating_mul(DEFAULT_BUDGET_BATCHES),
+            start_shift,
+            window_len,
             mode,
             activity: Default::default(),
             _keys: std::marker::PhantomData,
@@ -549,14 +577,13 @@ impl<K: StockKey> Stock<K> {
     /// [`WINDOW`] picked by a hash of its word.
     #[inline(always)]
     fn window(&self, raw: usize) -> (usize, usize) {
-        if self.slots <= WINDOW {
-            return (0, self.slots);
-        }
         // Fibonacci hashing: the product's high half mixes every bit of
         // the word (an address whose low bits are zero).
-        let h = (raw as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
-        let start = ((h * (self.slots - WINDOW + 1) as u64) >> 32) as usize;
-        (start, start + WINDOW)
+        if self.start_shift == 0 {
+            return (0, self.slots);
+        }
+        let start = ((raw as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.start_shift) as usize;
+        (start, start + self.window_len)
     }
 
     /// The units a miss for `key` should charge at once, from hints read on
@@ -885,21 +912,44 @@ impl<K: StockKey> Stock<K> {
         if n == 0 || self.stash_hit(key, n, self.batch) {
             return Leftovers::default();
         }
-        self.stash_slow(cpu(), key, n)
+        self.stash_slow(cpu(), key, n, Stashed::Refill)
+    }
+
+    /// [`Stock::stash_with`] for units a caller returns (the allocator's
+    /// frees): a slot they overflow drains to half its quota
+    /// ([`Stashed::Returned`]).
+    #[inline]
+    pub(crate) fn stash_returned_with(
+        &self,
+        cpu: impl FnOnce() -> usize,
+        key: &K,
+        n: u64,
+    ) -> Leftovers<K> {
+        if n == 0 || self.stash_hit(key, n, self.batch) {
+            return Leftovers::default();
+        }
+        self.stash_slow(cpu(), key, n, Stashed::Returned)
     }
 
     #[cold]
-    fn stash_slow(&self, cpu: usize, key: &K, n: u64) -> Leftovers<K> {
+    fn stash_slow(&self, cpu: usize, key: &K, n: u64, how: Stashed) -> Leftovers<K> {
         let mut left = Leftovers::default();
         let Some(locked) = self.try_lock_here(cpu) else {
             left.push(key.clone(), n);
             return left;
         };
-        self.stash_locked(&locked, key, n, &mut left);
+        self.stash_locked(&locked, key, n, how, &mut left);
         left
     }
 
-    fn stash_locked(&self, locked: &Locked<'_>, key: &K, n: u64, left: &mut Leftovers<K>) {
+    fn stash_locked(
+        &self,
+        locked: &Locked<'_>,
+        key: &K,
+        n: u64,
+        how: Stashed,
+        left: &mut Leftovers<K>,
+    ) {
         let b = locked.block;
         // Under the lock: a drain that followed `retire` has either passed
         // this CPU (and released the lock we now hold: we see the flag) or
@@ -957,7 +1007,25 @@ impl<K: StockKey> Stock<K> {
         };
         let total = b.units(i).saturating_add(n);
         self.grant(b, i, total.min(self.batch));
-        let keep = total.min(b.quota(i));
+        let quota = b.quota(i);
+        // Returned units that overflow the slot drain it to half its quota
+        // (the kernel's stock flushes a full stock whole rather than bypass
+        // it): a stream of returns to one CPU — frees of blocks another
+        // thread allocated, uncharges of what another CPU charged — reaches
+        // the usage counters once per half quota of units, not once per
+        // return. A refill keeps what fits.
+        let keep = match how {
+            Stashed::Returned if total > quota => quota / 2,
+            _ => total.min(quota),
+        };
+        if keep == 0 && !K::KEEP_EMPTY {
+            // A key that must not stay without units goes with them.
+            key.counter().note_stock_slot(false);
+            let raw = Self::forget_slot(b, i);
+            // SAFETY: the slot owned the key's word; taken out once.
+            left.push(unsafe { K::from_raw(raw) }, total);
+            return;
+        }
         b.set_units(i, keep);
         if total > keep {
             left.push(key.clone(), total - keep);
@@ -1042,7 +1110,7 @@ impl<K: StockKey> Stock<K> {
             key.counter().record_underflow();
             left.push(key.clone(), free);
         } else {
-            self.stash_locked(&locked, key, n, &mut left);
+            self.stash_locked(&locked, key, n, Stashed::Returned, &mut left);
         }
         left
     }
@@ -1425,6 +1493,23 @@ mod tests {
         assert_eq!(std::mem::size_of::<Block>(), 1024);
         assert_eq!(std::mem::align_of::<Block>(), 128);
         assert_eq!(std::mem::size_of::<Slot>(), 16);
+    }
+
+    #[test]
+    fn every_window_lies_within_the_slots_and_holds_at_least_window_of_them() {
+        for slots in 1..=MAX_STOCK_SLOTS {
+            let s = Stock::<Arc<UsageCounter>>::new(1, slots, 64).unwrap();
+            let mut starts = std::collections::BTreeSet::new();
+            for i in 0..4096usize {
+                let (start, end) = s.window(i.wrapping_mul(0x1_0000_0080) | 0x80);
+                assert!(end <= slots && end - start >= WINDOW.min(slots), "{slots}");
+                starts.insert(start);
+            }
+            if slots > WINDOW {
+                // Every start is used: the hash spreads the keys.
+                assert_eq!(starts.len(), 1 << (slots - WINDOW + 1).ilog2(), "{slots}");
+            }
+        }
     }
 
     #[test]
