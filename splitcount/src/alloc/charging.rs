@@ -120,10 +120,25 @@ impl Charging for Footprint {
 /// about the memory a block really occupies.
 ///
 /// Implemented for [`System`]: on glibc, `malloc_usable_size` + 8 (the
-/// chunk's size field); elsewhere the default. Another allocator implements
-/// it with its own figure (jemalloc's `sallocx`, say), or with no body to
-/// get the default: the size the wrapper asked for (the caller's size plus
-/// the header), without the allocator's rounding.
+/// chunk's size field); elsewhere the default. With the `jemalloc` feature,
+/// for `tikv_jemallocator::Jemalloc`: jemalloc's usable size (the block's
+/// size class; jemalloc keeps its metadata per slab, not per block). With
+/// the `mimalloc` feature, for `mimalloc::MiMalloc`: `mi_usable_size` (the
+/// size class; no per-block header either). In every case the block is the
+/// wrapper's whole allocation, its header included. Another allocator
+/// implements it with its own figure, or with no body to get the default:
+/// the size the wrapper asked for (the caller's size plus the header),
+/// without the allocator's rounding.
+///
+/// ```
+/// # #[cfg(feature = "jemalloc")] {
+/// use splitcount::alloc::{Accounted, Footprint};
+/// use tikv_jemallocator::Jemalloc;
+///
+/// #[global_allocator]
+/// static ALLOC: Accounted<Jemalloc, Footprint> = Accounted::with_charging(Jemalloc, Footprint);
+/// # }
+/// ```
 ///
 /// # Safety
 ///
@@ -170,6 +185,32 @@ unsafe impl InnerFootprint for System {
             let _ = block;
             layout.size()
         }
+    }
+}
+
+// SAFETY: jemalloc's usable size of a live block is its size class, fixed
+// from its allocation (`mallocx`, `rallocx`) until it is freed or
+// reallocated, and at least the size asked for.
+#[cfg(feature = "jemalloc")]
+unsafe impl InnerFootprint for tikv_jemallocator::Jemalloc {
+    #[inline]
+    unsafe fn footprint(&self, block: *mut u8, layout: Layout) -> usize {
+        let _ = layout;
+        // SAFETY: `block` is live and came from jemalloc.
+        unsafe { tikv_jemallocator::usable_size(block) }
+    }
+}
+
+// SAFETY: as for jemalloc: `mi_usable_size` of a live block is its size
+// class, fixed until it is freed or reallocated, at least the size asked
+// for.
+#[cfg(feature = "mimalloc")]
+unsafe impl InnerFootprint for mimalloc::MiMalloc {
+    #[inline]
+    unsafe fn footprint(&self, block: *mut u8, layout: Layout) -> usize {
+        let _ = layout;
+        // SAFETY: `block` is live and came from mimalloc.
+        unsafe { self.usable_size(block) }
     }
 }
 

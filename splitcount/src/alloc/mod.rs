@@ -86,8 +86,10 @@
 //!
 //! **Slack.** Usage may run ahead of live bytes (requested sizes or
 //! footprints, as charged) by the reserves (at most
-//! `MAX_THREAD_RESERVE` per thread) plus the stocks (at most `7 ·
-//! BYTE_BATCH` per CPU): [`Accounted::max_slack`]. A refusal drains the
+//! `MAX_THREAD_RESERVE` per thread) plus the stocks (at most
+//! [`BYTE_BUDGET`] = `7 · BYTE_BATCH` per CPU, however many groups
+//! allocate there): [`Accounted::max_slack`], in the unit blocks charge
+//! (requested sizes or footprints, on any inner allocator). A refusal drains the
 //! stocks first, so it comes at most `threads · MAX_THREAD_RESERVE` early.
 //! [`crate::group::Hierarchy::drain_stocks`] returns the stocks and the
 //! calling thread's reserve; [`drain_thread`] an idle thread's.
