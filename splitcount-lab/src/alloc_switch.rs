@@ -1,6 +1,6 @@
-//! The lab's global allocator: the system allocator, or the same wrapped in
-//! [`Accounted`] (charging requested sizes or footprints), chosen once per
-//! process.
+//! The lab's global allocator: an inner allocator — the system's (glibc),
+//! jemalloc or mimalloc — alone or wrapped in [`Accounted`] (charging
+//! requested sizes or footprints), chosen once per process.
 //!
 //! `bench alloc` compares the two *as a program uses them*: every
 //! allocation of its workloads goes through `std::alloc` (a `Vec`, a
@@ -8,79 +8,202 @@
 //! process cannot switch its global allocator while blocks are live (a
 //! block from `System` has no header for `Accounted` to read), so the
 //! choice is made once, at the first allocation, from the environment
-//! variable [`ENV`] (`system`, the default, `accounted` or `footprint`),
+//! variable [`ENV`] (`system`, the default, or another [`Allocator::name`]),
 //! and the allocator suite runs each in a worker process of its own
-//! ([`crate::bench::alloc`]). Every side pays a dispatch of one or two
-//! predictable branches on a static: `System` first, then the two
-//! accounted allocators, which pay the same.
+//! ([`crate::bench::alloc`]). Every side pays the same dispatch: a
+//! predictable indirect jump on a static.
 
+use mimalloc::MiMalloc;
 use serde::{Deserialize, Serialize};
 use splitcount::alloc::{Accounted, Footprint};
 use splitcount::group::Hierarchy;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU8, Ordering};
+use tikv_jemallocator::Jemalloc;
 
 /// The environment variable that picks a process's allocator.
 pub const ENV: &str = "SPLITCOUNT_LAB_ALLOCATOR";
 
-/// Which allocator a process runs on.
+/// Which allocator a process runs on: an inner allocator alone, or wrapped
+/// in `Accounted` charging requested sizes or footprints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
 pub enum Allocator {
-    /// `std::alloc::System`.
+    /// `std::alloc::System` (glibc's malloc).
+    #[serde(rename = "system")]
     System,
     /// `Accounted<System>`: charges requested sizes.
+    #[serde(rename = "accounted")]
     Accounted,
     /// `Accounted<System, Footprint>`: charges footprints
     /// (`malloc_usable_size` + 8 on glibc).
+    #[serde(rename = "footprint")]
     Footprint,
+    /// `tikv_jemallocator::Jemalloc`.
+    #[serde(rename = "jemalloc")]
+    Jemalloc,
+    /// `Accounted<Jemalloc>`.
+    #[serde(rename = "jemalloc-accounted")]
+    JemallocAccounted,
+    /// `Accounted<Jemalloc, Footprint>` (jemalloc's usable size).
+    #[serde(rename = "jemalloc-footprint")]
+    JemallocFootprint,
+    /// `mimalloc::MiMalloc`.
+    #[serde(rename = "mimalloc")]
+    Mimalloc,
+    /// `Accounted<MiMalloc>`.
+    #[serde(rename = "mimalloc-accounted")]
+    MimallocAccounted,
+    /// `Accounted<MiMalloc, Footprint>` (`mi_usable_size`).
+    #[serde(rename = "mimalloc-footprint")]
+    MimallocFootprint,
 }
 
 impl Allocator {
-    /// `system`, `accounted` or `footprint` (the value of [`ENV`]).
+    /// Every allocator, each inner one before its wrappers.
+    pub const ALL: [Allocator; 9] = [
+        Allocator::System,
+        Allocator::Accounted,
+        Allocator::Footprint,
+        Allocator::Jemalloc,
+        Allocator::JemallocAccounted,
+        Allocator::JemallocFootprint,
+        Allocator::Mimalloc,
+        Allocator::MimallocAccounted,
+        Allocator::MimallocFootprint,
+    ];
+
+    /// `system`, `accounted`, `footprint`, `jemalloc`,
+    /// `jemalloc-accounted`, … (the value of [`ENV`]).
     pub fn name(self) -> &'static str {
         match self {
             Allocator::System => "system",
             Allocator::Accounted => "accounted",
             Allocator::Footprint => "footprint",
+            Allocator::Jemalloc => "jemalloc",
+            Allocator::JemallocAccounted => "jemalloc-accounted",
+            Allocator::JemallocFootprint => "jemalloc-footprint",
+            Allocator::Mimalloc => "mimalloc",
+            Allocator::MimallocAccounted => "mimalloc-accounted",
+            Allocator::MimallocFootprint => "mimalloc-footprint",
         }
     }
 
-    /// Whether it charges groups (either `Accounted`).
+    /// The allocator with this [`Allocator::name`].
+    pub fn named(name: &str) -> Option<Allocator> {
+        Allocator::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// Whether it charges groups (an `Accounted`).
     pub fn is_accounted(self) -> bool {
-        self != Allocator::System
+        self != self.inner()
+    }
+
+    /// The inner allocator alone: `System`, `Jemalloc` or `Mimalloc`.
+    pub fn inner(self) -> Allocator {
+        match self {
+            Allocator::System | Allocator::Accounted | Allocator::Footprint => Allocator::System,
+            Allocator::Jemalloc | Allocator::JemallocAccounted | Allocator::JemallocFootprint => {
+                Allocator::Jemalloc
+            }
+            Allocator::Mimalloc | Allocator::MimallocAccounted | Allocator::MimallocFootprint => {
+                Allocator::Mimalloc
+            }
+        }
+    }
+
+    /// What a case on this allocator is divided by: a footprint wrapper by
+    /// the same wrapper charging requested sizes (what footprints add), a
+    /// requested-size wrapper by its inner allocator alone (what
+    /// accounting adds), and an inner allocator by glibc's.
+    pub fn baseline(self) -> Allocator {
+        match self {
+            Allocator::Footprint => Allocator::Accounted,
+            Allocator::JemallocFootprint => Allocator::JemallocAccounted,
+            Allocator::MimallocFootprint => Allocator::MimallocAccounted,
+            a if a.is_accounted() => a.inner(),
+            _ => Allocator::System,
+        }
+    }
+
+    fn mode(self) -> u8 {
+        Allocator::ALL.iter().position(|&a| a == self).unwrap_or(0) as u8 + 1
     }
 }
 
 const UNDECIDED: u8 = 0;
-const SYSTEM: u8 = 1;
-const ACCOUNTED_MODE: u8 = 2;
-const FOOTPRINT_MODE: u8 = 3;
 
 static MODE: AtomicU8 = AtomicU8::new(UNDECIDED);
 static ACCOUNTED: Accounted<System> = Accounted::new(System);
 static FOOTPRINT: Accounted<System, Footprint> = Accounted::with_charging(System, Footprint);
+static JE_ACCOUNTED: Accounted<Jemalloc> = Accounted::new(Jemalloc);
+static JE_FOOTPRINT: Accounted<Jemalloc, Footprint> = Accounted::with_charging(Jemalloc, Footprint);
+static MI_ACCOUNTED: Accounted<MiMalloc> = Accounted::new(MiMalloc);
+static MI_FOOTPRINT: Accounted<MiMalloc, Footprint> = Accounted::with_charging(MiMalloc, Footprint);
 
 /// The allocator this process runs on (decided at its first allocation).
 pub fn current() -> Allocator {
-    match mode() {
-        ACCOUNTED_MODE => Allocator::Accounted,
-        FOOTPRINT_MODE => Allocator::Footprint,
-        _ => Allocator::System,
-    }
+    Allocator::ALL[(mode() - 1) as usize]
+}
+
+/// Apply `$call` to the allocator of mode `$mode`, as an expression.
+macro_rules! dispatch {
+    ($mode:expr, |$a:ident| $call:expr) => {
+        match $mode {
+            2 => {
+                let $a = &ACCOUNTED;
+                $call
+            }
+            3 => {
+                let $a = &FOOTPRINT;
+                $call
+            }
+            4 => {
+                let $a = &Jemalloc;
+                $call
+            }
+            5 => {
+                let $a = &JE_ACCOUNTED;
+                $call
+            }
+            6 => {
+                let $a = &JE_FOOTPRINT;
+                $call
+            }
+            7 => {
+                let $a = &MiMalloc;
+                $call
+            }
+            8 => {
+                let $a = &MI_ACCOUNTED;
+                $call
+            }
+            9 => {
+                let $a = &MI_FOOTPRINT;
+                $call
+            }
+            _ => {
+                let $a = &System;
+                $call
+            }
+        }
+    };
 }
 
 /// Attach the process's accounted allocator to `hierarchy`: from now on
 /// its allocations are charged to the current group (an error if this
-/// process runs on [`Allocator::System`]).
+/// process runs on an inner allocator alone).
 pub fn attach(hierarchy: &Hierarchy) -> Result<(), String> {
     let attached = match current() {
         Allocator::Accounted => ACCOUNTED.attach(hierarchy),
         Allocator::Footprint => FOOTPRINT.attach(hierarchy),
-        Allocator::System => {
+        Allocator::JemallocAccounted => JE_ACCOUNTED.attach(hierarchy),
+        Allocator::JemallocFootprint => JE_FOOTPRINT.attach(hierarchy),
+        Allocator::MimallocAccounted => MI_ACCOUNTED.attach(hierarchy),
+        Allocator::MimallocFootprint => MI_FOOTPRINT.attach(hierarchy),
+        other => {
             return Err(format!(
-                "this process runs on the system allocator \
-                 ({ENV} is neither \"accounted\" nor \"footprint\")"
+                "this process runs on {} alone ({ENV} names no accounted allocator)",
+                other.name()
             ))
         }
     };
@@ -93,7 +216,11 @@ pub fn reconcile() -> Option<splitcount::alloc::Reconciliation> {
     match current() {
         Allocator::Accounted => ACCOUNTED.reconcile(),
         Allocator::Footprint => FOOTPRINT.reconcile(),
-        Allocator::System => None,
+        Allocator::JemallocAccounted => JE_ACCOUNTED.reconcile(),
+        Allocator::JemallocFootprint => JE_FOOTPRINT.reconcile(),
+        Allocator::MimallocAccounted => MI_ACCOUNTED.reconcile(),
+        Allocator::MimallocFootprint => MI_FOOTPRINT.reconcile(),
+        _ => None,
     }
 }
 
@@ -118,11 +245,11 @@ fn decide() -> u8 {
         // SAFETY: getenv returned a NUL-terminated string.
         unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes()
     };
-    let m = match name {
-        b"accounted" => ACCOUNTED_MODE,
-        b"footprint" => FOOTPRINT_MODE,
-        _ => SYSTEM,
-    };
+    let m = std::str::from_utf8(name)
+        .ok()
+        .and_then(Allocator::named)
+        .unwrap_or(Allocator::System)
+        .mode();
     // Relaxed: every thread decides the same value.
     match MODE.compare_exchange(UNDECIDED, m, Ordering::Relaxed, Ordering::Relaxed) {
         Ok(_) => m,
@@ -130,62 +257,37 @@ fn decide() -> u8 {
     }
 }
 
-/// The global allocator of `splitcount-lab`: [`System`],
-/// `Accounted<System>` or `Accounted<System, Footprint>`, as [`current`]
-/// says.
+/// The global allocator of `splitcount-lab`: one of [`Allocator::ALL`], as
+/// [`current`] says.
 #[derive(Debug, Default)]
 pub struct Switch;
 
-// SAFETY: every call goes to one of three allocators that uphold the
-// `GlobalAlloc` contract, and always the same one for the whole process
-// (the mode never changes once decided), so a block is always freed or
-// grown by the allocator that made it.
+// SAFETY: every call goes to one of the allocators of `Allocator::ALL`,
+// which uphold the `GlobalAlloc` contract, and always the same one for the
+// whole process (the mode never changes once decided), so a block is
+// always freed or grown by the allocator that made it.
 unsafe impl GlobalAlloc for Switch {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller's contract, passed on.
-        unsafe {
-            match mode() {
-                SYSTEM => System.alloc(layout),
-                ACCOUNTED_MODE => ACCOUNTED.alloc(layout),
-                _ => FOOTPRINT.alloc(layout),
-            }
-        }
+        dispatch!(mode(), |a| unsafe { a.alloc(layout) })
     }
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: the caller's contract; `ptr` came from the same allocator.
-        unsafe {
-            match mode() {
-                SYSTEM => System.dealloc(ptr, layout),
-                ACCOUNTED_MODE => ACCOUNTED.dealloc(ptr, layout),
-                _ => FOOTPRINT.dealloc(ptr, layout),
-            }
-        }
+        dispatch!(mode(), |a| unsafe { a.dealloc(ptr, layout) })
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller's contract, passed on.
-        unsafe {
-            match mode() {
-                SYSTEM => System.alloc_zeroed(layout),
-                ACCOUNTED_MODE => ACCOUNTED.alloc_zeroed(layout),
-                _ => FOOTPRINT.alloc_zeroed(layout),
-            }
-        }
+        dispatch!(mode(), |a| unsafe { a.alloc_zeroed(layout) })
     }
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: the caller's contract; `ptr` came from the same allocator.
-        unsafe {
-            match mode() {
-                SYSTEM => System.realloc(ptr, layout, new_size),
-                ACCOUNTED_MODE => ACCOUNTED.realloc(ptr, layout, new_size),
-                _ => FOOTPRINT.realloc(ptr, layout, new_size),
-            }
-        }
+        dispatch!(mode(), |a| unsafe { a.realloc(ptr, layout, new_size) })
     }
 }

@@ -280,7 +280,7 @@ pub fn print_table(bench: &Bench) {
     };
     println!("suite {}", first.suite);
     println!(
-        "  {:<26} {:>7} {:>12} {:>16} {:>10} {:>17}",
+        "  {:<32} {:>7} {:>12} {:>16} {:>10} {:>17}",
         "case", "threads", "ns/op", "ops/s", "× baseline", "[low–high]"
     );
     for r in records {
@@ -293,7 +293,7 @@ pub fn print_table(bench: &Bench) {
             _ => ("-".into(), String::new()),
         };
         println!(
-            "  {:<26} {:>7} {:>12.2} {:>16.0} {:>10} {:>17}  {}",
+            "  {:<32} {:>7} {:>12.2} {:>16.0} {:>10} {:>17}  {}",
             r.case,
             r.threads,
             r.ns_per_op,

@@ -29,28 +29,30 @@ pub use workloads::Workload;
 /// The allocator every case is divided by (but the footprint cases).
 pub const BASELINE: Allocator = Allocator::System;
 
-/// The allocators measured, each in a worker process of its own.
-pub const ALLOCATORS: [Allocator; 3] = [
-    Allocator::System,
-    Allocator::Accounted,
-    Allocator::Footprint,
-];
+/// The allocators measured, each in a worker process of its own: glibc's,
+/// jemalloc and mimalloc, each alone and under `Accounted` charging
+/// requested sizes and footprints.
+pub const ALLOCATORS: [Allocator; 9] = Allocator::ALL;
 
 /// `{workload}-{allocator}`.
 pub fn case(workload: Workload, allocator: Allocator) -> String {
     format!("{}-{}", workload.name(), allocator.name())
 }
 
-/// The baseline of a case: the same workload on the system allocator, or
-/// for a footprint case on `Accounted<System>` (charging requested sizes).
+/// The baseline of a case: the same workload on [`Allocator::baseline`] —
+/// an accounted case on its inner allocator alone, a footprint case on the
+/// same wrapper charging requested sizes, an inner allocator on glibc's.
 pub fn baseline_of(case: &str) -> Option<String> {
-    let (workload, allocator) = case.rsplit_once('-')?;
-    let baseline = if allocator == Allocator::Footprint.name() {
-        Allocator::Accounted
-    } else {
-        BASELINE
-    };
-    Some(format!("{workload}-{}", baseline.name()))
+    // The longest allocator name that ends the case (`jemalloc-accounted`
+    // rather than `accounted`).
+    let (workload, allocator) = Allocator::ALL
+        .into_iter()
+        .filter_map(|a| {
+            let workload = case.strip_suffix(a.name())?.strip_suffix('-')?;
+            Some((workload, a))
+        })
+        .max_by_key(|(_, a)| a.name().len())?;
+    Some(format!("{workload}-{}", allocator.baseline().name()))
 }
 
 /// Measure every workload on every allocator; the rings at each of
@@ -95,6 +97,15 @@ mod tests {
             "cross-thread-system"
         );
         assert_eq!(baseline_of("small-system").unwrap(), "small-system");
+        assert_eq!(
+            baseline_of("cross-thread-jemalloc-accounted").unwrap(),
+            "cross-thread-jemalloc"
+        );
+        assert_eq!(
+            baseline_of("small-mimalloc-footprint").unwrap(),
+            "small-mimalloc-accounted"
+        );
+        assert_eq!(baseline_of("json-jemalloc").unwrap(), "json-system");
         assert_eq!(
             baseline_of(&case(Workload::CrossThread, Allocator::Footprint)).unwrap(),
             "cross-thread-accounted"
