@@ -118,3 +118,36 @@ fn two_charges_crossing_high_at_once_count_one_crossing() {
         );
     });
 }
+
+/// Two drains at once: the units stocked before both began are off the
+/// counter when *either* returns — also when the other drain took them.
+/// The first takes the slot's units off the counter before it empties the
+/// slot (under the lock); the second, finding the block without keys
+/// (without the lock, `used`, Acquire) or the key gone (`drain_key`), sees
+/// that uncharge (the count of keys and the key word are stored Release).
+/// With those two stored `Relaxed`, loom finds the second drain returning
+/// while the counter still reads 5; with the uncharge after the unlock (as
+/// it was), so does a run on the host (`tests/concurrent_drains.rs`).
+#[test]
+fn a_drain_returns_after_the_units_another_drain_took_are_off_the_counter() {
+    for by_key in [false, true] {
+        loom::model(move || {
+            let stock = Arc::new(Stock::new(1, 2, 8).unwrap());
+            let c = UsageCounter::root();
+            c.charge(5);
+            let _ = stock.stash(0, &c, 5).uncharge();
+            let drain = move |s: &Stock, c: &Arc<UsageCounter>| {
+                if by_key {
+                    s.drain_key(c.as_raw())
+                } else {
+                    s.drain_all(&|_| true)
+                }
+            };
+            let (s, counter) = (stock.clone(), c.clone());
+            let other = thread::spawn(move || drain(&s, &counter));
+            let mine = drain(&stock, &c);
+            assert_eq!(c.usage(), 0, "after this drain");
+            assert_eq!(mine + other.join().unwrap(), 5);
+        });
+    }
+}

@@ -87,6 +87,17 @@ pub trait StockKey: Clone {
     fn counter(&self) -> &UsageCounter;
     /// Give `units` back to the counter (called outside the stock's lock).
     fn return_units(self, units: u64);
+    /// Let go of the key after the stock took `units` off its counter
+    /// itself. The stock does that under its lock — so that a drain that
+    /// finds a slot already emptied by another drain knows its units are
+    /// off the counters — and calls this once the lock is released. A key
+    /// whose `return_units` does more than uncharge the counter (an
+    /// allocator account also drops the references its bytes held) does
+    /// that here. The default drops the key.
+    fn release_units(self, units: u64) {
+        let _ = units;
+        drop(self);
+    }
     /// Whether a slot keeps its key when its units run out. A key whose
     /// validity depends on the units it stands for (an allocator account)
     /// must not stay behind with none.
@@ -136,11 +147,15 @@ pub enum Consumed {
     Busy,
 }
 
-/// Units a stock operation could not keep, to be uncharged by the caller
-/// (after the stock's lock is released): an evicted slot, the excess above
-/// the batch, or everything when the lock was busy.
+/// Units a stock operation could not keep — an evicted slot, the excess
+/// above the slot's quota, or everything when the lock was busy — already
+/// taken off their counters (under the stock's lock: a drain that comes
+/// after sees them gone). What is left to do once the lock is released —
+/// the counters' listeners told of a level back under `high`, the keys let
+/// go ([`StockKey::release_units`]) — is done by [`Leftovers::uncharge`],
+/// or on drop.
 #[derive(Debug)]
-#[must_use = "leftover units must be uncharged"]
+#[must_use = "leftovers finish their uncharge when dropped; `uncharge` says how many units"]
 pub struct Leftovers<K: StockKey = Arc<UsageCounter>> {
     items: [Option<(K, u64)>; 2],
 }
@@ -154,40 +169,65 @@ impl<K: StockKey> Default for Leftovers<K> {
 }
 
 impl<K: StockKey> Leftovers<K> {
+    /// `units` of `key` come back: off its counter now.
     fn push(&mut self, key: K, units: u64) {
         if units == 0 {
             return;
         }
+        key.counter().uncharge_untold(units);
+        self.push_taken(key, units);
+    }
+
+    /// `units` of `key` already off its counter (`uncharge_untold`).
+    fn push_taken(&mut self, key: K, units: u64) {
         if let Some(slot) = self.items.iter_mut().find(|i| i.is_none()) {
             *slot = Some((key, units));
         } else {
             // Both places are taken (never by the stock's own operations,
-            // which leave at most two): give these back at once.
-            key.return_units(units);
+            // which leave at most two): finish this one at once.
+            finish_return(key, units);
         }
     }
 
-    /// Uncharge every leftover from its counter; returns the units.
+    /// The units that came back (off their counters already); tells the
+    /// counters' listeners and lets go of the keys.
     #[inline]
-    pub fn uncharge(self) -> u64 {
+    pub fn uncharge(mut self) -> u64 {
         // Filled in order: an empty first place means none.
         if self.items[0].is_none() {
             return 0;
         }
-        self.uncharge_all()
+        self.finish()
     }
 
     #[cold]
-    fn uncharge_all(self) -> u64 {
+    fn finish(&mut self) -> u64 {
         self.items
-            .into_iter()
-            .flatten()
+            .iter_mut()
+            .filter_map(Option::take)
             .map(|(k, units)| {
-                k.return_units(units);
+                finish_return(k, units);
                 units
             })
             .sum()
     }
+}
+
+impl<K: StockKey> Drop for Leftovers<K> {
+    #[inline]
+    fn drop(&mut self) {
+        if self.items[0].is_some() {
+            self.finish();
+        }
+    }
+}
+
+/// The part of returning `units` of `key` that waits for the stock's lock
+/// to be released: its counter's listeners told, the key let go (the units
+/// are already off the counters: `UsageCounter::uncharge_untold`).
+fn finish_return<K: StockKey>(key: K, units: u64) {
+    key.counter().settle();
+    key.release_units(units);
 }
 
 /// One slot: a key's word, the units it holds, and its quota — the most
@@ -291,14 +331,23 @@ impl Block {
 
     /// Store slot `i`'s key word; the old one.
     fn swap_key(&self, i: usize, raw: usize) -> usize {
-        // Relaxed: under the lock (published by the unlock; the stash's
-        // fence orders it before the retired check).
-        self.slots[i].key.swap(raw, Relaxed)
+        // Release: a drain that finds the old key gone without the lock
+        // (`find_unlocked`) sees the units this holder took off its
+        // counter before. (The unlock publishes it to lock holders; the
+        // stash's fence orders it before the retired check.)
+        self.slots[i].key.swap(raw, Release)
     }
 
     /// The slot holding the key whose word is `raw`, within `window`.
     fn find(&self, window: (usize, usize), raw: usize) -> Option<usize> {
         (window.0..window.1).find(|&i| self.key(i) == raw)
+    }
+
+    /// [`Block::find`] without the lock.
+    fn find_unlocked(&self, window: (usize, usize), raw: usize) -> Option<usize> {
+        // Acquire: pairs with `swap_key`: a key seen gone had its units
+        // taken off its counter.
+        (window.0..window.1).find(|&i| self.slots[i].key.load(Acquire) == raw)
     }
 
     fn units(&self, i: usize) -> u64 {
@@ -336,10 +385,18 @@ impl Block {
         self.used.load(Relaxed) as usize
     }
 
+    /// [`Block::used`] without the lock, for a drain deciding to skip the
+    /// block.
+    fn used_unlocked(&self) -> usize {
+        // Acquire: pairs with `add_used`: a block seen without keys had
+        // the units of its last ones taken off their counters.
+        self.used.load(Acquire) as usize
+    }
+
     fn add_used(&self, delta: isize) {
-        // Relaxed: under the lock.
+        // Release: see `used_unlocked` (under the lock otherwise).
         let used = self.used() as isize + delta;
-        self.used.store(used as u16, Relaxed);
+        self.used.store(used as u16, Release);
     }
 }
 
@@ -909,10 +966,7 @@ impl<K: StockKey> Stock<K> {
     /// [`Stock::stash`] with the CPU found only where it is needed.
     #[inline]
     pub(crate) fn stash_with(&self, cpu: impl FnOnce() -> usize, key: &K, n: u64) -> Leftovers<K> {
-        if n == 0 || self.stash_hit(key, n, self.batch) {
-            return Leftovers::default();
-        }
-        self.stash_slow(cpu(), key, n, Stashed::Refill)
+        self.stash_as(cpu, key, n, Stashed::Refill)
     }
 
     /// [`Stock::stash_with`] for units a caller returns (the allocator's
@@ -925,10 +979,16 @@ impl<K: StockKey> Stock<K> {
         key: &K,
         n: u64,
     ) -> Leftovers<K> {
+        self.stash_as(cpu, key, n, Stashed::Returned)
+    }
+
+    /// The hit, else the locked stash of `how`.
+    #[inline]
+    fn stash_as(&self, cpu: impl FnOnce() -> usize, key: &K, n: u64, how: Stashed) -> Leftovers<K> {
         if n == 0 || self.stash_hit(key, n, self.batch) {
             return Leftovers::default();
         }
-        self.stash_slow(cpu(), key, n, Stashed::Returned)
+        self.stash_slow(cpu(), key, n, how)
     }
 
     #[cold]
@@ -977,6 +1037,9 @@ impl<K: StockKey> Stock<K> {
                     b.add_used(1);
                     b.swap_key(i, key.clone().into_raw())
                 } else {
+                    // The victim's units leave its counter before its key
+                    // leaves the slot (see `swap_key`).
+                    Self::untell(b, i, units);
                     b.set_units(i, 0);
                     b.set_quota(i, 0);
                     b.swap_key(i, key.clone().into_raw())
@@ -985,7 +1048,9 @@ impl<K: StockKey> Stock<K> {
                     // SAFETY: the slot owned the victim's word.
                     let victim = unsafe { K::from_raw(old) };
                     victim.counter().note_stock_slot(false);
-                    left.push(victim, units);
+                    if units > 0 {
+                        left.push_taken(victim, units);
+                    }
                 }
                 // SeqCst: both drains read a block's key words without its
                 // lock, after a fence (`drain_key` to find the key,
@@ -1019,11 +1084,13 @@ impl<K: StockKey> Stock<K> {
             _ => total.min(quota),
         };
         if keep == 0 && !K::KEEP_EMPTY {
-            // A key that must not stay without units goes with them.
+            // A key that must not stay without units goes with them (off
+            // the counter before the key leaves the slot).
             key.counter().note_stock_slot(false);
+            key.counter().uncharge_untold(total);
             let raw = Self::forget_slot(b, i);
             // SAFETY: the slot owned the key's word; taken out once.
-            left.push(unsafe { K::from_raw(raw) }, total);
+            left.push_taken(unsafe { K::from_raw(raw) }, total);
             return;
         }
         b.set_units(i, keep);
@@ -1155,9 +1222,27 @@ impl<K: StockKey> Stock<K> {
         taken
     }
 
-    /// Empty slot `i` of a locked (and fenced) block: its key and units.
+    /// Take slot `i`'s units (of a locked block, `units` of them) off its
+    /// key's counter, leaving the rest of the uncharge to `finish_return`
+    /// after the lock: a drain that finds the slot emptied (by the key
+    /// word or the block's count of keys, without the lock) sees its units
+    /// gone from the counters.
+    fn untell(b: &Block, i: usize, units: u64) {
+        if units == 0 {
+            return;
+        }
+        // SAFETY: under the lock the slot keeps its key alive; borrowed
+        // (`ManuallyDrop`), not owned.
+        let k = std::mem::ManuallyDrop::new(unsafe { K::from_raw(b.key(i)) });
+        k.counter().uncharge_untold(units);
+    }
+
+    /// Empty slot `i` of a locked (and fenced) block: its key and units,
+    /// the units already off the key's counter (to be finished with
+    /// `finish_return` once the lock is released).
     fn clear_slot(b: &Block, i: usize) -> (K, u64) {
         let units = b.units(i);
+        Self::untell(b, i, units);
         let raw = Self::forget_slot(b, i);
         // SAFETY: the slot owned the word; taken out once.
         let key = unsafe { K::from_raw(raw) };
@@ -1181,7 +1266,10 @@ impl<K: StockKey> Stock<K> {
     /// `GlobalAlloc::alloc`.
     ///
     /// Every unit stocked for a matching counter when the call starts is
-    /// returned by the time it ends, unless a thread re-stocked it since.
+    /// off the counters by the time it ends, unless a thread re-stocked it
+    /// since — also the units another drain, running at the same time,
+    /// took out first (a drain takes units off the counters before it
+    /// releases the block's lock).
     ///
     /// What it costs the other CPUs: a block without a key is skipped
     /// after a plain look at its key words; a block with keys is locked
@@ -1201,11 +1289,11 @@ impl<K: StockKey> Stock<K> {
             // Relaxed: a hint; a key stored after this look is one stocked
             // after the drain passed this CPU.
             let b = self.block(cpu);
-            if b.used() == 0 {
+            if b.used_unlocked() == 0 {
                 continue;
             }
             for (k, units) in self.take_matching(cpu, which).into_iter().flatten() {
-                k.return_units(units);
+                finish_return(k, units);
                 drained += units;
             }
         }
@@ -1226,14 +1314,18 @@ impl<K: StockKey> Stock<K> {
         crate::sync::fence(SeqCst);
         let mut drained = 0;
         for cpu in 0..self.cpus.len() {
-            // Relaxed: comparing words only; the lock re-checks.
-            if self.block(cpu).find(self.window(raw), raw).is_none() {
+            // Comparing words only; the lock re-checks.
+            if self
+                .block(cpu)
+                .find_unlocked(self.window(raw), raw)
+                .is_none()
+            {
                 continue;
             }
             let locked = self.lock_remote(cpu);
             if let Some(i) = locked.block.find(self.window(raw), raw) {
                 let (k, units) = self.take_slot(locked, i);
-                k.return_units(units);
+                finish_return(k, units);
                 drained += units;
             }
         }

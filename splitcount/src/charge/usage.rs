@@ -790,7 +790,7 @@ impl UsageCounter {
         if let Some(refuser) = refuser {
             // The levels above the refuser took the charge: roll them back.
             for above in refuser.chain().skip(1) {
-                above.sub_clamped(n);
+                above.sub_clamped(n, true);
             }
             return Err(refuser);
         }
@@ -845,16 +845,41 @@ impl UsageCounter {
     /// subtracted here (less than `n` after an underflow, which is counted as
     /// an event); ancestors lose exactly that much.
     pub fn uncharge(&self, n: u64) -> u64 {
-        let removed = self.sub_clamped(n);
-        let mut c = self.parent.as_deref();
-        while let Some(p) = c {
-            p.sub_clamped(removed);
-            c = p.parent.as_deref();
+        self.sub_up_the_chain(n, true)
+    }
+
+    /// The first half of [`UsageCounter::uncharge`], for a caller that
+    /// must have the units off the counters before it lets go of a lock
+    /// but may not run the listener under it (a stock's drain): subtracts
+    /// here and up the chain (an underflow is counted) and leaves the rest
+    /// — a level back under `high` telling its listener, a level under
+    /// `max` ending its episode — to [`UsageCounter::settle`], which the
+    /// caller runs once the lock is released.
+    pub(crate) fn uncharge_untold(&self, n: u64) -> u64 {
+        self.sub_up_the_chain(n, false)
+    }
+
+    /// Subtract `n` here (clamped) and what that was at every ancestor.
+    fn sub_up_the_chain(&self, n: u64, note: bool) -> u64 {
+        let removed = self.sub_clamped(n, note);
+        for p in self.chain().skip(1) {
+            p.sub_clamped(removed, note);
         }
         removed
     }
 
-    fn sub_clamped(&self, n: u64) -> u64 {
+    /// The second half of [`UsageCounter::uncharge_untold`]: what an
+    /// uncharge does at each level once its usage is lower, with the usage
+    /// read now.
+    pub(crate) fn settle(&self) {
+        for c in self.chain() {
+            c.note_lower(c.usage());
+        }
+    }
+
+    /// Subtract up to `n` (what the usage holds); `note`: whether to run
+    /// [`UsageCounter::note_lower`] at once.
+    fn sub_clamped(&self, n: u64, note: bool) -> u64 {
         let mut word = self.hot.usage.load(Relaxed);
         loop {
             let cur = word & VALUE;
@@ -869,7 +894,9 @@ impl UsageCounter {
                     if take < n {
                         self.count(Kind::Underflow);
                     }
-                    self.note_lower(cur - take);
+                    if note {
+                        self.note_lower(cur - take);
+                    }
                     return take;
                 }
                 Err(seen) => word = seen,

@@ -209,6 +209,11 @@ impl StockKey for AccountKey {
     fn return_units(self, units: u64) {
         self.uncharge_bytes(units);
     }
+    fn release_units(self, units: u64) {
+        // The stock took the bytes off the counter; the references they
+        // held go now (maybe the account with them).
+        self.release(units);
+    }
     // A slot's units keep its account alive: an empty slot must let go.
     const KEEP_EMPTY: bool = false;
     fn as_raw(&self) -> usize {

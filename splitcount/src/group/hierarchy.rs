@@ -276,7 +276,9 @@ impl Hierarchy {
     /// per-CPU byte stock and the calling thread's reserve. (Other threads'
     /// reserves come back when they call [`crate::alloc::drain_thread`] —
     /// e.g. when a runtime's worker parks — allocate in another group, or
-    /// exit.) Returns the units returned.
+    /// exit.) Returns the units returned. Exact while other threads drain
+    /// too: when it returns, what was stocked when it began is off the
+    /// usage counters, whichever drain took it.
     pub fn drain_stocks(&self) -> u64 {
         self.shared.drain(&|_| true)
     }
