@@ -55,6 +55,20 @@ fn the_c_test_passes_against_the_static_library() {
 #[test]
 fn the_cpp_test_passes_against_the_shared_library() {
     let deps = deps_dir();
+    // The program needs the library by its SONAME
+    // (`libsplitcount_ffi.so.<soversion>`, a link the install makes).
+    let soname = format!(
+        "libsplitcount_ffi.so.{}",
+        match env!("CARGO_PKG_VERSION_MAJOR") {
+            "0" => format!("0.{}", env!("CARGO_PKG_VERSION_MINOR")),
+            major => major.to_owned(),
+        }
+    );
+    if std::fs::read_link(deps.join(&soname)).is_err() {
+        let _ = std::fs::remove_file(deps.join(&soname));
+        std::os::unix::fs::symlink("libsplitcount_ffi.so", deps.join(&soname))
+            .expect("the SONAME link beside the library");
+    }
     let exe = deps.join("splitcount_ffi_api_test_cpp");
     let link = [
         format!("-L{}", deps.display()),

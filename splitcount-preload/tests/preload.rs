@@ -137,6 +137,24 @@ fn c_program(name: &str) -> PathBuf {
     exe
 }
 
+/// The library is known by its own SONAME, not the C ABI's it links in:
+/// a program that links it and runs with it preloaded gets one copy (a
+/// dependency's cdylib link arguments reach this cdylib too, so a SONAME
+/// set that way in splitcount-ffi would win here).
+#[test]
+fn the_library_has_its_own_soname() {
+    let out = Command::new("readelf")
+        .arg("-d")
+        .arg(preload_so())
+        .output()
+        .expect("readelf runs (apt-get install binutils)");
+    let dynamic = text(&out.stdout);
+    assert!(
+        dynamic.contains("Library soname: [libsplitcount_preload.so]"),
+        "{dynamic}"
+    );
+}
+
 #[test]
 fn the_c_heap_test_passes_under_the_preload() {
     let out = preloaded(&c_program("heap_test"), &[]).output().unwrap();
