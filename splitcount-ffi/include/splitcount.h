@@ -133,13 +133,22 @@
 /**
  * Over its hard limit, an allocation charged to the group fails (the
  * preload's `malloc` returns NULL with `errno = ENOMEM`).
+ *
+ * **The default of every group made through the C API** — a
+ * hierarchy's root (`splitcount_hierarchy_create*`) and every child
+ * (`splitcount_group_child`), in the preload's hierarchy too — and of the
+ * preload's `/preload` group: a `max` set from C limits `malloc` without a
+ * second call. (A group made in Rust starts cooperative, Rust's default;
+ * `splitcount_group_set_enforcement` changes either.)
  */
 #define SPLITCOUNT_ENFORCE_REFUSE 0
 
 /**
  * Over its hard limit, an allocation succeeds as a counted over-charge and
  * the group is marked breached until `splitcount_group_clear_breach`;
- * `splitcount_group_check` reports it. The default of a new group.
+ * `splitcount_group_check` reports it. Set it with
+ * `splitcount_group_set_enforcement` (groups made through the C API start
+ * `SPLITCOUNT_ENFORCE_REFUSE`).
  */
 #define SPLITCOUNT_ENFORCE_COOPERATIVE 1
 
@@ -444,6 +453,18 @@ int splitcount_group_set_high(splitcount_group *group, uint64_t high);
  * Thread-safe.
  */
 int splitcount_group_set_enforcement(splitcount_group *group, uint32_t enforcement);
+
+/**
+ * The group's enforcement in `*out`: `SPLITCOUNT_ENFORCE_REFUSE` (the
+ * default of groups made through the C API) or
+ * `SPLITCOUNT_ENFORCE_COOPERATIVE`.
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * `out` is valid for a write.
+ */
+int splitcount_group_enforcement(splitcount_group *group, uint32_t *out);
 
 /**
  * The usage past which even a cooperative group refuses allocations
@@ -782,7 +803,9 @@ int splitcount_hierarchy_drain_stocks(splitcount_hierarchy *hierarchy, uint64_t 
  * A new handle on the hierarchy the preload library charges `malloc` to
  * (usage in bytes); `SPLITCOUNT_E_STATE` without the preload. Groups
  * created in it and entered with `splitcount_enter` take the thread's
- * allocations. Destroying the handle releases it (and the group handles
+ * allocations. Its stock batch is `SPLITCOUNT_STOCK_BATCH_BYTES` (64 KiB),
+ * so a program's own byte charges (`splitcount_group_try_charge`) hit the
+ * stock as `malloc`'s do. Destroying the handle releases it (and the group handles
  * obtained through it), never the allocator's hierarchy.
  *
  * Thread-safe.

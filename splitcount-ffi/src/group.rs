@@ -26,10 +26,19 @@ pub const SPLITCOUNT_UNLIMITED: u64 = u64::MAX;
 
 /// Over its hard limit, an allocation charged to the group fails (the
 /// preload's `malloc` returns NULL with `errno = ENOMEM`).
+///
+/// **The default of every group made through the C API** — a
+/// hierarchy's root (`splitcount_hierarchy_create*`) and every child
+/// (`splitcount_group_child`), in the preload's hierarchy too — and of the
+/// preload's `/preload` group: a `max` set from C limits `malloc` without a
+/// second call. (A group made in Rust starts cooperative, Rust's default;
+/// `splitcount_group_set_enforcement` changes either.)
 pub const SPLITCOUNT_ENFORCE_REFUSE: u32 = 0;
 /// Over its hard limit, an allocation succeeds as a counted over-charge and
 /// the group is marked breached until `splitcount_group_clear_breach`;
-/// `splitcount_group_check` reports it. The default of a new group.
+/// `splitcount_group_check` reports it. Set it with
+/// `splitcount_group_set_enforcement` (groups made through the C API start
+/// `SPLITCOUNT_ENFORCE_REFUSE`).
 pub const SPLITCOUNT_ENFORCE_COOPERATIVE: u32 = 1;
 
 /// Event counts of a group.
@@ -148,8 +157,11 @@ pub unsafe extern "C" fn splitcount_group_child(
         let p = live(parent)?;
         // SAFETY: the caller's contract.
         let name = unsafe { text(name, "name") }?;
+        let group = p.group.child(name)?;
+        // The C API's default (see `SPLITCOUNT_ENFORCE_REFUSE`).
+        group.set_enforcement(Enforcement::Refuse);
         let entry = GroupEntry {
-            group: p.group.child(name)?,
+            group,
             stat_ids: p.stat_ids.clone(),
             owner: p.owner,
         };
@@ -287,6 +299,31 @@ pub extern "C" fn splitcount_group_set_enforcement(
         };
         live(group)?.group.set_enforcement(e);
         Ok(())
+    })
+}
+
+/// The group's enforcement in `*out`: `SPLITCOUNT_ENFORCE_REFUSE` (the
+/// default of groups made through the C API) or
+/// `SPLITCOUNT_ENFORCE_COOPERATIVE`.
+///
+/// Thread-safe.
+///
+/// # Safety
+/// `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn splitcount_group_enforcement(
+    group: *mut splitcount_group,
+    out: *mut u32,
+) -> c_int {
+    run("splitcount_group_enforcement", || {
+        let e = match any(group)?.group.enforcement() {
+            Enforcement::Cooperative => SPLITCOUNT_ENFORCE_COOPERATIVE,
+            // (`Enforcement` is non-exhaustive: a mode added later reads
+            // as the stricter one until C gets a constant for it.)
+            _ => SPLITCOUNT_ENFORCE_REFUSE,
+        };
+        // SAFETY: the caller's contract.
+        unsafe { put(out, e) }
     })
 }
 

@@ -189,6 +189,8 @@ unsafe fn create(
         });
     }
     let h = Hierarchy::new(config.stats(schema))?;
+    // The C API's default enforcement (see `SPLITCOUNT_ENFORCE_REFUSE`).
+    h.root().set_enforcement(splitcount::Enforcement::Refuse);
     // SAFETY: the caller's contract.
     unsafe { HIERARCHIES.hand_out(HierarchyEntry::new(h), out) }
 }

@@ -31,7 +31,9 @@ fn preload() -> Result<&'static (Hierarchy, Group), Error> {
 /// A new handle on the hierarchy the preload library charges `malloc` to
 /// (usage in bytes); `SPLITCOUNT_E_STATE` without the preload. Groups
 /// created in it and entered with `splitcount_enter` take the thread's
-/// allocations. Destroying the handle releases it (and the group handles
+/// allocations. Its stock batch is `SPLITCOUNT_STOCK_BATCH_BYTES` (64 KiB),
+/// so a program's own byte charges (`splitcount_group_try_charge`) hit the
+/// stock as `malloc`'s do. Destroying the handle releases it (and the group handles
 /// obtained through it), never the allocator's hierarchy.
 ///
 /// Thread-safe.

@@ -50,7 +50,7 @@ pub use splitcount_ffi::*;
 use header::{Block, HEADER};
 use libc_heap::{real_usable, LibcHeap};
 use splitcount::alloc::Accounted;
-use splitcount::group::{Group, Hierarchy};
+use splitcount::group::{Group, Hierarchy, HierarchyConfig};
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
@@ -155,7 +155,15 @@ fn init() -> bool {
 fn setup() -> Result<(), String> {
     libc_heap::resolve();
     let settings = settings::Settings::from_env().unwrap_or_else(|errors| report::stop(&errors));
-    let hierarchy = Hierarchy::default();
+    // Charged in bytes: `malloc` through the allocator's byte stock, and a
+    // C program's `splitcount_group_try_charge` of bytes through the
+    // hierarchy's stock, whose batch is therefore the byte batch too (with
+    // the default 64 units every charge of 64 bytes or more missed it).
+    let hierarchy = Hierarchy::new(HierarchyConfig {
+        stock_batch: splitcount::alloc::BYTE_BATCH,
+        ..HierarchyConfig::default()
+    })
+    .map_err(|e| e.to_string())?;
     ACCOUNTED.attach(&hierarchy).map_err(|e| e.to_string())?;
     let group = hierarchy
         .root()

@@ -155,8 +155,18 @@ static void groups(void) {
   OK(splitcount_group_high(tenant, &v));
   CHECK(v == 10);
   OK(splitcount_group_set_max(tenant, SPLITCOUNT_UNLIMITED));
+  /* One default for groups made through the C API: REFUSE (root too). */
+  uint32_t enforcement = 9;
+  OK(splitcount_group_enforcement(tenant, &enforcement));
+  CHECK(enforcement == SPLITCOUNT_ENFORCE_REFUSE);
+  OK(splitcount_group_enforcement(root, &enforcement));
+  CHECK(enforcement == SPLITCOUNT_ENFORCE_REFUSE);
+  OK(splitcount_group_set_enforcement(tenant, SPLITCOUNT_ENFORCE_COOPERATIVE));
+  OK(splitcount_group_enforcement(tenant, &enforcement));
+  CHECK(enforcement == SPLITCOUNT_ENFORCE_COOPERATIVE);
   OK(splitcount_group_set_enforcement(tenant, SPLITCOUNT_ENFORCE_REFUSE));
   FAILS(splitcount_group_set_enforcement(tenant, 5), SPLITCOUNT_E_INVALID);
+  FAILS(splitcount_group_enforcement(tenant, NULL), SPLITCOUNT_E_NULL);
   OK(splitcount_group_set_ceiling(tenant, SPLITCOUNT_UNLIMITED));
   OK(splitcount_group_check(tenant));
   OK(splitcount_group_clear_breach(tenant));

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
@@ -122,6 +123,60 @@ static void refusal_returns_null_with_enomem(void) {
   free(small);
   CHECK(usage(g) == 0);
   OK(splitcount_group_remove(g));
+}
+
+/* The C API's one default: a tenant group made from C starts REFUSE, so a
+ * max set on it limits malloc with no other call (10,000 × 1000 B under a
+ * 1 MiB max: most are refused). */
+static void a_max_set_from_c_limits_malloc_by_default(void) {
+  splitcount_group *g = child("default-enforcement");
+  uint32_t e = 9;
+  OK(splitcount_group_enforcement(g, &e));
+  CHECK(e == SPLITCOUNT_ENFORCE_REFUSE);
+  OK(splitcount_group_set_max(g, 1 << 20));
+  enum { N = 10000 };
+  static void *p[N];
+  int refused = 0;
+  OK(splitcount_enter(g));
+  for (int i = 0; i < N; i++) {
+    p[i] = malloc(1000);
+    refused += p[i] == NULL;
+  }
+  OK(splitcount_leave());
+  CHECK(refused > N - 1100);
+  CHECK(usage(g) <= 1 << 20);
+  for (int i = 0; i < N; i++) free(p[i]);
+  CHECK(usage(g) == 0);
+  OK(splitcount_group_remove(g));
+}
+
+/* The preload's hierarchy is sized for bytes: a program's own byte
+ * charges of typical sizes come from its CPU's stock (pinned, the usage
+ * counter never moves after the first refill). */
+static void byte_charges_from_c_hit_the_preload_stock(void) {
+  cpu_set_t was, one;
+  CHECK(sched_getaffinity(0, sizeof was, &was) == 0);
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu(), &one);
+  CHECK(sched_setaffinity(0, sizeof one, &one) == 0);
+  splitcount_group *g = child("byte-charges");
+  OK(splitcount_group_try_charge(g, 100)); /* a miss: refills the stock */
+  uint64_t refilled = 0, v = 0;
+  OK(splitcount_group_usage(g, &refilled));
+  CHECK(refilled >= 100);
+  uint64_t sizes[] = {100, 1000, 4096};
+  for (int s = 0; s < 3; s++) {
+    for (int i = 0; i < 1000; i++) {
+      OK(splitcount_group_try_charge(g, sizes[s]));
+      OK(splitcount_group_uncharge(g, sizes[s]));
+      OK(splitcount_group_usage(g, &v));
+      CHECK(v == refilled);
+    }
+  }
+  OK(splitcount_group_uncharge(g, 100));
+  CHECK(usage(g) == 0);
+  OK(splitcount_group_remove(g));
+  CHECK(sched_setaffinity(0, sizeof was, &was) == 0);
 }
 
 static void cooperative_limits_let_it_through_and_say_so(void) {
@@ -264,6 +319,8 @@ int main(void) {
   foreign_blocks_go_to_glibc();
   usage_tracks_the_blocks_held();
   refusal_returns_null_with_enomem();
+  a_max_set_from_c_limits_malloc_by_default();
+  byte_charges_from_c_hit_the_preload_stock();
   cooperative_limits_let_it_through_and_say_so();
   realloc_and_aligned_blocks_are_charged_to_their_group();
   threads_and_cross_thread_frees();
