@@ -221,6 +221,51 @@ typedef struct splitcount_group splitcount_group;
 typedef struct splitcount_hierarchy splitcount_hierarchy;
 
 /**
+ * What `splitcount_counter_fast_add` needs, filled by
+ * `splitcount_counter_fast_get`. Plain data: copy it freely; it stays
+ * valid until the counter is destroyed.
+ */
+typedef struct {
+  /**
+   * CPU 0's copy of a tree counter's slot (CPU `c`'s is `c · 4096`
+   * bytes on); NULL when adds cannot be inlined here (then every add
+   * calls `splitcount_counter_fast_add_call`).
+   */
+  int64_t *slot0;
+  /**
+   * The CPUs with a copy: a CPU id at or above it is never written.
+   */
+  uint64_t regions;
+  /**
+   * glibc's `__rseq_offset`: the calling thread's rseq area is at
+   * `%fs:rseq_offset`.
+   */
+  ptrdiff_t rseq_offset;
+  /**
+   * The slot's batch (a power of two): an add that moves the slot
+   * across a multiple of it calls `splitcount_counter_fast_carry`.
+   */
+  uint64_t batch;
+  /**
+   * The counter (opaque; for the calls).
+   */
+  const void *counter;
+} splitcount_counter_fast;
+
+/**
+ * A group's charge path for C without the handle check: filled by
+ * `splitcount_group_fast_get`, valid while the handle it came from is
+ * (until `splitcount_group_release` or `_remove` of that handle, or the
+ * destruction of its hierarchy) — not checked.
+ */
+typedef struct {
+  /**
+   * The group (opaque).
+   */
+  const void *group;
+} splitcount_group_fast;
+
+/**
  * Event counts of a group.
  */
 typedef struct {
@@ -376,6 +421,79 @@ const char *splitcount_last_error(void);
  * Thread-safe.
  */
 const char *splitcount_status_name(int status);
+
+/**
+ * Fill `*out` with the fast path of a live counter (any design). The
+ * struct is valid until `splitcount_counter_destroy(counter)`; using it
+ * after that is undefined behaviour (unlike the handle, it is not
+ * checked).
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * `out` is valid for a write.
+ */
+int splitcount_counter_fast_get(splitcount_counter *counter, splitcount_counter_fast *out);
+
+/**
+ * The whole add, out of line: what `splitcount_counter_fast_add` calls
+ * when it cannot add inline (no rseq here, a design other than the
+ * tree, the thread's CPU beyond the counter's). Never checks the counter.
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * `fast` was filled by `splitcount_counter_fast_get` and its counter not
+ * destroyed since.
+ */
+void splitcount_counter_fast_add_call(const splitcount_counter_fast *fast, int64_t delta);
+
+/**
+ * The rest of an inline add that moved CPU `cpu`'s slot to `value` by
+ * `delta` across a multiple of the batch: the carry to the levels above
+ * (one add in `batch` on average). Never checks the counter.
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * As `splitcount_counter_fast_add_call`; `cpu`, `value` and `delta` are
+ * those of the inline sequence that just committed.
+ */
+void splitcount_counter_fast_carry(const splitcount_counter_fast *fast, uint64_t cpu, int64_t value, int64_t delta);
+
+/**
+ * Fill `*out` with the unchecked charge path of a live group handle.
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * `out` is valid for a write.
+ */
+int splitcount_group_fast_get(splitcount_group *group, splitcount_group_fast *out);
+
+/**
+ * `splitcount_group_try_charge` without the handle check: the same
+ * charge (this CPU's stock, then the usage counters, refused after
+ * reclaim and draining with `SPLITCOUNT_E_LIMIT` and the message), and
+ * `SPLITCOUNT_E_REMOVED` for a removed group.
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * `fast` was filled by `splitcount_group_fast_get` from a handle still
+ * live.
+ */
+int splitcount_group_fast_try_charge(const splitcount_group_fast *fast, uint64_t n);
+
+/**
+ * `splitcount_group_uncharge` without the handle check.
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * As `splitcount_group_fast_try_charge`.
+ */
+void splitcount_group_fast_uncharge(const splitcount_group_fast *fast, uint64_t n);
 
 /**
  * Create a child named `name` (not empty, no '/', at most 255 bytes,
@@ -860,3 +978,79 @@ const char *splitcount_version(void);
 #endif  // __cplusplus
 
 #endif  /* SPLITCOUNT_H */
+
+#ifndef SPLITCOUNT_INLINE_H
+#define SPLITCOUNT_INLINE_H
+
+/**
+ * Add `delta` to the counter of `*fast` (filled by
+ * `splitcount_counter_fast_get`; valid until the counter is destroyed —
+ * not checked). On x86_64 Linux with GCC or Clang, for a tree counter
+ * whose adds are rseq sequences on glibc's areas: one restartable
+ * sequence inline — the thread's CPU read inside it, the CPU's copy of
+ * the slot loaded, added to and stored (the same sequence as the Rust
+ * add's) — and a call only when the slot crosses a multiple of the batch
+ * (`splitcount_counter_fast_carry`). Everything else calls
+ * `splitcount_counter_fast_add_call`. Define SPLITCOUNT_NO_INLINE_RSEQ to
+ * always call.
+ *
+ * Thread-safe; async-signal-safe only as far as the call paths are (the
+ * inline sequence is: a signal restarts it).
+ */
+static inline void splitcount_counter_fast_add(const splitcount_counter_fast *fast,
+                                               int64_t delta) {
+#if defined(__x86_64__) && defined(__linux__) && \
+    (defined(__GNUC__) || defined(__clang__)) && !defined(SPLITCOUNT_NO_INLINE_RSEQ)
+  if (__builtin_expect(fast->slot0 != NULL, 1)) {
+    uint64_t cpu, tmp;
+    int64_t value;
+    /* 20: the rseq_cs descriptor (version 0, flags 0, start 22, length
+     * 23 - 22, abort 24); 21: arm it in the area's rseq_cs (+8); 22-23: the
+     * sequence, the CPU id from cpu_id (+4: -1 or -2 when the thread has
+     * no registered area, so >= regions); 24: the abort handler after
+     * glibc's signature 0x53053053 (inside a ud1), retrying; 25: disarm. */
+    __asm__ __volatile__(
+        ".pushsection __rseq_cs, \"aw\"\n\t"
+        ".balign 32\n\t"
+        "20:\n\t"
+        ".long 0, 0\n\t"
+        ".quad 22f, (23f - 22f), 24f\n\t"
+        ".popsection\n\t"
+        "21:\n\t"
+        "leaq 20b(%%rip), %[tmp]\n\t"
+        "movq %[tmp], %%fs:8(%[off])\n\t"
+        "22:\n\t"
+        "movl %%fs:4(%[off]), %k[cpu]\n\t"
+        "cmpq %[regions], %[cpu]\n\t"
+        "jae 25f\n\t"
+        "movq %[cpu], %[tmp]\n\t"
+        "shlq $12, %[tmp]\n\t"
+        "movq (%[tmp], %[slot0]), %[value]\n\t"
+        "addq %[delta], %[value]\n\t"
+        "movq %[value], (%[tmp], %[slot0])\n\t"
+        "23:\n\t"
+        ".pushsection __rseq_failure, \"ax\"\n\t"
+        ".byte 0x0f, 0xb9, 0x3d\n\t"
+        ".long 0x53053053\n\t"
+        "24:\n\t"
+        "jmp 21b\n\t"
+        ".popsection\n\t"
+        "25:\n\t"
+        "movq $0, %%fs:8(%[off])\n\t"
+        : [cpu] "=&r"(cpu), [value] "=&r"(value), [tmp] "=&r"(tmp)
+        : [off] "r"(fast->rseq_offset), [slot0] "r"(fast->slot0),
+          [regions] "r"(fast->regions), [delta] "r"(delta)
+        : "memory", "cc");
+    if (__builtin_expect(cpu < fast->regions, 1)) {
+      uint64_t floor = ~(fast->batch - 1);
+      uint64_t now = (uint64_t)value, before = now - (uint64_t)delta;
+      if (__builtin_expect((now & floor) != (before & floor), 0))
+        splitcount_counter_fast_carry(fast, cpu, value, delta);
+      return;
+    }
+  }
+#endif
+  splitcount_counter_fast_add_call(fast, delta);
+}
+
+#endif /* SPLITCOUNT_INLINE_H */

@@ -271,6 +271,16 @@ class group : public detail::owner<splitcount_group, splitcount_group_release> {
                   "splitcount_group_stat_local");
     return out;
   }
+  /**
+   * The unchecked charge path (splitcount_group_fast_get): valid while
+   * this handle lives.
+   */
+  splitcount_group_fast fast() const {
+    splitcount_group_fast out{};
+    detail::check(splitcount_group_fast_get(p_, &out), "splitcount_group_fast_get");
+    return out;
+  }
+
   /** Flush the subtree's statistics; whether it flushed. */
   bool flush(bool force = false) {
     bool flushed = false;
@@ -398,6 +408,15 @@ class counter : public detail::owner<splitcount_counter, splitcount_counter_dest
   }
   void set(int64_t v) {
     detail::check(splitcount_counter_set(p_, v), "splitcount_counter_set");
+  }
+  /**
+   * The fast path (splitcount_counter_fast_get), for
+   * splitcount_counter_fast_add: valid while this counter lives.
+   */
+  splitcount_counter_fast fast() const {
+    splitcount_counter_fast out{};
+    detail::check(splitcount_counter_fast_get(p_, &out), "splitcount_counter_fast_get");
+    return out;
   }
 };
 

@@ -49,7 +49,7 @@ impl Counter {
     /// The hot path: the tree's add inlined, the other designs' called (so
     /// that their code does not widen the tree's stack frame).
     #[inline(always)]
-    fn add(&self, delta: i64) {
+    pub(crate) fn add(&self, delta: i64) {
         match self {
             Counter::Tree(c) => c.add(delta),
             other => other.add_other(delta),
@@ -66,6 +66,11 @@ pub(crate) static COUNTERS: Registry<Counter> = Registry::new(3, "counter");
 
 fn counter(c: *mut splitcount_counter) -> Result<&'static Counter> {
     COUNTERS.get(id(c))
+}
+
+/// A live counter by its handle (for the fast path's set-up).
+pub(crate) fn counter_entry(c: *mut splitcount_counter) -> Result<&'static Counter> {
+    counter(c)
 }
 
 /// Read a value of a counter into `*out`.

@@ -34,6 +34,7 @@
 
 mod counter;
 mod error;
+mod fast;
 mod group;
 mod handle;
 mod hierarchy;
@@ -43,6 +44,7 @@ mod version;
 
 pub use counter::*;
 pub use error::*;
+pub use fast::*;
 pub use group::*;
 pub use hierarchy::*;
 pub use preload::*;

@@ -78,3 +78,31 @@ fn the_cpp_test_passes_against_the_shared_library() {
     compile("c++", "api_test.cpp", &exe, &link);
     run(&exe, "api_test_cpp:");
 }
+
+/// The counters' fast path (`tests/c/fast_add_test.c`): the inline add
+/// under threads moved between CPUs and signalled, beside the checked
+/// add; exact after the joins. Built as is and with every add a call.
+#[test]
+fn the_fast_add_is_exact_under_migrations_and_signals() {
+    use splitcount::counter::{Config, Design, Tree};
+    let deps = deps_dir();
+    let lib = deps.join("libsplitcount_ffi.a").display().to_string();
+    // Inline where a tree on this host offers the layout (rseq on glibc's
+    // areas by CPU id), so that the inline build is not a call in disguise.
+    let host = Tree::with_config(&Config::new(Design::Tree)).expect("a tree on the host");
+    let inline = if host.inline_add().is_some() {
+        "inline"
+    } else {
+        "call"
+    };
+    for (name, define, expect) in [
+        ("inline", None, inline),
+        ("call", Some("-DSPLITCOUNT_NO_INLINE_RSEQ"), "call"),
+    ] {
+        let exe = deps.join(format!("splitcount_ffi_fast_add_test_{name}"));
+        let mut link = vec![lib.clone()];
+        link.extend(define.map(str::to_owned));
+        compile("cc", "fast_add_test.c", &exe, &link);
+        run(&exe, &format!("fast_add_test: {expect},"));
+    }
+}

@@ -407,8 +407,51 @@ static void byte_stock(void) {
       CHECK(stocked <= SPLITCOUNT_STOCK_BATCH_DEFAULT);
     }
   }
+  /* The unchecked path charges the same way: every size a stock hit. */
+  splitcount_group_fast bf;
+  OK(splitcount_group_fast_get(b, &bf));
+  for (int round = 0; round < 1000; round++) {
+    for (int i = 0; i < 3; i++) {
+      OK(splitcount_group_fast_try_charge(&bf, sizes[i]));
+      OK(splitcount_group_usage(b, &usage));
+      CHECK(usage == batch);
+      splitcount_group_fast_uncharge(&bf, sizes[i]);
+    }
+  }
+  OK(splitcount_group_usage_exact(b, &usage));
+  CHECK(usage == 0);
   OK(splitcount_hierarchy_destroy(bytes));
   OK(splitcount_hierarchy_destroy(units));
+}
+
+/* The unchecked group path: the limit's verdict and message, a removed
+ * group refused, bad handles refused when the path is taken. */
+static void fast_group_path(void) {
+  splitcount_hierarchy *h = NULL;
+  splitcount_group *root = NULL, *g = NULL, *again = NULL;
+  splitcount_group_fast f;
+  OK(splitcount_hierarchy_create(NULL, 0, &h));
+  OK(splitcount_hierarchy_root(h, &root));
+  OK(splitcount_group_child(root, "fast", &g));
+  OK(splitcount_group_set_max(g, 1000));
+  OK(splitcount_group_fast_get(g, &f));
+  OK(splitcount_group_fast_try_charge(&f, 600));
+  FAILS(splitcount_group_fast_try_charge(&f, 600), SPLITCOUNT_E_LIMIT);
+  CHECK(strstr(splitcount_last_error(), "limit 1000") != NULL);
+  splitcount_group_fast_uncharge(&f, 600);
+  uint64_t usage = 1;
+  OK(splitcount_group_usage_exact(g, &usage));
+  CHECK(usage == 0);
+  /* Removed through another handle: the path (still valid: its handle
+   * lives) refuses new charges, as the handle API does. */
+  OK(splitcount_hierarchy_lookup(h, "/fast", &again));
+  OK(splitcount_group_remove(again));
+  FAILS(splitcount_group_fast_try_charge(&f, 1), SPLITCOUNT_E_REMOVED);
+  CHECK(strstr(splitcount_last_error(), "removed") != NULL);
+  FAILS(splitcount_group_fast_get(NULL, &f), SPLITCOUNT_E_HANDLE);
+  FAILS(splitcount_group_fast_get(g, NULL), SPLITCOUNT_E_REMOVED);
+  OK(splitcount_hierarchy_destroy(h));
+  FAILS(splitcount_group_fast_get(g, &f), SPLITCOUNT_E_HANDLE);
 }
 
 /* The header's version macros are the library's version. */
@@ -438,6 +481,7 @@ int main(void) {
   counter_threads();
   groups();
   exact_reads();
+  fast_group_path();
   forced_charges();
   byte_stock();
   version();

@@ -96,6 +96,13 @@ int main() {
     CHECK(root.stat(requests) == 3);
     CHECK_THROWS(tenant.mod_stat(requests, -1), invalid, "splitcount_group_mod_stat");
 
+    // The unchecked charge path.
+    splitcount_group_fast gf = tenant.fast();
+    CHECK(splitcount_group_fast_try_charge(&gf, 1000) == SPLITCOUNT_OK);
+    CHECK(splitcount_group_fast_try_charge(&gf, 2 << 20) == SPLITCOUNT_E_LIMIT);
+    splitcount_group_fast_uncharge(&gf, 1000);
+    CHECK(tenant.usage_exact() == 0);
+
     // check(): nothing breached.
     CHECK(!tenant.check());
 
@@ -164,11 +171,14 @@ int main() {
     CHECK(c.compare(1000) == 0 && c.compare(999) == 1 && c.compare(1001) == -1);
     c.set(5);
     CHECK(c.precise() == 5);
+    splitcount_counter_fast f = c.fast();
+    for (int i = 0; i < 100; ++i) splitcount_counter_fast_add(&f, 1);
+    CHECK(c.precise() == 105);
     splitcount::counter atomic(SPLITCOUNT_DESIGN_ATOMIC);  // the macro is 0
     atomic.add(2);
     CHECK(atomic.precise() == 2);
     splitcount::counter moved = std::move(c);
-    CHECK(moved.precise() == 5);
+    CHECK(moved.precise() == 105);
     CHECK_THROWS(splitcount::counter(SPLITCOUNT_DESIGN_TREE, 3), invalid,
                  "splitcount_counter_create");
   }

@@ -1,15 +1,23 @@
-//! `bench ffi`: what the C ABI costs over the same call from Rust, and what
-//! the `LD_PRELOAD` library costs a program's `malloc` and `free`.
+//! `bench ffi`: what the C ABI costs over the same operation from Rust,
+//! and what the `LD_PRELOAD` library costs a program's `malloc` and `free`.
+//! The `-c-…` cases are loops written in C (`csrc/ffi_loops.c`, compiled
+//! with `-O2` by build.rs), so a case measures what a C program's loop
+//! does — not a Rust-to-C call per operation.
 //!
-//! - `counter-add-c`: `splitcount_counter_add(c, 1)` on a tree counter,
-//!   called through a C function pointer (as a C program calls a shared
-//!   library, through its PLT) — the handle lookup, the panic guard and
-//!   the status code; its baseline `counter-add-rust` is `Tree::add(1)`
-//!   called from Rust.
-//! - `group-charge-c`: `splitcount_group_try_charge(g, 1)` then
-//!   `splitcount_group_uncharge(g, 1)` through C function pointers; its
-//!   baseline `group-charge-rust` is `Group::charge(1)` then
-//!   `Group::uncharge(1)` (both on the stock's hit path).
+//! - `counter-add-rust`: `Tree::add(1)` from Rust, the baseline of:
+//!   - `counter-add-c-inline`: `splitcount_counter_fast_add(&fast, 1)`, the
+//!     header's `static inline` rseq sequence (target ≤ ×1.2);
+//!   - `counter-add-c`: `splitcount_counter_add(c, 1)`, the checked handle
+//!     (a call, the handle lookup, the panic guard, the status);
+//!   - `counter-add-c-atomic`: one shared atomic add in C (what a C program
+//!     writes first), and `counter-add-c-tls`: a thread-local load, add and
+//!     store in C — the floor of any per-thread or per-CPU add.
+//! - `charge-{100,1000,4096}-rust`: `Group::charge(n)` then
+//!   `Group::uncharge(n)` in a hierarchy with the byte batch (64 KiB: every
+//!   size hits the stock), the baseline of `charge-{n}-c`: the same from C
+//!   through `splitcount_group_fast_try_charge` / `_uncharge` (no handle
+//!   check; target ≤ ×1.3), and `charge-{n}-c-checked`: through the
+//!   handles (`splitcount_group_try_charge` / `_uncharge`).
 //! - `mixed-preload`: the allocator suite's `mixed` workload (free the
 //!   oldest of 64 blocks, allocate 16 to 512 bytes) in a worker process on
 //!   the system allocator started with
@@ -25,20 +33,50 @@ use super::{Bench, Entry};
 use crate::alloc_switch::Allocator;
 use crate::timing::{measure, Plan};
 use splitcount::counter::{Config, Design, SplitCounter, Tree};
-use splitcount::group::Hierarchy;
-use splitcount_ffi::{splitcount_counter, splitcount_group};
+use splitcount::group::{Hierarchy, HierarchyConfig};
+use splitcount_ffi::{
+    splitcount_counter, splitcount_counter_fast, splitcount_group, splitcount_group_fast,
+};
 use std::cell::RefCell;
-use std::ffi::c_int;
+use std::ffi::c_void;
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicI64;
 
-/// The C-ABI cases and their baselines (`{op}-c` ÷ `{op}-rust`).
-pub const CASES: [&str; 4] = [
+/// The C-ABI cases, each beside its baseline (`{op}-c…` ÷ `{op}-rust`).
+pub const CASES: [&str; 14] = [
     "counter-add-rust",
+    "counter-add-c-inline",
     "counter-add-c",
-    "group-charge-rust",
-    "group-charge-c",
+    "counter-add-c-atomic",
+    "counter-add-c-tls",
+    "charge-100-rust",
+    "charge-100-c",
+    "charge-100-c-checked",
+    "charge-1000-rust",
+    "charge-1000-c",
+    "charge-1000-c-checked",
+    "charge-4096-rust",
+    "charge-4096-c",
+    "charge-4096-c-checked",
 ];
+
+/// The byte sizes of the charge cases.
+pub const CHARGE_BYTES: [u64; 3] = [100, 1000, 4096];
+
+/// What a C case's name ends with after its operation.
+const C_SUFFIXES: [&str; 5] = ["-c-inline", "-c-checked", "-c-atomic", "-c-tls", "-c"];
+
+// The loops of `csrc/ffi_loops.c` (handles as `void *`: the C API's
+// handle types are opaque Rust structs without a C layout).
+extern "C" {
+    fn lab_c_counter_add_inline(f: *const splitcount_counter_fast, n: u64);
+    fn lab_c_counter_add_checked(c: *mut c_void, n: u64);
+    fn lab_c_atomic_add(a: *const AtomicI64, n: u64);
+    fn lab_c_tls_add(n: u64);
+    fn lab_c_charge_fast(g: *const splitcount_group_fast, bytes: u64, n: u64);
+    fn lab_c_charge_checked(g: *mut c_void, bytes: u64, n: u64);
+}
 
 /// The preload's case and its baseline.
 pub const PRELOAD_CASES: [&str; 2] = ["mixed-glibc", "mixed-preload"];
@@ -46,11 +84,12 @@ pub const PRELOAD_CASES: [&str; 2] = ["mixed-glibc", "mixed-preload"];
 /// The preload library's file name.
 pub const PRELOAD_SO: &str = "libsplitcount_preload.so";
 
-/// The baseline of a case: `-c` → `-rust`, `-preload` → `-glibc`.
+/// The baseline of a case: `-c…` → `-rust`, `-preload` → `-glibc`.
 pub fn baseline_of(case: &str) -> Option<String> {
-    if let Some(op) = case
-        .strip_suffix("-c")
-        .or_else(|| case.strip_suffix("-rust"))
+    if let Some(op) = C_SUFFIXES
+        .iter()
+        .chain(&["-rust"])
+        .find_map(|s| case.strip_suffix(s))
     {
         return Some(format!("{op}-rust"));
     }
@@ -66,14 +105,14 @@ pub fn find_preload(exe: &Path) -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
-type AddFn = unsafe extern "C" fn(*mut splitcount_counter, i64) -> c_int;
-type ChargeFn = unsafe extern "C" fn(*mut splitcount_group, u64) -> c_int;
-
-/// Handles of the C API, made through it and destroyed with the suite.
+/// Handles of the C API, made through it and destroyed with the suite,
+/// and their fast paths.
 struct CHandles {
     counter: *mut splitcount_counter,
     hierarchy: *mut splitcount_ffi::splitcount_hierarchy,
     group: *mut splitcount_group,
+    counter_fast: splitcount_counter_fast,
+    group_fast: splitcount_group_fast,
 }
 
 impl CHandles {
@@ -82,9 +121,20 @@ impl CHandles {
             counter: std::ptr::null_mut(),
             hierarchy: std::ptr::null_mut(),
             group: std::ptr::null_mut(),
+            counter_fast: splitcount_counter_fast {
+                slot0: std::ptr::null_mut(),
+                regions: 0,
+                rseq_offset: 0,
+                batch: 0,
+                counter: std::ptr::null(),
+            },
+            group_fast: splitcount_group_fast {
+                group: std::ptr::null(),
+            },
         };
         let mut root = std::ptr::null_mut();
-        // SAFETY: valid out-pointers; a NUL-terminated name.
+        // SAFETY: valid out-pointers; a NUL-terminated name; each handle
+        // made before it is used.
         let codes = unsafe {
             [
                 splitcount_ffi::splitcount_counter_create(
@@ -92,9 +142,17 @@ impl CHandles {
                     0,
                     &mut h.counter,
                 ),
-                splitcount_ffi::splitcount_hierarchy_create(std::ptr::null(), 0, &mut h.hierarchy),
+                splitcount_ffi::splitcount_counter_fast_get(h.counter, &mut h.counter_fast),
+                splitcount_ffi::splitcount_hierarchy_create_with(
+                    std::ptr::null(),
+                    0,
+                    splitcount_ffi::SPLITCOUNT_STOCK_BATCH_BYTES,
+                    splitcount_ffi::SPLITCOUNT_STOCK_SLOTS_MAX,
+                    &mut h.hierarchy,
+                ),
                 splitcount_ffi::splitcount_hierarchy_root(h.hierarchy, &mut root),
                 splitcount_ffi::splitcount_group_child(root, c"bench".as_ptr(), &mut h.group),
+                splitcount_ffi::splitcount_group_fast_get(h.group, &mut h.group_fast),
             ]
         };
         match codes.iter().find(|&&c| c != splitcount_ffi::SPLITCOUNT_OK) {
@@ -115,14 +173,20 @@ impl Drop for CHandles {
 /// each of them when the library is found beside `exe`.
 pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> {
     let tree = Tree::with_config(&Config::new(Design::Tree)).map_err(|e| e.to_string())?;
-    let memory = Hierarchy::default();
+    let memory = Hierarchy::new(HierarchyConfig {
+        stock_batch: splitcount_ffi::SPLITCOUNT_STOCK_BATCH_BYTES,
+        ..HierarchyConfig::default()
+    })
+    .map_err(|e| e.to_string())?;
     let group = memory.root().child("bench").map_err(|e| e.to_string())?;
     let c = CHandles::new()?;
-    // Function pointers the optimizer cannot see through, as a C caller's.
-    let add: AddFn = black_box(splitcount_ffi::splitcount_counter_add);
-    let charge: ChargeFn = black_box(splitcount_ffi::splitcount_group_try_charge);
-    let uncharge: ChargeFn = black_box(splitcount_ffi::splitcount_group_uncharge);
+    let shared = AtomicI64::new(0);
+    // Addresses, for the closures (which must be `Sync`).
     let (counter, cgroup) = (c.counter as usize, c.group as usize);
+    let (fast, gfast) = (
+        &c.counter_fast as *const _ as usize,
+        &c.group_fast as *const _ as usize,
+    );
     let workers = match find_preload(exe) {
         Some(so) => Some((
             RefCell::new(Worker::start(exe, Allocator::System)?),
@@ -136,30 +200,40 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> 
     };
     let mut entries = Vec::new();
     for &t in threads {
-        let (tree, group) = (&tree, &group);
-        entries.push(Entry::new(CASES[0], t, move |_| {
+        let (tree, group, shared) = (&tree, &group, &shared);
+        entries.push(Entry::new("counter-add-rust", t, move |_| {
             move || tree.add(black_box(1))
         }));
-        entries.push(Entry::new(CASES[1], t, move |_| {
-            // SAFETY: a live counter handle (the C contract).
-            move || unsafe {
-                black_box(add(counter as *mut splitcount_counter, black_box(1)));
-            }
+        // SAFETY (the C loops): live handles and fast paths, kept until
+        // the suite ends (`c` is dropped after `measure`).
+        entries.push(Entry::looped("counter-add-c-inline", t, move |_| {
+            move |n| unsafe { lab_c_counter_add_inline(fast as *const _, n) }
         }));
-        entries.push(Entry::new(CASES[2], t, move |_| {
-            move || {
-                let _ = black_box(group.charge(black_box(1)));
-                group.uncharge(black_box(1));
-            }
+        entries.push(Entry::looped("counter-add-c", t, move |_| {
+            move |n| unsafe { lab_c_counter_add_checked(counter as *mut _, n) }
         }));
-        entries.push(Entry::new(CASES[3], t, move |_| {
-            // SAFETY: a live group handle (the C contract).
-            move || unsafe {
-                let g = cgroup as *mut splitcount_group;
-                black_box(charge(g, black_box(1)));
-                black_box(uncharge(g, black_box(1)));
-            }
+        entries.push(Entry::looped("counter-add-c-atomic", t, move |_| {
+            move |n| unsafe { lab_c_atomic_add(shared, n) }
         }));
+        entries.push(Entry::looped("counter-add-c-tls", t, move |_| {
+            move |n| unsafe { lab_c_tls_add(n) }
+        }));
+        for bytes in CHARGE_BYTES {
+            entries.push(Entry::new(format!("charge-{bytes}-rust"), t, move |_| {
+                move || {
+                    let _ = black_box(group.charge(black_box(bytes)));
+                    group.uncharge(black_box(bytes));
+                }
+            }));
+            entries.push(Entry::looped(format!("charge-{bytes}-c"), t, move |_| {
+                move |n| unsafe { lab_c_charge_fast(gfast as *const _, bytes, n) }
+            }));
+            entries.push(Entry::looped(
+                format!("charge-{bytes}-c-checked"),
+                t,
+                move |_| move |n| unsafe { lab_c_charge_checked(cgroup as *mut _, bytes, n) },
+            ));
+        }
         if let Some((glibc, preload)) = &workers {
             for (case, worker) in PRELOAD_CASES.iter().zip([glibc, preload]) {
                 entries.push(Entry::from_fn(*case, t, move |spec| {
@@ -183,10 +257,15 @@ mod tests {
 
     #[test]
     fn each_c_case_is_compared_with_rust_and_the_preload_with_glibc() {
+        for case in CASES {
+            let base = baseline_of(case).unwrap();
+            assert!(CASES.contains(&base.as_str()), "{case} → {base}");
+            assert!(base.ends_with("-rust"), "{case} → {base}");
+        }
         assert_eq!(baseline_of("counter-add-c").unwrap(), "counter-add-rust");
         assert_eq!(
-            baseline_of("group-charge-rust").unwrap(),
-            "group-charge-rust"
+            baseline_of("charge-1000-c-checked").unwrap(),
+            "charge-1000-rust"
         );
         assert_eq!(baseline_of("mixed-preload").unwrap(), "mixed-glibc");
     }

@@ -128,6 +128,19 @@ impl<'a> Entry<'a> {
         })
     }
 
+    /// `make(t)` returns the thread's looped operation: `f(n)` runs `n`
+    /// operations itself (a loop written in C), so that no call per
+    /// operation is measured that the loop's own language would not make.
+    pub fn looped<M, F>(case: impl Into<String>, threads: usize, make: M) -> Entry<'a>
+    where
+        M: Fn(usize) -> F + Sync + 'a,
+        F: FnMut(u64),
+    {
+        Entry::from_fn(case, threads, move |spec| {
+            Ok(slice::run_looped(threads, spec, &make))
+        })
+    }
+
     /// `make(t)` returns `(prepare, op)`: `prepare` runs untimed before
     /// every call of `op`, and only the calls are timed.
     pub fn prepared<M, P, F>(case: impl Into<String>, threads: usize, make: M) -> Entry<'a>

@@ -177,6 +177,27 @@ impl<P: FnMut(), F: FnMut()> Body for Prepared<P, F> {
     }
 }
 
+/// An operation that runs a whole batch itself: `f(n)` does `n`
+/// operations (a loop in C, for `bench ffi`).
+struct Looped<F>(F);
+
+impl<F: FnMut(u64)> Body for Looped<F> {
+    #[inline(always)]
+    fn run_batch(&mut self, batch: u64, _timed: &mut Duration) {
+        (self.0)(batch);
+    }
+}
+
+/// Run `make(t)`'s looped operation (`f(n)` runs `n` operations) on
+/// `threads` threads for one slice.
+pub fn run_looped<M, F>(threads: usize, spec: SliceSpec, make: &M) -> SliceRun
+where
+    M: Fn(usize) -> F + Sync,
+    F: FnMut(u64),
+{
+    run_bodies(threads, spec, &|t| Looped(make(t)), false)
+}
+
 /// Run `make(t)`'s operation on `threads` threads for one slice.
 pub fn run<M, F>(threads: usize, spec: SliceSpec, make: &M) -> SliceRun
 where

@@ -58,7 +58,7 @@ pub use batched::Batched;
 pub use budget::Shape;
 pub use config::{Arity, Config, ConfigError, Design, Sharing, MAX_BATCH};
 pub use pernode::{PerNode, MAX_NODE_SLOTS};
-pub use tree::{Tree, MAX_ROOT_PARTS};
+pub use tree::{InlineAdd, Tree, MAX_ROOT_PARTS};
 pub use tree_shape::{fanout_orders_for, TreeShape};
 
 use std::cmp::Ordering;

@@ -383,6 +383,61 @@ impl SplitCounter for Tree {
     }
 }
 
+/// What a critical section written outside Rust needs to add to a
+/// [`Tree`]'s slot on its own CPU ([`Tree::inline_add`]): the C ABI's
+/// `static inline` add, which must do exactly what [`SplitCounter::add`]
+/// does on its common path (see `IMPLEMENTATION.md`, the C ABI's fast
+/// path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InlineAdd {
+    /// CPU 0's copy of the tree's slot; CPU `c`'s is `c · 4096` bytes on.
+    pub slot0: *mut i64,
+    /// The CPUs with a copy: an id at or above it (or an unregistered
+    /// area's `cpu_id`, −1 or −2 as unsigned) must not be written.
+    pub regions: usize,
+    /// glibc's `__rseq_offset`: the calling thread's rseq area is at
+    /// `fs:[rseq_offset]` (`cpu_id` at +4, `rseq_cs` at +8), registered
+    /// with the signature `0x53053053`.
+    pub rseq_offset: isize,
+    /// The slot's batch `B₀` (a power of two): when an add moves the slot
+    /// across a multiple of it, [`Tree::after_inline_add`] must carry.
+    pub batch: u64,
+}
+
+/// For the C ABI's inline add.
+impl Tree {
+    /// The layout of this tree's slot for a caller's own rseq sequence,
+    /// when the tree's adds are sequences on glibc's areas indexed by CPU
+    /// id (the hot path's common case); `None` otherwise (a simulated
+    /// machine, atomic adds, concurrency ids, no glibc registration) —
+    /// the caller then calls [`SplitCounter::add`].
+    ///
+    /// The caller's sequence must, on the calling CPU `c` read *inside*
+    /// it from `cpu_id`: leave without writing if `c ≥ regions`; else
+    /// load `slot0[c · 512]`, add, and commit with one store — then call
+    /// [`Tree::after_inline_add`] with `c` and the new value.
+    pub fn inline_add(&self) -> Option<InlineAdd> {
+        let (slot0, regions, rseq_offset) = self.slots.inline_add_layout(0)?;
+        Some(InlineAdd {
+            slot0,
+            regions,
+            rseq_offset,
+            batch: self.shape.batch(),
+        })
+    }
+
+    /// The rest of an add that a caller's own sequence made to CPU `cpu`'s
+    /// slot (`delta`, leaving it at `new`): the carry to the levels above
+    /// when the slot crossed a multiple of the batch. A `cpu` beyond the
+    /// tree's CPUs is ignored (no sequence writes there).
+    #[inline]
+    pub fn after_inline_add(&self, cpu: usize, new: i64, delta: i64) {
+        if cpu < self.shape.cpus() {
+            self.after_slot_add(cpu, new, delta);
+        }
+    }
+}
+
 /// The test and lab tool [`Config::worst_case_schedule`] builds on.
 impl Tree {
     /// Top level first, each intermediate item gets `(aₗ − 1)·Bₗ₋₁` from a

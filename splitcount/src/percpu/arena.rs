@@ -573,6 +573,25 @@ impl PerCpu {
         (region < self.regions).then_some(region)
     }
 
+    /// Where slot `index`'s copies lie for a critical section written
+    /// outside Rust (the C ABI's inline add): `(address of the copy of
+    /// CPU 0, CPUs, glibc's __rseq_offset)` — CPU `c`'s copy is `c · 4096`
+    /// bytes on — when every write to this arena's copies is an rseq
+    /// sequence on glibc's area indexed by CPU id, the case the hot path
+    /// itself takes straight-line (see `add_current`); else `None`.
+    pub(crate) fn inline_add_layout(&self, index: usize) -> Option<(*mut i64, usize, isize)> {
+        #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+        if self.fast_fs_offset != NO_FS_OFFSET && index < self.len {
+            return Some((
+                self.row.wrapping_add(index),
+                self.regions,
+                self.fast_fs_offset,
+            ));
+        }
+        let _ = index;
+        None
+    }
+
     /// Add `delta` to slot `index` of the current CPU's own copy and return
     /// `(cpu, new value)`; `None` when this thread cannot update its CPU's
     /// copy (no registered rseq area in an rseq arena, or an id beyond the

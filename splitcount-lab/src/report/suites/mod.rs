@@ -194,11 +194,13 @@ pub const SUITES: &[Suite] = &[
     Suite {
         name: "ffi",
         title: "C ABI: a call from C, and C programs' heap",
-        about: "The C API (splitcount-ffi) called through C function pointers, as a C program \
-                calls a shared library, against the same operation from Rust: a tree \
-                counter's add (counter-add-c ÷ counter-add-rust) and a group charge and \
-                uncharge through the stock (group-charge-c ÷ group-charge-rust) — the handle \
-                check, the panic guard and the call boundary. Then the LD_PRELOAD library's \
+        about: "The C API (splitcount-ffi) from loops written in C, against the same \
+                operation from Rust: a tree counter's add — the header's static inline rseq \
+                add (counter-add-c-inline), the checked handle call (counter-add-c), and as \
+                floors a shared atomic and a thread-local add in C — and a group's \
+                charge+uncharge of 100, 1,000 and 4,096 bytes through the stock of a \
+                byte hierarchy, through the unchecked fast path (charge-N-c) and the \
+                checked handles (charge-N-c-checked), each ÷ the Rust case. Then the LD_PRELOAD library's \
                 malloc+free on the allocator suite's mixed workload (16 to 512 bytes, 64 \
                 live) in a worker process, against the same worker on glibc alone \
                 (mixed-preload ÷ mixed-glibc); measured when libsplitcount_preload.so lies \
