@@ -27,6 +27,42 @@
 #include <stdint.h>
 
 /**
+ * `splitcount_event.kind`: a charge took the usage above `high` (from at
+ * or below it); `limit` is `high`.
+ */
+#define SPLITCOUNT_EVENT_HIGH_CROSSED 0
+
+/**
+ * An uncharge took the usage back to or below `high`; `limit` is `high`.
+ */
+#define SPLITCOUNT_EVENT_BACK_UNDER_HIGH 1
+
+/**
+ * A charge did not fit after reclaim and draining (the out-of-memory
+ * stage ran); `limit` is `max`.
+ */
+#define SPLITCOUNT_EVENT_OOM 2
+
+/**
+ * A charge was refused by `max` (a `splitcount_group_try_charge` error, or
+ * a NULL from the preload's `malloc`), once per episode at the limit;
+ * `limit` is `max`.
+ */
+#define SPLITCOUNT_EVENT_MAX_REFUSED 3
+
+/**
+ * An allocation went over a cooperative limit and was let through (the
+ * group is breached until `splitcount_group_clear_breach`); `limit` is
+ * `max`.
+ */
+#define SPLITCOUNT_EVENT_BREACHED 4
+
+/**
+ * An event of a kind this header does not know (a newer library).
+ */
+#define SPLITCOUNT_EVENT_OTHER 255
+
+/**
  * One shared atomic: exact, the baseline that collapses under contention.
  */
 #define SPLITCOUNT_DESIGN_ATOMIC 0
@@ -221,6 +257,47 @@ typedef struct splitcount_group splitcount_group;
 typedef struct splitcount_hierarchy splitcount_hierarchy;
 
 /**
+ * One event of a group, for a `splitcount_event_fn`.
+ */
+typedef struct {
+  /**
+   * `SPLITCOUNT_EVENT_*`.
+   */
+  uint32_t kind;
+  /**
+   * The group's usage at the transition.
+   */
+  uint64_t usage;
+  /**
+   * The limit concerned (`high` or `max`, see the kind).
+   */
+  uint64_t limit;
+  /**
+   * The event's number among the group's events, in the order they
+   * were detected.
+   */
+  uint64_t seq;
+  /**
+   * The group's path ("/a/b"), NUL-terminated; valid during the call
+   * only.
+   */
+  const char *path;
+} splitcount_event;
+
+/**
+ * A subscriber to a group's events: `event` is valid during the call
+ * only; `user_data` is what was given at subscription.
+ */
+typedef void (*splitcount_event_fn)(const splitcount_event *event, void *user_data);
+
+/**
+ * A subscriber to a group's pressure: called once each time a charge
+ * takes the group above its `high`, with its path (valid during the call
+ * only) and the units it is above by.
+ */
+typedef void (*splitcount_pressure_fn)(const char *path, uint64_t over, void *user_data);
+
+/**
  * What `splitcount_counter_fast_add` needs, filled by
  * `splitcount_counter_fast_get`. Plain data: copy it freely; it stays
  * valid until the counter is destroyed.
@@ -307,6 +384,47 @@ typedef struct {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/**
+ * Subscribe `callback` to the events of a live group (see
+ * `SPLITCOUNT_EVENT_*`): called with `user_data` once per transition, on
+ * the thread that made it, as Rust's `Group::on_event`. Subscribers stay
+ * as long as the group exists (there is no unsubscribe).
+ *
+ * **Re-entrancy.** The callback may call the C API — read or charge this
+ * or another group, subscribe more callbacks — but not destroy the
+ * hierarchy, nor release or remove a handle the interrupted call is
+ * using. Under the preload it runs with accounting off (its `malloc`s are
+ * neither charged nor refused). It must return normally (no `longjmp`, no
+ * C++ exception), be thread-safe, and `user_data` must stay valid while
+ * the group exists.
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * `callback` and `user_data` as above.
+ */
+int splitcount_group_on_event(splitcount_group *group, splitcount_event_fn callback, void *user_data);
+
+/**
+ * Subscribe `callback` to the pressure of a live group: called once each
+ * time a charge takes its usage above `high` (from at or below it), with
+ * the group's path and the units it is above by, as Rust's
+ * `Group::on_pressure` — a place to shed load or shrink caches before
+ * `max` refuses.
+ *
+ * **Re-entrancy:** as `splitcount_group_on_event` (it may uncharge what
+ * it frees, through any handle) — except that under the preload its own
+ * `malloc`s run with accounting off only when an allocation made the
+ * crossing; after a `splitcount_group_try_charge` they are charged to the
+ * thread's current group as usual.
+ *
+ * Thread-safe.
+ *
+ * # Safety
+ * As `splitcount_group_on_event`.
+ */
+int splitcount_group_on_pressure(splitcount_group *group, splitcount_pressure_fn callback, void *user_data);
 
 /**
  * Create a counter of `design` (`SPLITCOUNT_DESIGN_*`) on this machine

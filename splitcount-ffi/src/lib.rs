@@ -32,6 +32,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod callbacks;
 mod counter;
 mod error;
 mod fast;
@@ -42,6 +43,7 @@ mod preload;
 mod scope;
 mod version;
 
+pub use callbacks::*;
 pub use counter::*;
 pub use error::*;
 pub use fast::*;

@@ -454,6 +454,83 @@ static void fast_group_path(void) {
   FAILS(splitcount_group_fast_get(g, &f), SPLITCOUNT_E_HANDLE);
 }
 
+/* Callbacks: events and pressure, with re-entrant calls into the API. */
+struct seen {
+  int kinds[5];
+  uint64_t last_usage, last_limit, last_seq, pressure_over;
+  char path[64];
+  splitcount_group *other; /* charged from inside the callback */
+  int pressure_calls;
+};
+
+static void on_event(const splitcount_event *e, void *data) {
+  struct seen *s = data;
+  if (e->kind < 5) s->kinds[e->kind]++;
+  s->last_usage = e->usage;
+  s->last_limit = e->limit;
+  CHECK(e->seq > s->last_seq || s->last_seq == 0);
+  s->last_seq = e->seq;
+  snprintf(s->path, sizeof s->path, "%s", e->path);
+  /* Re-entrant: charge another group, read this one. */
+  OK(splitcount_group_try_charge(s->other, 1));
+  uint64_t v;
+  CHECK(splitcount_group_usage(s->other, &v) == SPLITCOUNT_OK && v >= 1);
+}
+
+static void on_pressure(const char *path, uint64_t over, void *data) {
+  struct seen *s = data;
+  s->pressure_calls++;
+  s->pressure_over = over;
+  CHECK(strcmp(path, "/watched") == 0);
+}
+
+static void callbacks(void) {
+  splitcount_hierarchy *h = NULL;
+  splitcount_group *root = NULL, *g = NULL, *other = NULL;
+  OK(splitcount_hierarchy_create(NULL, 0, &h));
+  OK(splitcount_hierarchy_root(h, &root));
+  OK(splitcount_group_child(root, "watched", &g));
+  OK(splitcount_group_child(root, "other", &other));
+  static struct seen s;
+  memset(&s, 0, sizeof s);
+  s.other = other;
+  FAILS(splitcount_group_on_event(g, NULL, &s), SPLITCOUNT_E_NULL);
+  FAILS(splitcount_group_on_event(NULL, on_event, &s), SPLITCOUNT_E_HANDLE);
+  FAILS(splitcount_group_on_pressure(g, NULL, &s), SPLITCOUNT_E_NULL);
+  OK(splitcount_group_on_event(g, on_event, &s));
+  OK(splitcount_group_on_pressure(g, on_pressure, &s));
+  OK(splitcount_group_set_high(g, 1000));
+  OK(splitcount_group_set_max(g, 2000));
+
+  /* Above high: one crossing (charges beyond the stock's batch go to the
+   * counters exactly). */
+  OK(splitcount_group_try_charge(g, 1500));
+  CHECK(s.kinds[SPLITCOUNT_EVENT_HIGH_CROSSED] == 1);
+  CHECK(s.last_limit == 1000 && s.last_usage >= 1500);
+  CHECK(strcmp(s.path, "/watched") == 0);
+  CHECK(s.pressure_calls == 1 && s.pressure_over >= 500);
+  OK(splitcount_group_try_charge(g, 100));
+  CHECK(s.kinds[SPLITCOUNT_EVENT_HIGH_CROSSED] == 1); /* still above: no new one */
+  /* Refused at max: one event for the episode. */
+  FAILS(splitcount_group_try_charge(g, 5000), SPLITCOUNT_E_LIMIT);
+  FAILS(splitcount_group_try_charge(g, 5000), SPLITCOUNT_E_LIMIT);
+  CHECK(s.kinds[SPLITCOUNT_EVENT_MAX_REFUSED] == 1);
+  CHECK(s.last_limit == 2000);
+  /* Back under high. */
+  OK(splitcount_group_uncharge(g, 1600));
+  OK(splitcount_hierarchy_drain_stocks(h, NULL));
+  CHECK(s.kinds[SPLITCOUNT_EVENT_BACK_UNDER_HIGH] == 1);
+  CHECK(s.last_limit == 1000);
+  /* The callback's own charges (one per event) reached the other group. */
+  uint64_t v = 0;
+  OK(splitcount_hierarchy_drain_stocks(h, NULL));
+  OK(splitcount_group_usage(other, &v));
+  int events = 0;
+  for (int k = 0; k < 5; k++) events += s.kinds[k];
+  CHECK(v == (uint64_t)events);
+  OK(splitcount_hierarchy_destroy(h));
+}
+
 /* The header's version macros are the library's version. */
 static void version(void) {
   char built[64];
@@ -482,6 +559,7 @@ int main(void) {
   groups();
   exact_reads();
   fast_group_path();
+  callbacks();
   forced_charges();
   byte_stock();
   version();
