@@ -209,7 +209,10 @@ class group : public detail::owner<splitcount_group, splitcount_group_release> {
     detail::check(status, "splitcount_group_try_charge");
     return true;
   }
-  /** Charge `n` units past any limit (see splitcount_group_charge). */
+  /**
+   * Charge `n` units that must not fail; past a max it is reported as a
+   * breach that check() sees (see splitcount_group_charge).
+   */
   void force_charge(uint64_t n) {
     detail::check(splitcount_group_charge(p_, n), "splitcount_group_charge");
   }

@@ -41,19 +41,30 @@ pub const SPLITCOUNT_ENFORCE_REFUSE: u32 = 0;
 /// `SPLITCOUNT_ENFORCE_REFUSE`).
 pub const SPLITCOUNT_ENFORCE_COOPERATIVE: u32 = 1;
 
-/// Event counts of a group.
+/// Event counts of a group (Rust: `Events`, the same counters).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct splitcount_events {
-    /// Charges refused at this group (its `max` was in the way).
+    /// Charges that hit this group's `max`: refused, or let through over it
+    /// (a cooperative limit's allocation, a `splitcount_group_charge`) —
+    /// the kernel's meaning.
     pub max: u64,
-    /// Crossings of `high` upwards.
+    /// Crossings of `high` upwards: one per crossing, not one per charge
+    /// above.
     pub high: u64,
-    /// Times the charge path gave up at this group after reclaim and
-    /// draining.
+    /// Charges refused here after reclaim, draining and the out-of-memory
+    /// stage failed to make room.
     pub oom: u64,
     /// Uncharges of more than the group held (clamped at zero).
     pub underflow: u64,
+    /// Episodes over `max` begun by a charge let through (a breach,
+    /// reported by `splitcount_group_check`): one per episode, however many
+    /// charges it let through.
+    pub breaches: u64,
+    /// Charges refused because of this group's `max` or ceiling: NULLs from
+    /// the preload's `malloc`, `SPLITCOUNT_E_LIMIT` from
+    /// `splitcount_group_try_charge`.
+    pub refused: u64,
 }
 
 /// What a group handle holds.
@@ -372,17 +383,17 @@ pub unsafe extern "C" fn splitcount_group_high(
     unsafe { read("splitcount_group_high", group, out, Group::high) }
 }
 
-/// Charge `n` units regardless of limits (the kernel's forced charge; Rust:
-/// `Group::force_charge`), at the group and every ancestor, without the
-/// stock.
-///
-/// A forced charge is outside enforcement: whatever the group's
-/// enforcement, it passes `max` without counting a `max` event and
-/// without recording a breach, so `splitcount_group_check` stays OK after
-/// it, as in Rust (a breach is a cooperative limit's decision to let an
-/// allocation through; see `splitcount_group_check`). A caller that forces
-/// a charge learns that it went over from the usage against `max`; one
-/// that wants the limit's verdict charges with
+/// Charge `n` units that must not fail (the kernel's forced charge; Rust:
+/// `Group::over_charge`), at the group and every ancestor, without the
+/// stock — and say so when they pass a limit: past the nearest `max` in
+/// the way (after draining units stocked for its subtree, when they could
+/// make room), the charge goes through, that limit counts a `max` event
+/// and, the first time in an episode over it, a breach; every group from
+/// this one up to it is breached, which `splitcount_group_check` reports
+/// (and an event subscriber hears as `SPLITCOUNT_EVENT_BREACHED`) until
+/// `splitcount_group_clear_breach`. Whatever the enforcement: this is what
+/// the preload's `malloc` does over a cooperative limit. A caller that
+/// wants the limit's verdict instead charges with
 /// `splitcount_group_try_charge`. A request above 2^55 units is
 /// `SPLITCOUNT_E_INVALID`.
 ///
@@ -392,7 +403,7 @@ pub extern "C" fn splitcount_group_charge(group: *mut splitcount_group, n: u64) 
     run("splitcount_group_charge", || {
         live(group)?
             .group
-            .force_charge(n)
+            .over_charge(n)
             .map_err(|e| Error::new(SPLITCOUNT_E_INVALID, e.to_string()))
     })
 }
@@ -562,6 +573,8 @@ pub unsafe extern "C" fn splitcount_group_events(
             high: e.high,
             oom: e.oom,
             underflow: e.underflow,
+            breaches: e.breaches,
+            refused: e.refused,
         };
         // SAFETY: the caller's contract.
         unsafe { put(out, events) }
@@ -570,15 +583,16 @@ pub unsafe extern "C" fn splitcount_group_events(
 
 /// The checkpoint of cooperative enforcement (Rust: `Group::check`):
 /// `SPLITCOUNT_OK`, or `SPLITCOUNT_E_OVER_LIMIT` with the numbers in the
-/// message if an allocation charged to this group (or below it) went over
-/// a cooperative limit and was let through, until
-/// `splitcount_group_clear_breach`. One load when nothing happened.
+/// message if a charge to this group (or below it) went over a limit and
+/// was let through, until `splitcount_group_clear_breach`. One load when
+/// nothing happened.
 ///
-/// Only allocations record breaches: the preload library's `malloc` (and
-/// a Rust program's `Accounted` allocator) over a limit whose enforcement
-/// is `SPLITCOUNT_ENFORCE_COOPERATIVE`. `splitcount_group_try_charge` is
-/// refused at the limit instead, and `splitcount_group_charge` (forced)
-/// records none.
+/// Breaches are recorded by charges let through past `max`: the preload
+/// library's `malloc` (and a Rust program's `Accounted` allocator) over a
+/// limit whose enforcement is `SPLITCOUNT_ENFORCE_COOPERATIVE`, and
+/// `splitcount_group_charge` (which is never refused) under either
+/// enforcement. `splitcount_group_try_charge` is refused at the limit
+/// instead and records none.
 ///
 /// Thread-safe.
 #[no_mangle]

@@ -610,3 +610,72 @@ fn pressure_fires_once_per_crossing_of_high() {
     }
     assert_eq!(calls.load(Relaxed), 2, "back under, then over again");
 }
+
+/// `over_charge`: never refused, and reported when it passes a limit — a
+/// `max` event at the limit in the way, a breach (once per episode) at
+/// every group from the charged one up to it, which `check` sees.
+#[test]
+fn an_over_charge_past_max_is_charged_and_recorded_as_a_breach() {
+    let (_m, h) = sim(2, 64);
+    let parent = h.root().child("parent").unwrap();
+    let g = parent.child("g").unwrap();
+    let sibling = parent.child("sibling").unwrap();
+    parent.set_max(1000).unwrap();
+    parent.set_ceiling(1100);
+
+    // Within the limits: a forced charge, nothing reported.
+    g.over_charge(900).unwrap();
+    assert!(g.check().is_ok() && parent.check().is_ok());
+    assert_eq!(parent.events().max, 0);
+
+    // Past the parent's max (and its ceiling: it does not stop this).
+    g.over_charge(300).unwrap();
+    assert_eq!(g.usage(), 1200);
+    let e = g.check().unwrap_err();
+    assert_eq!(
+        (e.group.as_str(), e.charged.as_str()),
+        ("/parent", "/parent/g")
+    );
+    assert_eq!((e.max, e.request), (1000, 300));
+    assert!(parent.check().is_err(), "the limit's own group is breached");
+    assert!(
+        sibling.check().is_ok(),
+        "not a group the charge went through"
+    );
+    assert_eq!((parent.events().max, parent.events().breaches), (1, 1));
+
+    // More of the same episode: counted, no new breach.
+    g.over_charge(10).unwrap();
+    assert_eq!((parent.events().max, parent.events().breaches), (2, 1));
+
+    // Cleared, then back under max: the next one begins a new episode.
+    g.clear_breach();
+    parent.clear_breach();
+    g.uncharge(1210);
+    h.drain_stocks();
+    g.over_charge(1001).unwrap();
+    assert!(g.check().is_err());
+    assert_eq!(parent.events().breaches, 2);
+
+    // Too large to be anything but a bug.
+    let err = g.over_charge(u64::MAX).unwrap_err();
+    assert_eq!(err.kind(), ChargeErrorKind::TooLarge);
+}
+
+/// Units stocked for the limit's subtree are drained before an over-charge
+/// decides: a limit that only the stocks fill is not passed.
+#[test]
+fn an_over_charge_that_fits_once_the_stocks_are_drained_is_not_a_breach() {
+    let (m, h) = sim(2, 64);
+    let g = h.root().child("g").unwrap();
+    g.set_max(100).unwrap();
+    m.set_current_cpu(0).unwrap();
+    g.charge(1).unwrap(); // 64 charged, 63 stocked on CPU 0
+    m.set_current_cpu(1).unwrap();
+    g.charge(1).unwrap(); // a batch would not fit: exactly 1
+    assert_eq!(g.usage(), 65);
+    g.over_charge(90).unwrap(); // 155 > 100, but 2 + 90 in use
+    assert!(g.check().is_ok(), "92 in use under a max of 100");
+    assert_eq!((g.events().max, g.events().breaches), (0, 0));
+    assert_eq!(g.usage(), 92);
+}

@@ -134,9 +134,12 @@ static void groups(void) {
   FAILS(splitcount_group_try_charge(query, 600), SPLITCOUNT_E_LIMIT);
   CHECK(strstr(splitcount_last_error(),
                "refused by the limit of /tenant: limit 1000") != NULL);
-  OK(splitcount_group_charge(query, 600)); /* forced */
+  OK(splitcount_group_charge(query, 600)); /* forced: charged, and reported */
   OK(splitcount_group_usage(tenant, &v));
   CHECK(v == 1200);
+  FAILS(splitcount_group_check(query), SPLITCOUNT_E_OVER_LIMIT);
+  CHECK(strstr(splitcount_last_error(), "/tenant/query went over the limit of /tenant") != NULL);
+  OK(splitcount_group_check(root)); /* above the limit's group: not breached */
   FAILS(splitcount_group_set_max(tenant, 100), SPLITCOUNT_E_BUSY);
   CHECK(strstr(splitcount_last_error(), "its usage is 1200") != NULL);
   OK(splitcount_group_uncharge(query, 1200));
@@ -168,8 +171,10 @@ static void groups(void) {
   FAILS(splitcount_group_set_enforcement(tenant, 5), SPLITCOUNT_E_INVALID);
   FAILS(splitcount_group_enforcement(tenant, NULL), SPLITCOUNT_E_NULL);
   OK(splitcount_group_set_ceiling(tenant, SPLITCOUNT_UNLIMITED));
-  OK(splitcount_group_check(tenant));
+  FAILS(splitcount_group_check(tenant), SPLITCOUNT_E_OVER_LIMIT); /* until cleared */
   OK(splitcount_group_clear_breach(tenant));
+  OK(splitcount_group_check(tenant));
+  OK(splitcount_group_clear_breach(query));
 
   /* Stat items. */
   uint32_t anon = 9, faults = 9, nope = 9;
@@ -298,10 +303,10 @@ static void exact_reads(void) {
   OK(splitcount_hierarchy_destroy(h));
 }
 
-/* A forced charge is outside enforcement, as Rust's Group::force_charge:
- * past max under either enforcement it counts no max event and records
- * no breach; check reports only allocations let through by a cooperative
- * limit (the preload's malloc: splitcount-preload's tests). */
+/* A forced charge (never refused) past max is reported, as the preload's
+ * malloc over a cooperative limit is: a max event, a breach once per
+ * episode, check says so until cleared — under either enforcement. Within
+ * the limit nothing is reported. */
 static void forced_charges(void) {
   splitcount_hierarchy *h = NULL;
   splitcount_group *root = NULL, *g = NULL;
@@ -314,20 +319,26 @@ static void forced_charges(void) {
     OK(splitcount_group_set_enforcement(g, modes[i]));
     splitcount_events before, after;
     OK(splitcount_group_events(g, &before));
-    OK(splitcount_group_charge(g, 1500));
-    uint64_t usage = 0, exact = 0, max = 0;
-    OK(splitcount_group_usage(g, &usage));
-    OK(splitcount_group_usage_exact(g, &exact));
-    OK(splitcount_group_max(g, &max));
-    CHECK(exact == 1500 && usage > max); /* how a forcing caller sees it */
+    OK(splitcount_group_charge(g, 500)); /* within: nothing to report */
     OK(splitcount_group_check(g));
-    OK(splitcount_group_check(root));
+    OK(splitcount_group_charge(g, 1000)); /* past max: charged, reported */
+    uint64_t exact = 0;
+    OK(splitcount_group_usage_exact(g, &exact));
+    CHECK(exact == 1500);
+    FAILS(splitcount_group_check(g), SPLITCOUNT_E_OVER_LIMIT);
+    CHECK(strstr(splitcount_last_error(), "/forced") != NULL);
+    OK(splitcount_group_check(root)); /* above the limit's group */
+    OK(splitcount_group_charge(g, 10)); /* the same episode */
     OK(splitcount_group_events(g, &after));
-    CHECK(after.max == before.max && after.oom == before.oom);
+    CHECK(after.max == before.max + 2 && after.breaches == before.breaches + 1);
+    CHECK(after.oom == before.oom);
     /* The limit's verdict is try_charge's: refused either way. */
     FAILS(splitcount_group_try_charge(g, 1), SPLITCOUNT_E_LIMIT);
+    OK(splitcount_group_events(g, &after));
+    CHECK(after.refused >= before.refused + 1);
+    OK(splitcount_group_clear_breach(g));
     OK(splitcount_group_check(g));
-    OK(splitcount_group_uncharge(g, 1500));
+    OK(splitcount_group_uncharge(g, 1510));
     /* (Units the uncharge stocked would serve the next round's try_charge.) */
     OK(splitcount_hierarchy_drain_stocks(h, NULL));
   }

@@ -439,6 +439,69 @@ impl Group {
         Ok(())
     }
 
+    /// Charge `n` units that must not fail, and say so when they pass a
+    /// limit: what the allocator does for a cooperative over-charge,
+    /// whatever the enforcement. Within every limit it is
+    /// [`Group::force_charge`]. Past a `max` (the nearest one in the way,
+    /// here or above), the units are charged all the same, and that limit
+    /// counts a `max` event and — the first time in an episode over it — a
+    /// breach (`Events::breaches`); every group from this one up to it is
+    /// marked breached, which [`Group::check`] reports and a
+    /// [`EventKind::Breached`] event announces, until
+    /// [`Group::clear_breach`] (or, in [`BreachMode::Level`], until the
+    /// usage is back under `max`). The kernel counts its forced charges
+    /// past `memory.max` the same way (a `max` event). Units stocked for
+    /// the limit's subtree are drained first when they could make room (a
+    /// limit only the stocks fill is not passed); no reclaim hooks, no
+    /// refusal: a ceiling does not stop it either.
+    ///
+    /// A request above [`MAX_REQUEST`] is refused (`TooLarge`).
+    ///
+    /// ```
+    /// use splitcount::group::Hierarchy;
+    /// let h = Hierarchy::default();
+    /// let g = h.root().child("must-run").unwrap();
+    /// g.set_max(100).unwrap();
+    /// g.over_charge(60).unwrap();
+    /// assert!(g.check().is_ok());              // within the limit
+    /// g.over_charge(60).unwrap();              // past it: charged, and reported
+    /// assert_eq!(g.usage(), 120);
+    /// assert!(g.check().is_err());
+    /// assert_eq!((g.events().max, g.events().breaches), (1, 1));
+    /// ```
+    pub fn over_charge(&self, n: u64) -> Result<(), ChargeError> {
+        let node = self.live().clone();
+        if n > MAX_REQUEST {
+            return Err(self.error(ChargeErrorKind::TooLarge, &node, n));
+        }
+        // Stocked units count in the usage: a limit that only they fill is
+        // not passed — drain them first when they could make room (as a
+        // refusal does), then decide.
+        let fits = node.usage.try_charge_quiet(n).or_else(|limit| {
+            let short = limit.usage().saturating_add(n).saturating_sub(limit.max());
+            match self.shared.drain_for_refusal(limit, short) {
+                (_, true) => node.usage.try_charge_quiet(n),
+                (_, false) => Err(limit),
+            }
+        });
+        let crossed = match fits {
+            Ok(crossed) => crossed,
+            Err(limit) => {
+                let crossed = node.usage.charge(n);
+                limit.record_over_charge();
+                let refuser = node.find(limit);
+                crate::alloc::without_accounting(|| {
+                    super::mark_breached(&self.shared, &node, &refuser, n)
+                });
+                crossed
+            }
+        };
+        if crossed {
+            self.shared.pressure(&node, reclaim::direct);
+        }
+        Ok(())
+    }
+
     /// Charge `n` units, or say why not.
     ///
     /// 1. This CPU's stock: if it holds `n` units for the group, take them.

@@ -50,7 +50,7 @@ pub(crate) use hooks::run as run_hook;
 pub use hooks::{AllocRefusalHook, OomHook, PressureHook, ReclaimHook};
 pub use name::{validate_name, MAX_NAME_LEN};
 pub use node::BreachMode;
-pub(crate) use node::Node;
+pub(crate) use node::{mark_breached, Node};
 pub use reclaim::MAX_RECLAIM_RETRIES;
 pub use reservation::{Reservation, ReservationMode};
 pub use snapshot::{GroupSnapshot, Snapshot, SnapshotOptions};

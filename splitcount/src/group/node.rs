@@ -386,3 +386,34 @@ impl Drop for Node {
         }
     }
 }
+
+/// Mark the groups from `node` up to `refuser` breached, and tell each
+/// newly breached one's subscribers. The record is made once, by the first
+/// over-charge of a breach; later ones (until the breach is cleared) only
+/// load a flag per group. Call it with accounting off (it formats paths):
+/// the allocator's cooperative over-charges and `Group::over_charge`.
+pub(crate) fn mark_breached(shared: &Arc<Shared>, node: &Arc<Node>, refuser: &Arc<Node>, n: u64) {
+    let mut over: Option<OverLimit> = None;
+    let mut make = || {
+        over.get_or_insert_with(|| OverLimit {
+            charged: node.path.clone(),
+            group: refuser.path.clone(),
+            usage: refuser.usage.usage(),
+            max: refuser.usage.max(),
+            request: n,
+            top: refuser.top(super::error::TOP_CONSUMERS),
+        })
+        .clone()
+    };
+    let mut g = Some(node.clone());
+    while let Some(x) = g {
+        if x.record_breach(&refuser.usage, &mut make) {
+            let (usage, max) = (refuser.usage.usage(), refuser.usage.max());
+            super::emit_event(shared, &x, super::EventKind::Breached, usage, max, None);
+        }
+        if Arc::ptr_eq(&x, refuser) {
+            break;
+        }
+        g = x.parent.clone();
+    }
+}

@@ -44,7 +44,7 @@ use crate::alloc::thread::STATE;
 use crate::charge::usage::EPISODE_REFUSED;
 use crate::charge::{Enforcement, UsageCounter, MAX_REQUEST, UNLIMITED};
 use crate::group::{
-    emit_event, AccountKey, EventKind, Node, OverLimit, Refusal, Shared, TOP_CONSUMERS,
+    emit_event, mark_breached, AccountKey, EventKind, Node, Refusal, Shared, TOP_CONSUMERS,
 };
 use std::sync::Arc;
 
@@ -121,7 +121,7 @@ impl<A, C: Charging> Accounted<A, C> {
             shared.stall_ends(&node, &over);
             let crossed = acc.force_charge(n);
             limit.record_over_charge();
-            without_accounting(|| record_breach(shared, &node, &refuser, n));
+            without_accounting(|| mark_breached(shared, &node, &refuser, n));
             return Ok(self.charged(shared, &node, acc, crossed));
         }
         // The reporting grace (`in_reporting_grace`): such an allocation
@@ -189,7 +189,7 @@ impl<A, C: Charging> Accounted<A, C> {
         }
         if let Some(node) = acc.node().or_else(|| acc.live_node()) {
             let refuser = node.find(blocking);
-            without_accounting(|| record_breach(shared, &node, &refuser, n));
+            without_accounting(|| mark_breached(shared, &node, &refuser, n));
             if crossed {
                 shared.pressure(&node, run_unaccounted);
             }
@@ -323,34 +323,4 @@ fn ceiling_in_the_way(counter: &UsageCounter, n: u64) -> Option<&UsageCounter> {
     counter
         .chain()
         .find(|c| c.ceiling() != UNLIMITED && c.usage().saturating_add(n) > c.ceiling())
-}
-
-/// Mark the groups from `node` up to `refuser` breached, and tell each
-/// newly breached one's subscribers (with accounting off: this formats
-/// paths). The record is made once, by the first over-charge of a breach;
-/// later ones (until the breach is cleared) only load a flag per group.
-fn record_breach(shared: &Arc<Shared>, node: &Arc<Node>, refuser: &Arc<Node>, n: u64) {
-    let mut over: Option<OverLimit> = None;
-    let mut make = || {
-        over.get_or_insert_with(|| OverLimit {
-            charged: node.path.clone(),
-            group: refuser.path.clone(),
-            usage: refuser.usage.usage(),
-            max: refuser.usage.max(),
-            request: n,
-            top: refuser.top(TOP_CONSUMERS),
-        })
-        .clone()
-    };
-    let mut g = Some(node.clone());
-    while let Some(x) = g {
-        if x.record_breach(&refuser.usage, &mut make) {
-            let (usage, max) = (refuser.usage.usage(), refuser.usage.max());
-            emit_event(shared, &x, EventKind::Breached, usage, max, None);
-        }
-        if Arc::ptr_eq(&x, refuser) {
-            break;
-        }
-        g = x.parent.clone();
-    }
 }
