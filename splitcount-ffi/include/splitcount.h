@@ -15,6 +15,9 @@
  *   Handles are slot numbers with a generation, never dereferenced; a
  *   destroy must not race with other calls on the same handle (as free()),
  *   after it returns every use of the handle is an error.
+ * - except the fast paths (splitcount_counter_fast_*, splitcount_group_fast_*):
+ *   plain structs whose lifetime is the caller's contract, as a FILE*'s —
+ *   not checked, and a panic there (none is expected) aborts.
  * - "Thread-safe" below means: may be called from any thread, concurrently
  *   with any call except the destruction of a handle it uses.
  */
