@@ -153,7 +153,6 @@ fn init() -> bool {
 }
 
 fn setup() -> Result<(), String> {
-    libc_heap::resolve();
     let settings = settings::Settings::from_env().unwrap_or_else(|errors| report::stop(&errors));
     // Charged in bytes: `malloc` through the allocator's byte stock, and a
     // C program's `splitcount_group_try_charge` of bytes through the

@@ -55,19 +55,40 @@ pub(crate) unsafe fn memalign(align: usize, size: usize) -> *mut u8 {
 }
 
 /// How [`real_usable`] asks glibc: not decided yet, from the chunk's size
-/// word, or through glibc's `malloc_usable_size`.
+/// word, or through glibc's `malloc_usable_size` (its address).
 static USABLE_VIA: AtomicUsize = AtomicUsize::new(UNDECIDED);
 const UNDECIDED: usize = 0;
 const SIZE_WORD: usize = 1;
 
+/// glibc's `malloc_usable_size` while [`USABLE_VIA`] is undecided (0: not
+/// looked up yet), and how many of the program's blocks agreed so far.
+static GLIBC_USABLE: AtomicUsize = AtomicUsize::new(0);
+static AGREED: AtomicUsize = AtomicUsize::new(0);
+
+/// Blocks of the program's own whose size words must agree with glibc's
+/// function before the size word is trusted.
+const AGREEMENTS: usize = 64;
+
 type UsableFn = unsafe extern "C" fn(*mut c_void) -> usize;
 
-/// glibc's `malloc_usable_size` (the one after ours), or 0.
+/// glibc's `malloc_usable_size`, looked up in libc.so.6 itself — never
+/// `RTLD_NEXT`, which finds the copy of a program that links jemalloc or
+/// mimalloc first (`redis-server`): calling that one on glibc's blocks
+/// crashed at start-up. 0 if libc cannot be found by name (a static or
+/// exotic libc: the size word is then all there is).
 fn glibc_usable_size() -> usize {
-    // SAFETY: a NUL-terminated name; RTLD_NEXT is the object after this
-    // one in lookup order (glibc). dlsym may allocate: through us, which
-    // is safe at any time.
-    unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) as usize }
+    // SAFETY: a NUL-terminated name; RTLD_NOLOAD only finds the libc this
+    // process already runs on (it never loads one). dlopen and dlsym may
+    // allocate: through us, which is safe at any time.
+    unsafe {
+        let libc = libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+        if libc.is_null() {
+            return 0;
+        }
+        let f = libc::dlsym(libc, c"malloc_usable_size".as_ptr()) as usize;
+        libc::dlclose(libc);
+        f
+    }
 }
 
 /// What glibc's `malloc_usable_size` computes, read straight from the
@@ -85,51 +106,58 @@ unsafe fn from_size_word(base: *mut u8) -> usize {
     (size & !7).saturating_sub(if size & 2 != 0 { 16 } else { 8 })
 }
 
-/// Decide how to ask glibc for usable sizes: from the size word if that
-/// agrees with glibc's `malloc_usable_size` on blocks of every kind (small,
-/// large, mmapped, aligned), else through the function.
-pub(crate) fn resolve() -> usize {
-    let f = glibc_usable_size();
-    let agrees = f != 0 && {
-        // SAFETY: glibc's function on glibc's live blocks, freed after.
-        unsafe {
-            let usable = std::mem::transmute::<usize, UsableFn>(f);
-            [1usize, 24, 100, 1000, 70_000, 300_000, 4 << 20]
-                .iter()
-                .all(|&n| {
-                    let blocks = [malloc(n), memalign(64, n), memalign(4096, n)];
-                    let same = blocks
-                        .iter()
-                        .all(|&b| !b.is_null() && usable(b.cast()) == from_size_word(b));
-                    blocks.iter().for_each(|&b| free(b));
-                    same
-                })
-        }
-    };
-    let via = if agrees { SIZE_WORD } else { f };
-    // Relaxed: the same value for every thread.
-    USABLE_VIA.store(via, Ordering::Relaxed);
-    via
-}
-
 /// What glibc says a block of its own can hold.
+///
+/// How it asks is learnt from the program's own blocks, without
+/// allocating a probe of ours (a probe's freed large blocks raised glibc's
+/// dynamic mmap and trim thresholds for the whole process): the first
+/// [`AGREEMENTS`] blocks go through glibc's `malloc_usable_size`, and the
+/// size word is compared with it; if all agree, the size word is read from
+/// then on, else the function is kept.
 ///
 /// # Safety
 /// `base` is a live block of glibc's.
 #[inline]
 pub(crate) unsafe fn real_usable(base: *mut u8) -> usize {
-    // Relaxed: see `resolve`.
-    let via = match USABLE_VIA.load(Ordering::Relaxed) {
-        UNDECIDED => resolve(),
-        v => v,
-    };
-    if via == SIZE_WORD || via == UNDECIDED {
-        // SAFETY: the caller's contract (UNDECIDED: no dlsym; the size
-        // word is all there is).
-        return unsafe { from_size_word(base) };
+    // Relaxed: every thread reaches the same decision; a thread that reads
+    // a stale value only asks the function once more.
+    match USABLE_VIA.load(Ordering::Relaxed) {
+        // SAFETY: the caller's contract.
+        SIZE_WORD => unsafe { from_size_word(base) },
+        // SAFETY: the caller's contract.
+        UNDECIDED => unsafe { learn(base) },
+        // SAFETY: `via` is glibc's malloc_usable_size.
+        via => unsafe { std::mem::transmute::<usize, UsableFn>(via)(base.cast()) },
     }
-    // SAFETY: `via` is glibc's malloc_usable_size.
-    unsafe { std::mem::transmute::<usize, UsableFn>(via)(base.cast()) }
+}
+
+/// [`real_usable`] while undecided.
+///
+/// # Safety
+/// As `real_usable`.
+#[cold]
+unsafe fn learn(base: *mut u8) -> usize {
+    // SAFETY: the caller's contract.
+    let word = unsafe { from_size_word(base) };
+    // Relaxed (all three): a cache of values every thread computes alike.
+    let mut f = GLIBC_USABLE.load(Ordering::Relaxed);
+    if f == 0 {
+        f = glibc_usable_size();
+        if f == 0 {
+            USABLE_VIA.store(SIZE_WORD, Ordering::Relaxed);
+            return word;
+        }
+        GLIBC_USABLE.store(f, Ordering::Relaxed);
+    }
+    // SAFETY: glibc's function on glibc's live block.
+    let usable = unsafe { std::mem::transmute::<usize, UsableFn>(f)(base.cast()) };
+    if usable != word {
+        USABLE_VIA.store(f, Ordering::Relaxed);
+    } else if AGREED.fetch_add(1, Ordering::Relaxed) + 1 >= AGREEMENTS {
+        let _ =
+            USABLE_VIA.compare_exchange(UNDECIDED, SIZE_WORD, Ordering::Relaxed, Ordering::Relaxed);
+    }
+    usable
 }
 
 /// glibc's allocator as a Rust `GlobalAlloc`: this library's own memory,

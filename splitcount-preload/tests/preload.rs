@@ -638,6 +638,118 @@ fn aligned_allocations_answer_as_the_hosts_glibc() {
     println!("{ours}");
 }
 
+/// glibc's thresholds are the program's: a 1 MiB block is mmapped and its
+/// memory goes back at `free`, with and without the preload (which learns
+/// how to read glibc's usable sizes from the program's own blocks, never
+/// from a probe of its own that would move the dynamic thresholds).
+#[test]
+fn glibc_thresholds_are_left_as_the_program_would_have_them() {
+    let exe = plain_c_program("thresholds_test");
+    let run = |preload: bool| {
+        let mut c = Command::new(&exe);
+        if preload {
+            c.env("LD_PRELOAD", preload_so());
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            out.status,
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    };
+    let (host, ours) = (run(false), run(true));
+    assert_eq!(
+        host,
+        "1 MiB block mmapped: yes\nfreed 1 MiB back to the kernel: yes\n"
+    );
+    assert_eq!(ours, host, "under the preload");
+}
+
+/// The system's jemalloc, wherever a multiarch or plain libdir has it.
+fn system_jemalloc() -> PathBuf {
+    for dir in [
+        "/usr/lib/x86_64-linux-gnu",
+        "/lib/x86_64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+    ] {
+        let p = Path::new(dir).join("libjemalloc.so.2");
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("libjemalloc.so.2 is missing: apt-get install libjemalloc2 (.ci/run installs it)");
+}
+
+/// A program that links another allocator runs under the preload: the
+/// preload finds glibc's `malloc_usable_size` in libc.so.6 itself, never
+/// through `RTLD_NEXT` (which found jemalloc's, and called it on glibc's
+/// blocks: `/bin/true` and Debian's `redis-server` died with SIGSEGV at
+/// start-up).
+#[test]
+fn programs_that_link_jemalloc_run_under_the_preload() {
+    let both = format!("{} {}", preload_so().display(), system_jemalloc().display());
+    let out = Command::new(program("true", "coreutils"))
+        .env("LD_PRELOAD", &both)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{} {}", out.status, text(&out.stderr));
+
+    // redis-server (linked with libjemalloc.so.2), under a limit: it
+    // serves, stores, and shuts down cleanly.
+    let server = program("redis-server", "redis-server");
+    let cli = program("redis-cli", "redis-tools");
+    let port = (20_000 + std::process::id() % 20_000).to_string();
+    let mut redis = preloaded(&server, &[("SPLITCOUNT_PRELOAD_MAX", "256M")])
+        .args([
+            "--port",
+            &port,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--bind",
+            "127.0.0.1",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ask = |args: &[&str]| {
+        Command::new(&cli)
+            .args(["-p", &port])
+            .args(args)
+            .output()
+            .map(|o| text(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    let mut up = false;
+    for _ in 0..100 {
+        if ask(&["ping"]) == "PONG" {
+            up = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    if !up {
+        let _ = redis.kill();
+        let out = redis.wait_with_output().unwrap();
+        panic!("redis-server did not come up: {}", text(&out.stderr));
+    }
+    for i in 0..200 {
+        let key = format!("key{i}");
+        let value = "v".repeat(100 + i);
+        assert_eq!(ask(&["set", &key, &value]), "OK");
+    }
+    assert_eq!(ask(&["dbsize"]), "200");
+    assert_eq!(ask(&["get", "key7"]), "v".repeat(107));
+    let _ = ask(&["shutdown", "nosave"]);
+    let status = redis.wait().unwrap();
+    assert!(status.success(), "redis-server exited with {status}");
+}
+
 /// sqlite3 under a tiny limit stops at once with "out of memory", and a
 /// smaller limit lets no more through: `MAX=1` holds nothing, `4K` at
 /// most 4 KiB. (With the reporting grace, sqlite3 under `MAX=1` ran on
