@@ -109,6 +109,26 @@ fn plain_c_program(name: &str) -> PathBuf {
     exe
 }
 
+/// What a program prints on the host's glibc alone, then under the preload
+/// (each run must succeed).
+fn without_and_with_the_preload(exe: &Path) -> (String, String) {
+    let run = |preload: bool| {
+        let mut c = Command::new(exe);
+        if preload {
+            c.env("LD_PRELOAD", preload_so());
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            out.status,
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    };
+    (run(false), run(true))
+}
+
 /// Compiles `tests/c/<name>.c` against the C API's header and this
 /// library (so that it calls the C API directly); the executable's path.
 fn c_program(name: &str) -> PathBuf {
@@ -613,22 +633,7 @@ fn a_smaller_limit_never_lets_more_through() {
 /// 2.38 answers `EINVAL` to both. (The preload said `EINVAL` on 2.36.)
 #[test]
 fn aligned_allocations_answer_as_the_hosts_glibc() {
-    let exe = plain_c_program("aligned_alloc_test");
-    let run = |preload: bool| {
-        let mut c = Command::new(&exe);
-        if preload {
-            c.env("LD_PRELOAD", preload_so());
-        }
-        let out = c.output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}\n{}",
-            out.status,
-            text(&out.stderr)
-        );
-        text(&out.stdout)
-    };
-    let (host, ours) = (run(false), run(true));
+    let (host, ours) = without_and_with_the_preload(&plain_c_program("aligned_alloc_test"));
     assert!(!host.contains("MISALIGNED"), "{host}");
     assert!(host.contains("aligned_alloc(24, 48): "), "{host}");
     for (h, o) in host.lines().zip(ours.lines()) {
@@ -644,22 +649,7 @@ fn aligned_allocations_answer_as_the_hosts_glibc() {
 /// from a probe of its own that would move the dynamic thresholds).
 #[test]
 fn glibc_thresholds_are_left_as_the_program_would_have_them() {
-    let exe = plain_c_program("thresholds_test");
-    let run = |preload: bool| {
-        let mut c = Command::new(&exe);
-        if preload {
-            c.env("LD_PRELOAD", preload_so());
-        }
-        let out = c.output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}\n{}",
-            out.status,
-            text(&out.stderr)
-        );
-        text(&out.stdout)
-    };
-    let (host, ours) = (run(false), run(true));
+    let (host, ours) = without_and_with_the_preload(&plain_c_program("thresholds_test"));
     assert_eq!(
         host,
         "1 MiB block mmapped: yes\nfreed 1 MiB back to the kernel: yes\n"
