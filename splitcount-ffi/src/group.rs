@@ -30,7 +30,8 @@ pub const SPLITCOUNT_UNLIMITED: u64 = u64::MAX;
 /// **The default of every group made through the C API** — a
 /// hierarchy's root (`splitcount_hierarchy_create*`) and every child
 /// (`splitcount_group_child`), in the preload's hierarchy too — and of the
-/// preload's `/preload` group: a `max` set from C limits `malloc` without a
+/// preload's root and its `/preload` group (unless
+/// `SPLITCOUNT_PRELOAD_ENFORCE=cooperative`): a `max` set from C limits `malloc` without a
 /// second call. (A group made in Rust starts cooperative, Rust's default;
 /// `splitcount_group_set_enforcement` changes either.)
 pub const SPLITCOUNT_ENFORCE_REFUSE: u32 = 0;

@@ -172,6 +172,12 @@ fn setup() -> Result<(), String> {
         group.set_max(max).map_err(|e| e.to_string())?;
     }
     group.set_enforcement(settings.enforcement);
+    // The C API's one default for the groups it can limit (see
+    // `SPLITCOUNT_ENFORCE_REFUSE`): the root a C program reaches through
+    // `splitcount_preload_hierarchy` too.
+    hierarchy
+        .root()
+        .set_enforcement(splitcount::Enforcement::Refuse);
     DEFAULT_ACCOUNT.store(
         splitcount::alloc::raw_account(&group) as *mut u8,
         Ordering::Relaxed,

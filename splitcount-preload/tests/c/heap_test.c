@@ -129,10 +129,15 @@ static void refusal_returns_null_with_enomem(void) {
  * max set on it limits malloc with no other call (10,000 × 1000 B under a
  * 1 MiB max: most are refused). */
 static void a_max_set_from_c_limits_malloc_by_default(void) {
-  splitcount_group *g = child("default-enforcement");
+  splitcount_group *g = child("default-enforcement"), *root = NULL;
   uint32_t e = 9;
   OK(splitcount_group_enforcement(g, &e));
   CHECK(e == SPLITCOUNT_ENFORCE_REFUSE);
+  OK(splitcount_hierarchy_root(h, &root));
+  e = 9;
+  OK(splitcount_group_enforcement(root, &e));
+  CHECK(e == SPLITCOUNT_ENFORCE_REFUSE);
+  OK(splitcount_group_release(root));
   OK(splitcount_group_set_max(g, 1 << 20));
   enum { N = 10000 };
   static void *p[N];
