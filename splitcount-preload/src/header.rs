@@ -2,14 +2,14 @@
 //! block is recognized as one of ours.
 //!
 //! ```text
-//!  base (glibc's block)                      user pointer p (16-aligned, or `align`)
-//!  │                                         │
-//!  ▼                                         ▼
-//!  ┌──────────────┬────────────┬────────────┬──────────────────────────────┐
-//!  │ padding      │ tag (8)    │ account (8)│ the program's bytes …        │
-//!  └──────────────┴────────────┴────────────┴──────────────────────────────┘
-//!  ◀──── header: 16 bytes, or the alignment when larger ────▶
-//!  tag = cookie ⊕ p ⊕ (log2(header) << 56)
+//!  base (glibc's block)       user pointer p (16-aligned)
+//!  │                          │
+//!  ▼                          ▼
+//!  ┌────────────┬────────────┬──────────────────────────────┐
+//!  │ tag (8)    │ account (8)│ the program's bytes …        │
+//!  └────────────┴────────────┴──────────────────────────────┘
+//!  ◀──── header: 16 bytes ──▶
+//!  tag = cookie ⊕ p ⊕ (4 << 56)
 //! ```
 //!
 //! **The account** is the Rust wrapper's: the group's account object,
@@ -25,14 +25,39 @@
 //! `__libc_malloc`). Its 16 bytes before `p` are glibc's chunk header
 //! (`prev_size`, which belongs to the previous chunk's data while that one
 //! is in use, and the chunk size). `find` accepts `p` only if the word at
-//! `p − 16` equals `cookie ⊕ p ⊕ (k << 56)` with `k` in 4..=47: `cookie`
+//! `p − 16` equals `cookie ⊕ p ⊕ (4 << 56)`: `cookie`
 //! is 64 random bits from the kernel (`AT_RANDOM`), unknown to the
-//! program, so a word that is not ours matches with probability 44 · 2⁻⁶⁴
+//! program, so a word that is not ours matches with probability 2⁻⁶⁴
 //! per free. A stale tag cannot match either: `free` clears the tag before
 //! the block goes back to glibc, and `realloc` clears it before glibc may
 //! move the block (glibc may merge a freed chunk into the top chunk without
 //! writing over it, and a later foreign block may start at the same
 //! address). Unrecognized pointers go to glibc untouched.
+//!
+//! **Over-aligned blocks carry a trailer instead.** A header in front of a
+//! block aligned to `a` > 16 would take a whole alignment unit (so that
+//! the user pointer stays aligned): `posix_memalign(4096, 100)` would cost
+//! 8 KiB of heap instead of 4 KiB. Such a block is glibc's aligned block
+//! itself (`p` = glibc's pointer), 16 bytes longer, with the tag and the
+//! account in its last 16 usable bytes:
+//!
+//! ```text
+//!  p = glibc's block, aligned to a          p + usable(p) − 16
+//!  │                                        │
+//!  ▼                                        ▼
+//!  ┌────────────────────────────────────────┬───────────┬────────────┐
+//!  │ the program's bytes (usable(p) − 16) … │ tag (8)   │ account (8)│
+//!  └────────────────────────────────────────┴───────────┴────────────┘
+//!  tag = cookie ⊕ p ⊕ (48 << 56)
+//! ```
+//!
+//! `find` looks there only when the word before `p` is not a header's tag:
+//! a block with a trailer is 32-aligned or more, and glibc can tell its
+//! usable size (every pointer a program frees is ours or glibc's). The
+//! word before `p` is glibc's `prev_size`, i.e. the previous chunk's last
+//! bytes: they may hold that chunk's trailer account, never a tag made
+//! for `p`. The tag's top byte (48, a header's is 4) keeps a header's tag
+//! from ever reading as a trailer's or back.
 
 use crate::libc_heap::{self, real_usable};
 use std::ffi::c_void;
@@ -41,10 +66,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The header of an ordinary block: tag and account.
 pub(crate) const HEADER: usize = 16;
 
-/// The largest alignment served: `k = log2(header)` ≤ 47.
-pub(crate) const MAX_ALIGN: usize = 1 << 47;
+/// The trailer of an over-aligned block: tag and account.
+pub(crate) const TRAILER: usize = 16;
 
-const LOW56: u64 = (1 << 56) - 1;
+/// The top byte of a header's tag (`log2(HEADER)`; it was the header's
+/// size when over-aligned blocks had larger headers).
+const HEADER_K: u32 = 4;
+
+/// The top byte of a trailer's tag.
+const TRAILER_K: u32 = 48;
 
 /// The process's cookie (0 until first read).
 static COOKIE: AtomicU64 = AtomicU64::new(0);
@@ -81,33 +111,61 @@ fn tag(user: *mut u8, k: u32) -> u64 {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Block {
     user: *mut u8,
+    /// The header's size; 0 for a block with a trailer.
     header: usize,
     /// The account its bytes were charged to (null: none).
     pub(crate) account: *const u8,
+}
+
+/// The trailer's two words in the block at `base`.
+///
+/// # Safety
+/// `base` is a live glibc block.
+#[inline]
+unsafe fn trailer_words(base: *mut u8) -> *mut u64 {
+    // SAFETY: the caller's contract: `real_usable` bytes from `base`.
+    unsafe { base.add(real_usable(base) - TRAILER).cast() }
 }
 
 impl Block {
     /// Write the header of a new block at `base`; the user pointer.
     ///
     /// # Safety
-    /// `base` is a live glibc block of at least `header` bytes (a power of
-    /// two ≥ 16), aligned to `header`.
-    pub(crate) unsafe fn write(base: *mut u8, header: usize, account: *const u8) -> *mut u8 {
-        // SAFETY: `header` ≥ 16 bytes of the block precede the user pointer.
+    /// `base` is a live glibc block of at least [`HEADER`] bytes, 16-aligned.
+    pub(crate) unsafe fn write(base: *mut u8, account: *const u8) -> *mut u8 {
+        // SAFETY: the block's first 16 bytes precede the user pointer.
         unsafe {
-            let user = base.add(header);
+            let user = base.add(HEADER);
             let words = user.cast::<u64>().sub(2);
-            words.write(tag(user, header.trailing_zeros()));
+            words.write(tag(user, HEADER_K));
             words.add(1).write(account as u64);
             user
         }
+    }
+
+    /// Write the trailer of a new over-aligned block at `base` (the user
+    /// pointer too); `base`.
+    ///
+    /// # Safety
+    /// `base` is a live glibc block of at least [`TRAILER`] usable bytes,
+    /// aligned to 32 or more.
+    pub(crate) unsafe fn write_trailer(base: *mut u8, account: *const u8) -> *mut u8 {
+        // SAFETY: the last 16 of the block's usable bytes; glibc's usable
+        // sizes are multiples of 8, so the words are aligned.
+        unsafe {
+            let words = trailer_words(base);
+            words.write(tag(base, TRAILER_K));
+            words.add(1).write(account as u64);
+        }
+        base
     }
 
     /// The block at `user`, if it is one of ours (see the module docs).
     ///
     /// # Safety
     /// `user` was returned by an allocation function (ours or glibc's), or
-    /// is at least a pointer with 16 readable bytes before it.
+    /// is at least a pointer with 16 readable bytes before it; and a
+    /// pointer 32-aligned or more is a live block of ours or of glibc's.
     #[inline]
     pub(crate) unsafe fn find(user: *mut u8) -> Option<Block> {
         if (user as usize) < 4096 || (user as usize) % HEADER != 0 {
@@ -116,13 +174,38 @@ impl Block {
         let words = user.cast::<u64>().wrapping_sub(2);
         // SAFETY: every glibc block and ours has 16 readable bytes before it.
         let x = unsafe { words.read() } ^ cookie() ^ (user as u64);
-        let k = (x >> 56) as u32;
-        if x & LOW56 != 0 || !(4..=47).contains(&k) {
+        if x != (HEADER_K as u64) << 56 {
+            // SAFETY: the caller's contract.
+            return unsafe { Self::find_trailer(user) };
+        }
+        Some(Block {
+            user,
+            header: HEADER,
+            // SAFETY: ours: the word after the tag is the account.
+            account: unsafe { words.add(1).read() } as *const u8,
+        })
+    }
+
+    /// The over-aligned block at `user`, if it is one of ours.
+    ///
+    /// # Safety
+    /// As [`Block::find`].
+    #[cold]
+    unsafe fn find_trailer(user: *mut u8) -> Option<Block> {
+        if (user as usize) % (2 * HEADER) != 0 {
+            return None;
+        }
+        // SAFETY: a live glibc block (ours or not): its usable bytes are
+        // readable, and there are at least 24 of them.
+        let words = unsafe { trailer_words(user) };
+        // SAFETY: as above.
+        let x = unsafe { words.read() } ^ cookie() ^ (user as u64);
+        if x != (TRAILER_K as u64) << 56 {
             return None;
         }
         Some(Block {
             user,
-            header: 1 << k,
+            header: 0,
             // SAFETY: ours: the word after the tag is the account.
             account: unsafe { words.add(1).read() } as *const u8,
         })
@@ -138,13 +221,24 @@ impl Block {
     /// The block is live.
     #[inline]
     pub(crate) unsafe fn usable(&self) -> usize {
+        let overhead = if self.header == 0 {
+            TRAILER
+        } else {
+            self.header
+        };
         // SAFETY: the caller's contract; glibc's block starts at `base`.
-        unsafe { real_usable(self.base()) }.saturating_sub(self.header)
+        unsafe { real_usable(self.base()) }.saturating_sub(overhead)
     }
 
+    /// Clear the tag. The caller's contract: the block is live.
     fn clear_tag(&self) {
-        // SAFETY: the tag word of a live block of ours.
-        unsafe { self.user.cast::<u64>().sub(2).write(0) };
+        if self.header == 0 {
+            // SAFETY: the trailer of a live block of ours.
+            unsafe { trailer_words(self.user).write(0) };
+        } else {
+            // SAFETY: the tag word of a live block of ours.
+            unsafe { self.user.cast::<u64>().sub(2).write(0) };
+        }
     }
 
     /// Give the block back to glibc, its tag cleared first.
@@ -192,7 +286,7 @@ impl Block {
         if base.is_null() {
             // The old block is as it was: its tag back, the growth returned.
             // SAFETY: still live, the header's place unchanged.
-            unsafe { Block::write(self.base(), HEADER, account) };
+            unsafe { Block::write(self.base(), account) };
             crate::uncharge(account, prepaid);
             return std::ptr::null_mut();
         }
@@ -207,7 +301,7 @@ impl Block {
             crate::grow(account, new - charged);
         }
         // SAFETY: the new block, 16-aligned, with the header's room.
-        unsafe { Block::write(base, HEADER, account) }.cast()
+        unsafe { Block::write(base, account) }.cast()
     }
 
     /// `realloc` of an aligned block: realloc need not keep the alignment
@@ -232,7 +326,7 @@ impl Block {
         // SAFETY: the new block has `size` bytes after its header, the old
         // one `usable`; then the old one goes (uncharged) as in `free`.
         unsafe {
-            let new = Block::write(base, HEADER, self.account);
+            let new = Block::write(base, self.account);
             std::ptr::copy_nonoverlapping(self.user, new, self.usable().min(size));
             crate::free(self.user.cast());
             new.cast()

@@ -12,8 +12,8 @@
 //! It interposes `malloc`, `free`, `calloc`, `realloc`, `reallocarray`,
 //! `posix_memalign`, `aligned_alloc`, `memalign`, `valloc`, `pvalloc` and
 //! `malloc_usable_size`; the blocks come from glibc (`__libc_malloc`,
-//! `__libc_memalign`, …) with a 16-byte header in front (more for larger
-//! alignments) that names the block's **account**, exactly as the Rust
+//! `__libc_memalign`, …) with a 16-byte header in front (a 16-byte trailer
+//! for alignments above 16) that names the block's **account**, exactly as the Rust
 //! wrapper [`splitcount::alloc::Accounted`] does — this library *is* that
 //! wrapper's charge path, with a header that a size-less `free` can read.
 //! Each block is charged its usable size (what `malloc_usable_size`
@@ -234,20 +234,33 @@ fn set_errno(e: i32) {
     unsafe { *libc::__errno_location() = e };
 }
 
-/// Finish a block of glibc's at `base` (`header` bytes of it in front):
-/// charge its usable size and write the header; NULL (the block freed,
-/// `errno = ENOMEM`) if a limit refused it.
+/// Where a block's tag and account go.
+#[derive(Clone, Copy)]
+enum Place {
+    /// In front: [`HEADER`] bytes.
+    Header,
+    /// In the block's last 16 usable bytes (over-aligned blocks).
+    Trailer,
+}
+
+/// Finish a block of glibc's at `base`: charge its usable size and write
+/// the header or trailer; NULL (the block freed, `errno = ENOMEM`) if a
+/// limit refused it.
 ///
 /// # Safety
-/// `base` is null or a live glibc block of at least `header` bytes,
-/// aligned to `header`.
-unsafe fn finish(base: *mut u8, header: usize) -> *mut c_void {
+/// `base` is null or a live glibc block with room for `place`: at least
+/// [`HEADER`] bytes, or a trailer and 32-aligned.
+unsafe fn finish(base: *mut u8, place: Place) -> *mut c_void {
     if base.is_null() {
         return std::ptr::null_mut();
     }
+    let overhead = match place {
+        Place::Header => HEADER,
+        Place::Trailer => header::TRAILER,
+    };
     let account = if accounting() {
         // SAFETY: a live glibc block.
-        let usable = unsafe { real_usable(base) } - header;
+        let usable = unsafe { real_usable(base) } - overhead;
         match charge(usable) {
             Some(a) => a,
             None => {
@@ -261,7 +274,13 @@ unsafe fn finish(base: *mut u8, header: usize) -> *mut c_void {
         std::ptr::null()
     };
     // SAFETY: the caller's contract.
-    unsafe { Block::write(base, header, account) }.cast()
+    unsafe {
+        match place {
+            Place::Header => Block::write(base, account),
+            Place::Trailer => Block::write_trailer(base, account),
+        }
+    }
+    .cast()
 }
 
 /// The total of `n` and a header, if it is a size glibc can serve.
@@ -280,7 +299,7 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
         return std::ptr::null_mut();
     };
     // SAFETY: glibc's allocator; a block of `total` bytes, 16-aligned.
-    unsafe { finish(libc_heap::malloc(total), HEADER) }
+    unsafe { finish(libc_heap::malloc(total), Place::Header) }
 }
 
 /// `calloc(3)`, charged to the calling thread's group.
@@ -294,7 +313,7 @@ pub unsafe extern "C" fn calloc(count: usize, size: usize) -> *mut c_void {
         return std::ptr::null_mut();
     };
     // SAFETY: glibc's allocator; zeroed, header included.
-    unsafe { finish(libc_heap::calloc(total), HEADER) }
+    unsafe { finish(libc_heap::calloc(total), Place::Header) }
 }
 
 /// `free(3)`: uncharges the block's account. A block this library did not
@@ -376,14 +395,14 @@ unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
         // SAFETY: glibc's blocks are 16-aligned.
         return unsafe { malloc(size) };
     }
-    // The header takes a whole alignment unit, so the user pointer stays
-    // aligned; at most 2^47 (no larger block fits the address space).
-    let Some(total) = with_header(size, align).filter(|_| align <= header::MAX_ALIGN) else {
+    // The tag and account go at the block's end (a header in front would
+    // take a whole alignment unit: see `header`).
+    let Some(total) = with_header(size, header::TRAILER) else {
         set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
-    // SAFETY: glibc's allocator, `align` a power of two.
-    unsafe { finish(libc_heap::memalign(align, total), align) }
+    // SAFETY: glibc's allocator, `align` a power of two above 16.
+    unsafe { finish(libc_heap::memalign(align, total), Place::Trailer) }
 }
 
 /// `posix_memalign(3)`.

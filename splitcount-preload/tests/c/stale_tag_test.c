@@ -47,6 +47,12 @@
  * chunk by a large malloc between the steps (which would move the top
  * chunk). The mmap threshold keeps S, however large, in the heap.
  *
+ * A third mode, `trailer`, is the same for an over-aligned block, whose
+ * tag is in a trailer at the end of its usable bytes (`Block::free` clears
+ * it too): the preload's `memalign(64, S)` is glibc's `memalign(64, S +
+ * 16)`, freed, and glibc's own `__libc_memalign(64, S + 16)` gets the same
+ * chunk back, the old trailer's tag word where the preload would look.
+ *
  * Exits 0 after "stale_tag_test: N checks passed"; 1 when a check fails;
  * 2, with the addresses, when glibc did not lay the blocks out as above
  * (then the test would check nothing, and says so instead of passing). */
@@ -59,6 +65,7 @@
 
 extern void *__libc_malloc(size_t);
 extern void __libc_free(void *);
+extern void *__libc_memalign(size_t, size_t);
 
 /* The layout is not as drawn: say what was found, exit 2. */
 #define ARRANGED(cond, ...)                                                    \
@@ -82,10 +89,35 @@ static uint64_t tag_word(void *p) { return ((uint64_t *)p)[-2]; }
  * word: what malloc_usable_size must say of a block that is not ours. */
 static size_t glibc_usable(void *p) { return (((size_t *)p)[-1] & ~(size_t)7) - 8; }
 
+/* The `trailer` mode: an over-aligned block's trailer, left behind, would
+ * be found at the end of a foreign block laid at the same address with the
+ * same size. */
+static void trailer(splitcount_group *g, size_t S) {
+  char *A = memalign(64, S);                  /* glibc's memalign(64, S + 16) */
+  uintptr_t a = (uintptr_t)A;
+  ARRANGED(A != NULL, "memalign(64, %zu) failed", S);
+  size_t old = malloc_usable_size(A);
+  CHECK(usage(g) == old);
+  free(A);
+  CHECK(usage(g) == 0);
+  char *Q = __libc_memalign(64, S + 16);
+  ARRANGED((uintptr_t)Q == a, "S=%zu A=%#lx Q=%p", S, a, (void *)Q);
+  ARRANGED(glibc_usable(Q) == old + 16, "Q's usable size %zu, A's %zu + 16", glibc_usable(Q),
+           old);
+  size_t usable = malloc_usable_size(Q);
+  if (usable != glibc_usable(Q))
+    fprintf(stderr, "malloc_usable_size(Q) = %zu, glibc's %zu\n", usable, glibc_usable(Q));
+  CHECK(usable == glibc_usable(Q));
+  free(Q);
+  CHECK(usage(g) == 0);
+  printf("trailer: foreign block %#lx laid over the old block's trailer\n", a);
+}
+
 int main(int argc, char **argv) {
   int by_realloc = argc == 2 && strcmp(argv[1], "realloc") == 0;
-  if (argc != 2 || (!by_realloc && strcmp(argv[1], "free") != 0)) {
-    fprintf(stderr, "usage: stale_tag_test free|realloc\n");
+  int by_trailer = argc == 2 && strcmp(argv[1], "trailer") == 0;
+  if (argc != 2 || (!by_realloc && !by_trailer && strcmp(argv[1], "free") != 0)) {
+    fprintf(stderr, "usage: stale_tag_test free|realloc|trailer\n");
     return 1;
   }
   preload_handles();
@@ -99,6 +131,16 @@ int main(int argc, char **argv) {
   struct mallinfo2 m = mallinfo2();
   size_t binned = m.fordblks - m.keepcost; /* free, not in the top chunk */
   size_t S = ((binned + 15) & ~(size_t)15) + 4096;
+  if (by_trailer) {
+    trailer(g, S);
+    OK(splitcount_leave());
+    splitcount_events ev;
+    OK(splitcount_group_events(g, &ev));
+    CHECK(ev.underflow == 0);
+    OK(splitcount_group_remove(g));
+    printf("stale_tag_test: %d checks passed\n", checks);
+    return 0;
+  }
 
   char *P = __libc_malloc(S - 8);             /* chunk S at x = P - 16 */
   char *A = malloc(S);                        /* chunk S + 32 at c = x + S */
