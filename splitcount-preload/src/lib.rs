@@ -29,7 +29,8 @@
 //! |---|---|
 //! | `SPLITCOUNT_PRELOAD_MAX` | the hard limit of `/preload`: whole bytes, optionally with a unit (`K`, `M`, `G`, `T`, `KiB`…, `KB`…; all powers of 1024; any case): `512M`, `512MB`, `2GiB`, `1048576`; or `max` / `unlimited`. |
 //! | `SPLITCOUNT_PRELOAD_ENFORCE` | `refuse` (the default): an allocation that does not fit under the limit returns NULL with `errno = ENOMEM`, however often the program asks, until frees bring usage down (strict: no grace); `cooperative`: it succeeds, counted as an over-charge (`events.max`), and `splitcount_group_check` reports the breach. |
-//! | `SPLITCOUNT_PRELOAD_REPORT` | `1`: at exit, print the usage, peak, limit and events of `/preload` and of the root, and glibc's own count of bytes in use, to stderr, each line with the process's `pid=` and `program=`; a path with a `/`: write it to `<path>.<pid>` instead. |
+//! | `SPLITCOUNT_PRELOAD_REPORT` | `1`: report the usage, peak, limit, events and slack of `/preload` and of the root to stderr at exit (drained, with glibc's own count of bytes in use), at `_exit` and on a fatal signal (not drained), each line with the process's `pid=`, `program=` and `at=`; a path with a `/`: append the reports to `<path>.<pid>` instead. |
+//! | `SPLITCOUNT_PRELOAD_SIGNAL` | `USR1` or `USR2`: that signal writes a live snapshot (`at=live`, not drained) and the program goes on. |
 //!
 //! How a block is recognized as ours (and one glibc made without us as
 //! not), why the first allocations of a process and of a thread are safe,
@@ -184,10 +185,7 @@ fn setup() -> Result<(), String> {
     );
     splitcount_ffi::register_preload(hierarchy.clone(), group.clone());
     let _ = PRELOAD.set((hierarchy, group));
-    if report::report_to(settings.report) {
-        // SAFETY: registers a function without arguments that never unwinds.
-        unsafe { libc::atexit(report::at_exit) };
-    }
+    report::set_up(settings.report, settings.snapshot_signal);
     Ok(())
 }
 
@@ -514,6 +512,29 @@ pub unsafe extern "C" fn malloc_usable_size(ptr: *mut c_void) -> usize {
         // SAFETY: glibc's.
         None => unsafe { real_usable(ptr.cast()) },
     }
+}
+
+/// `_exit(2)`: the report (when `SPLITCOUNT_PRELOAD_REPORT` asks for
+/// one; not drained, see `report`), then the process ends as glibc's
+/// `_exit` ends it. Programs that leave this way (dash, `fork` children
+/// that do not `exec`) reported nothing before.
+///
+/// # Safety
+/// None beyond `_exit`'s: the process ends.
+#[no_mangle]
+pub unsafe extern "C" fn _exit(status: i32) -> ! {
+    report::undrained(report::Moment::UnderscoreExit);
+    report::exit_now(status)
+}
+
+/// `_Exit(3)`: as [`_exit`].
+///
+/// # Safety
+/// As `_exit`.
+#[no_mangle]
+pub unsafe extern "C" fn _Exit(status: i32) -> ! {
+    report::undrained(report::Moment::UnderscoreExit);
+    report::exit_now(status)
 }
 
 /// Initialize at load, before `main`: the environment is read and the exit

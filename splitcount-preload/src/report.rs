@@ -1,20 +1,31 @@
-//! The exit report (`SPLITCOUNT_PRELOAD_REPORT`), the message that stops a
-//! program with a bad configuration, and other messages on stderr.
+//! The reports (`SPLITCOUNT_PRELOAD_REPORT`, `SPLITCOUNT_PRELOAD_SIGNAL`),
+//! the message that stops a program with a bad configuration, and other
+//! messages on stderr.
 //!
-//! Every report line starts `splitcount-preload: pid=<pid> program=<name>`
-//! (the process's id when it reports — a `fork` child's own — and glibc's
-//! `program_invocation_short_name`, the base name of `argv[0]`), then
-//! `key=value` pairs:
+//! Every report line starts `splitcount-preload: pid=<pid> program=<name>
+//! at=<moment>` (the process's id when it reports — a `fork` child's own,
+//! with `forked_from=<pid>` after the moment —, glibc's
+//! `program_invocation_short_name`, the base name of `argv[0]`, and when:
+//! [`Moment`]), then `key=value` pairs:
 //!
 //! ```text
-//! splitcount-preload: pid=4242 program=sqlite3 group=/preload usage=13736 peak=… max=… enforcement=refuse events.max=0 …
-//! splitcount-preload: pid=4242 program=sqlite3 group=/ usage=13736 …
-//! splitcount-preload: pid=4242 program=sqlite3 glibc in_use=44080 arena_in_use=44080 mmapped=0
+//! splitcount-preload: pid=4242 program=sqlite3 at=exit group=/preload usage=13736 peak=… max=… enforcement=refuse events.max=0 … slack.stocks=… slack.per_thread=32768
+//! splitcount-preload: pid=4242 program=sqlite3 at=exit group=/ usage=13736 …
+//! splitcount-preload: pid=4242 program=sqlite3 at=exit glibc in_use=44080 arena_in_use=44080 mmapped=0
 //! ```
+//!
+//! Only the exit report drains the stocks first. The others (`_exit`, a
+//! live snapshot, a fatal signal) are written from places where a lock may
+//! be held by the interrupted code, so they read atomics, format into a
+//! stack buffer ([`Text`]) and `write(2)` it — nothing that allocates or
+//! locks —, and their usage may run ahead of the bytes held by up to
+//! `slack.stocks` plus `slack.per_thread` per thread.
 
 use crate::settings::{Report, BAD_CONFIG_EXIT};
 use splitcount::charge::{Enforcement, UNLIMITED};
 use splitcount::group::Group;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::OnceLock;
 
 /// Where the exit report goes: set once, at load.
@@ -71,11 +82,111 @@ fn program() -> String {
     }
 }
 
+/// The program's name, computed once at load (a report written from a
+/// signal handler must not allocate).
+static PROGRAM: OnceLock<String> = OnceLock::new();
+
+/// The process that loaded the preload: a `fork` child (whose pid differs)
+/// says `forked_from=` this, since its figures start as a copy of the
+/// parent's.
+static LOADED_BY: AtomicI32 = AtomicI32::new(0);
+
+/// Remember the program's name and pid for the report lines (at load).
+pub(crate) fn remember_process() {
+    let _ = PROGRAM.set(program());
+    // SAFETY: no preconditions.
+    LOADED_BY.store(unsafe { libc::getpid() }, Ordering::Relaxed);
+}
+
+/// End the process now, without `atexit` handlers or the `_exit` report:
+/// the `exit_group` system call, which is what glibc's `_exit` is.
+pub(crate) fn exit_now(status: i32) -> ! {
+    loop {
+        // SAFETY: ends every thread of the process; never returns.
+        unsafe { libc::syscall(libc::SYS_exit_group, status) };
+    }
+}
+
+/// Text built on the stack: formatting into it never allocates, so a
+/// report can be written from a signal handler or from `_exit`. What does
+/// not fit is cut (a report is a few hundred bytes).
+pub(crate) struct Text {
+    buf: [u8; 4096],
+    len: usize,
+}
+
+impl Text {
+    pub(crate) fn new() -> Text {
+        Text {
+            buf: [0; 4096],
+            len: 0,
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        // Only whole `&str`s are copied in, cut at a char boundary.
+        std::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
+    }
+}
+
+impl Write for Text {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let room = self.buf.len() - self.len;
+        let mut n = s.len().min(room);
+        while !s.is_char_boundary(n) {
+            n -= 1;
+        }
+        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
+/// When a report is written, named by its `at=` key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Moment {
+    /// At normal exit (`exit`, the end of `main`), after draining the
+    /// stocks: usage is the bytes still charged.
+    Exit,
+    /// At `_exit` or `_Exit`: not drained (other threads may hold the
+    /// stocks' locks), so usage may include the slack.
+    UnderscoreExit,
+    /// A live snapshot on `SPLITCOUNT_PRELOAD_SIGNAL`: not drained.
+    Live,
+    /// On a fatal signal, before the signal's default action: not drained.
+    Fatal(i32),
+}
+
+impl Moment {
+    fn name(self) -> &'static str {
+        match self {
+            Moment::Exit => "exit",
+            Moment::UnderscoreExit => "_exit",
+            Moment::Live => "live",
+            Moment::Fatal(libc::SIGSEGV) => "SIGSEGV",
+            Moment::Fatal(libc::SIGBUS) => "SIGBUS",
+            Moment::Fatal(libc::SIGILL) => "SIGILL",
+            Moment::Fatal(libc::SIGFPE) => "SIGFPE",
+            Moment::Fatal(libc::SIGABRT) => "SIGABRT",
+            Moment::Fatal(_) => "signal",
+        }
+    }
+}
+
 /// The start of every report line.
-fn prefix() -> String {
+fn prefix(out: &mut Text, moment: Moment) {
     // SAFETY: no preconditions.
     let pid = unsafe { libc::getpid() };
-    format!("splitcount-preload: pid={pid} program={}", program())
+    let program = PROGRAM.get().map_or("?", String::as_str);
+    let _ = write!(
+        out,
+        "splitcount-preload: pid={pid} program={program} at={}",
+        moment.name()
+    );
+    let loaded_by = LOADED_BY.load(Ordering::Relaxed);
+    if loaded_by != 0 && loaded_by != pid {
+        let _ = write!(out, " forked_from={loaded_by}");
+    }
 }
 
 /// Stop the program at load: each error on stderr, then why, and
@@ -102,73 +213,94 @@ pub(crate) fn stop(errors: &[String]) -> ! {
         program()
     );
     say(&text);
-    // SAFETY: ends the process; nothing runs after.
-    unsafe { libc::_exit(BAD_CONFIG_EXIT) }
-}
-
-/// Remember where the exit report goes; whether there is one.
-pub(crate) fn report_to(to: Report) -> bool {
-    let on = to != Report::Off;
-    let _ = REPORT_TO.set(to);
-    on
+    exit_now(BAD_CONFIG_EXIT)
 }
 
 /// One line per group: `key=value` pairs a test or a script can read.
-fn line(prefix: &str, g: &Group) -> String {
+/// Reads atomics only: safe in a signal handler.
+fn line(out: &mut Text, moment: Moment, g: &Group) {
     let e = g.events();
-    let max = match g.max() {
-        UNLIMITED => "none".to_owned(),
-        m => m.to_string(),
+    prefix(out, moment);
+    let _ = write!(
+        out,
+        " group={} usage={} peak={} max=",
+        g.path(),
+        g.usage(),
+        g.peak()
+    );
+    let _ = match g.max() {
+        UNLIMITED => write!(out, "none"),
+        m => write!(out, "{m}"),
     };
     let enforcement = match g.enforcement() {
         Enforcement::Refuse => "refuse",
         _ => "cooperative",
     };
-    format!(
-        "{prefix} group={} usage={} peak={} max={max} enforcement={enforcement} \
-         events.max={} events.high={} events.oom={} events.underflow={} events.breaches={} \
-         events.refused={}\n",
-        g.path(),
-        g.usage(),
-        g.peak(),
+    let stocks = crate::ACCOUNTED.max_slack(0);
+    let _ = writeln!(
+        out,
+        " enforcement={enforcement} events.max={} events.high={} events.oom={} \
+         events.underflow={} events.breaches={} events.refused={} slack.stocks={stocks} \
+         slack.per_thread={}",
         e.max,
         e.high,
         e.oom,
         e.underflow,
         e.breaches,
-        e.refused
-    )
+        e.refused,
+        crate::ACCOUNTED.max_slack(1) - stocks,
+    );
 }
 
-/// Write the report where it goes: stderr, or `<path>.<pid>` (created, or
-/// truncated; stderr, with a message, if it cannot be opened).
-fn deliver(text: &str) {
+/// The lines of `/preload` and the root (no glibc line: `mallinfo2`
+/// takes glibc's locks, which a signal may have interrupted).
+fn groups(out: &mut Text, moment: Moment) -> bool {
+    let Some((h, g)) = crate::PRELOAD.get() else {
+        return false;
+    };
+    line(out, moment, g);
+    line(out, moment, &h.root());
+    true
+}
+
+/// Write the report where it goes: stderr, or appended to `<path>.<pid>`
+/// (created if need be; stderr, with a message, if it cannot be opened).
+/// Allocates nothing and takes no lock: safe in a signal handler.
+fn deliver(text: &Text) {
     let path = match REPORT_TO.get() {
         Some(Report::File(path)) => path,
-        _ => return say(text),
+        // Off: a live snapshot, asked for without a report, to stderr.
+        _ => return say(text.as_str()),
     };
     // SAFETY: no preconditions.
     let pid = unsafe { libc::getpid() };
-    let file = format!("{path}.{pid}");
-    let fd = std::ffi::CString::new(file.as_str()).map_or(-1, |c| {
-        // SAFETY: a NUL-terminated path; the mode is passed as open(2)'s
-        // variadic argument.
-        unsafe {
+    let mut file = Text::new();
+    let _ = write!(file, "{path}.{pid}\0");
+    let fd = match file.as_str().strip_suffix('\0') {
+        // SAFETY: a NUL-terminated path (no NUL inside: it came from the
+        // environment); the mode is open(2)'s variadic argument.
+        Some(name) if !name.contains('\0') => unsafe {
             libc::open(
-                c.as_ptr(),
-                libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
+                file.buf.as_ptr().cast(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC,
                 0o666 as libc::c_uint,
             )
-        }
-    });
+        },
+        _ => -1,
+    };
     if fd < 0 {
-        let err = std::io::Error::last_os_error();
-        say(&format!(
-            "splitcount-preload: cannot write the report to {file}: {err}; here it is\n{text}"
-        ));
+        let mut why = Text::new();
+        let _ = writeln!(
+            why,
+            "splitcount-preload: cannot write the report to {} (errno {}); here it is",
+            file.as_str().trim_end_matches('\0'),
+            crate::errno()
+        );
+        say(why.as_str());
+        say(text.as_str());
         return;
     }
-    write_all(fd, text);
+    write_all(fd, text.as_str());
     // SAFETY: ours.
     unsafe { libc::close(fd) };
 }
@@ -181,21 +313,110 @@ fn deliver(text: &str) {
 pub(crate) extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         crate::busy(|| {
-            let Some((h, g)) = crate::PRELOAD.get() else {
+            let Some((h, _)) = crate::PRELOAD.get() else {
                 return;
             };
             h.drain_stocks();
+            let mut out = Text::new();
+            groups(&mut out, Moment::Exit);
             // SAFETY: glibc's statistics; no preconditions.
             let m = unsafe { libc::mallinfo2() };
-            let prefix = prefix();
-            deliver(&format!(
-                "{}{}{prefix} glibc in_use={} arena_in_use={} mmapped={}\n",
-                line(&prefix, g),
-                line(&prefix, &h.root()),
+            prefix(&mut out, Moment::Exit);
+            let _ = writeln!(
+                out,
+                " glibc in_use={} arena_in_use={} mmapped={}",
                 m.uordblks + m.hblkhd,
                 m.uordblks,
                 m.hblkhd
-            ));
+            );
+            deliver(&out);
         })
     });
+}
+
+/// A report without draining (`_exit`, a snapshot, a fatal signal):
+/// atomics, a stack buffer and `write(2)`, nothing else.
+pub(crate) fn undrained(moment: Moment) {
+    if matches!(REPORT_TO.get(), None | Some(Report::Off)) && moment != Moment::Live {
+        return;
+    }
+    let mut out = Text::new();
+    if groups(&mut out, moment) {
+        deliver(&out);
+    }
+}
+
+/// The live snapshot's signal handler.
+extern "C" fn on_snapshot_signal(_: libc::c_int) {
+    let saved = crate::errno();
+    undrained(Moment::Live);
+    crate::set_errno(saved);
+}
+
+/// Whether a fatal signal's report was written (once per process).
+static FATAL_REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// The fatal signals' handler: the report, then the signal's own action
+/// (the default one put back and the signal raised again: it is delivered
+/// when the handler returns, or the faulting instruction faults again).
+extern "C" fn on_fatal_signal(sig: libc::c_int) {
+    if !FATAL_REPORTED.swap(true, Ordering::Relaxed) {
+        undrained(Moment::Fatal(sig));
+    }
+    // SAFETY: async-signal-safe calls; the default action ends the process.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
+    }
+}
+
+/// The signals whose default action ends the process with a core dump and
+/// that a report is written on.
+const FATAL: [libc::c_int; 5] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGILL,
+    libc::SIGFPE,
+    libc::SIGABRT,
+];
+
+/// Install `handler` for `sig` where the disposition is still the default
+/// (a handler the program or another library set first is left alone;
+/// one the program sets later replaces ours).
+fn install(sig: libc::c_int, handler: extern "C" fn(libc::c_int), flags: libc::c_int) -> bool {
+    // SAFETY: sigaction with valid, zero-initialized structures.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
+            || old.sa_sigaction != libc::SIG_DFL
+        {
+            return false;
+        }
+        let mut new: libc::sigaction = std::mem::zeroed();
+        new.sa_sigaction = handler as usize;
+        new.sa_flags = flags;
+        libc::sigemptyset(&mut new.sa_mask);
+        libc::sigaction(sig, &new, std::ptr::null_mut()) == 0
+    }
+}
+
+/// At load: the report's destination, the exit report, the fatal signals'
+/// reports (when there is a report) and the live snapshot's signal (when
+/// asked for).
+pub(crate) fn set_up(to: Report, snapshot: Option<libc::c_int>) {
+    remember_process();
+    let on = to != Report::Off;
+    let _ = REPORT_TO.set(to);
+    if on {
+        // SAFETY: registers a function without arguments that never unwinds.
+        unsafe { libc::atexit(at_exit) };
+        for sig in FATAL {
+            install(sig, on_fatal_signal, 0);
+        }
+    }
+    if let Some(sig) = snapshot {
+        if !install(sig, on_snapshot_signal, libc::SA_RESTART) {
+            say("splitcount-preload: SPLITCOUNT_PRELOAD_SIGNAL: the signal already has a handler; no snapshots\n");
+        }
+    }
 }

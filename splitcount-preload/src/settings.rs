@@ -48,6 +48,9 @@ pub(crate) struct Settings {
     pub(crate) enforcement: Enforcement,
     /// `SPLITCOUNT_PRELOAD_REPORT`: where the exit report goes.
     pub(crate) report: Report,
+    /// `SPLITCOUNT_PRELOAD_SIGNAL`: the signal that writes a live snapshot
+    /// (`None`: none).
+    pub(crate) snapshot_signal: Option<i32>,
 }
 
 /// An environment variable, without std's environment lock (this runs
@@ -107,15 +110,45 @@ pub(crate) fn parse_limit(s: &str) -> Result<Option<u64>, String> {
     })
 }
 
+/// The live snapshot's signal: `USR1` or `USR2` (`SIGUSR1`, `SIGUSR2`,
+/// any case); unset, empty or `0`: none. Nothing else: the other signals
+/// have meanings a program relies on.
+pub(crate) fn parse_signal(s: Option<&str>) -> Result<Option<i32>, String> {
+    let Some(s) = s else { return Ok(None) };
+    let upper = s.to_ascii_uppercase();
+    match upper.strip_prefix("SIG").unwrap_or(&upper) {
+        "" | "0" => Ok(None),
+        "USR1" => Ok(Some(libc::SIGUSR1)),
+        "USR2" => Ok(Some(libc::SIGUSR2)),
+        _ => Err("not USR1 or USR2 (SIGUSR1, SIGUSR2), or 0 for none".to_owned()),
+    }
+}
+
 impl Settings {
     /// The settings of this process's environment; `Err` with one message
     /// per bad variable, each naming the variable and its value.
     pub(crate) fn from_env() -> Result<Settings, Vec<String>> {
-        Settings::parse(
+        let mut settings = Settings::parse(
             var(c"SPLITCOUNT_PRELOAD_MAX"),
             var(c"SPLITCOUNT_PRELOAD_ENFORCE"),
             var(c"SPLITCOUNT_PRELOAD_REPORT"),
-        )
+        );
+        let signal = var(c"SPLITCOUNT_PRELOAD_SIGNAL");
+        match (parse_signal(signal.as_deref()), &mut settings) {
+            (Ok(sig), Ok(s)) => s.snapshot_signal = sig,
+            (Ok(_), Err(_)) => {}
+            (Err(why), Ok(_)) => {
+                settings = Err(vec![format!(
+                    "SPLITCOUNT_PRELOAD_SIGNAL={:?}: {why}",
+                    signal.unwrap_or_default()
+                )])
+            }
+            (Err(why), Err(errors)) => errors.push(format!(
+                "SPLITCOUNT_PRELOAD_SIGNAL={:?}: {why}",
+                signal.unwrap_or_default()
+            )),
+        }
+        settings
     }
 
     pub(crate) fn parse(
@@ -166,6 +199,7 @@ impl Settings {
                 max,
                 enforcement,
                 report,
+                snapshot_signal: None,
             })
         } else {
             Err(errors)
@@ -236,6 +270,20 @@ mod tests {
         assert_eq!(parse_limit("64K"), Ok(Some(64 << 10)));
         assert!(parse_limit("none").is_err());
         assert!(parse_limit("").is_err(), "set but empty is not unset");
+    }
+
+    #[test]
+    fn the_snapshot_signal_is_usr1_or_usr2() {
+        assert_eq!(parse_signal(None), Ok(None));
+        assert_eq!(parse_signal(Some("")), Ok(None));
+        assert_eq!(parse_signal(Some("0")), Ok(None));
+        for usr2 in ["USR2", "usr2", "SIGUSR2", "sigusr2"] {
+            assert_eq!(parse_signal(Some(usr2)), Ok(Some(libc::SIGUSR2)), "{usr2}");
+        }
+        assert_eq!(parse_signal(Some("SIGUSR1")), Ok(Some(libc::SIGUSR1)));
+        for bad in ["12", "TERM", "SIGHUP", "USR3", " USR2"] {
+            assert!(parse_signal(Some(bad)).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

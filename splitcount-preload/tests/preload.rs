@@ -539,6 +539,113 @@ fn a_report_path_gets_a_file_per_process() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Runs `tests/c/report_moments_test.c` in `mode` under the preload with
+/// the report on stderr (and `env`); its exit status and report lines.
+fn report_moments(mode: &str, env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    let exe = EXE.get_or_init(|| plain_c_program("report_moments_test"));
+    let mut c = preloaded(exe, &[("SPLITCOUNT_PRELOAD_REPORT", "1")]);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.arg(mode).output().unwrap();
+    (out.status, text(&out.stderr) + &text(&out.stdout))
+}
+
+/// The bytes a `report_moments_test` holds: 1,024 blocks of 1,000 bytes,
+/// each charged its usable size, at least the 1,000 asked for.
+const MOMENTS_HELD: u64 = 1024 * 1000;
+
+/// A report line's usage is at least what the program holds, and runs
+/// ahead of it by no more than the slack the line states (stocks and one
+/// thread's reserve; the program has one thread).
+fn holds_within_the_stated_slack(line: &HashMap<String, String>, held: u64) {
+    let (usage, slack) = (
+        number(line, "usage"),
+        number(line, "slack.stocks") + number(line, "slack.per_thread"),
+    );
+    assert!(usage >= held, "{line:?}: usage below the {held} bytes held");
+    // The program's own blocks before `hold` (stdio's buffer, at most a
+    // few KiB) come on top.
+    assert!(
+        usage <= held + slack + (64 << 10),
+        "{line:?}: usage beyond held + the stated slack"
+    );
+}
+
+/// `SPLITCOUNT_PRELOAD_SIGNAL=USR2`: the signal writes a live snapshot
+/// (`at=live`, the stocks not drained, the slack stated beside the usage)
+/// and the program goes on; its exit report follows.
+#[test]
+fn a_signal_writes_a_live_snapshot_and_the_program_goes_on() {
+    let (status, out) = report_moments("snapshot", &[("SPLITCOUNT_PRELOAD_SIGNAL", "USR2")]);
+    assert!(status.success(), "{status}\n{out}");
+    assert!(out.contains("after snapshot"), "{out}");
+    let lines = report_lines(&out);
+    let at: Vec<&str> = lines.iter().map(|l| l["at"].as_str()).collect();
+    assert_eq!(at, ["live", "live", "exit", "exit", "exit"], "{out}");
+    holds_within_the_stated_slack(&lines[0], MOMENTS_HELD);
+    // Without the variable, SIGUSR2 keeps its default action.
+    let (status, out) = report_moments("snapshot", &[]);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGUSR2), "{out}");
+}
+
+/// `_exit` reports (it runs no `atexit` handler: before the preload
+/// interposed it, such a program reported nothing), and the status is the
+/// program's.
+#[test]
+fn a_program_that_leaves_with_underscore_exit_reports() {
+    let (status, out) = report_moments("_exit", &[]);
+    assert_eq!(status.code(), Some(5), "{out}");
+    let lines = report_lines(&out);
+    assert_eq!(lines.len(), 2, "/preload and /:\n{out}");
+    assert!(lines.iter().all(|l| l["at"] == "_exit"), "{out}");
+    holds_within_the_stated_slack(&lines[0], MOMENTS_HELD);
+}
+
+/// A fatal signal writes the report before the signal's own action, which
+/// still ends the program (killed by the signal, as without the preload).
+#[test]
+fn a_fatal_signal_reports_and_still_ends_the_program() {
+    use std::os::unix::process::ExitStatusExt;
+    for (mode, sig, name) in [
+        ("segv", libc::SIGSEGV, "SIGSEGV"),
+        ("abort", libc::SIGABRT, "SIGABRT"),
+    ] {
+        let (status, out) = report_moments(mode, &[]);
+        assert_eq!(status.signal(), Some(sig), "{mode}: {status}\n{out}");
+        let lines = report_lines(&out);
+        assert_eq!(lines.len(), 2, "{mode}: /preload and /:\n{out}");
+        assert!(lines.iter().all(|l| l["at"] == name), "{mode}: {out}");
+        holds_within_the_stated_slack(&lines[0], MOMENTS_HELD);
+    }
+}
+
+/// A `fork` child that does not `exec` reports as itself, and says whose
+/// copy its figures started as (`forked_from=`): the parent's report has
+/// no such key.
+#[test]
+fn a_fork_child_says_it_was_forked() {
+    let (status, out) = report_moments("fork", &[]);
+    assert!(status.success(), "{status}\n{out}");
+    let lines = report_lines(&out);
+    assert_eq!(lines.len(), 6, "child and parent, 3 lines each:\n{out}");
+    let (child, parent) = lines.split_at(3);
+    let parent_pid = &parent[0]["pid"];
+    assert!(
+        child.iter().all(|l| &l["forked_from"] == parent_pid),
+        "{out}"
+    );
+    assert!(child.iter().all(|l| &l["pid"] != parent_pid), "{out}");
+    assert!(
+        parent.iter().all(|l| !l.contains_key("forked_from")),
+        "{out}"
+    );
+    // The child held the parent's blocks (inherited) and its own.
+    holds_within_the_stated_slack(&child[0], 2 * MOMENTS_HELD);
+}
+
 /// The figures line of `tests/c/strict_limit_test.c`, as numbers.
 fn strict_limit_test(max: &str, count: u64) -> HashMap<String, u64> {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
@@ -779,6 +886,190 @@ fn programs_that_link_jemalloc_run_under_the_preload() {
     let _ = ask(&["shutdown", "nosave"]);
     let status = redis.wait().unwrap();
     assert!(status.success(), "redis-server exited with {status}");
+}
+
+/// Debian's `redis-server` under the preload on a loopback port, its log
+/// in a file.
+struct Redis {
+    child: std::process::Child,
+    port: String,
+    cli: PathBuf,
+    log: PathBuf,
+}
+
+impl Redis {
+    /// Start it with `env` and wait until it answers (a panic, with its
+    /// log, if it does not within 5 s).
+    fn start(env: &[(&str, &str)], log: PathBuf, port: u32) -> Redis {
+        let port = port.to_string();
+        let child = preloaded(&program("redis-server", "redis-server"), env)
+            .args(["--port", &port, "--save", "", "--appendonly", "no"])
+            .args(["--bind", "127.0.0.1"])
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut redis = Redis {
+            child,
+            port,
+            cli: program("redis-cli", "redis-tools"),
+            log,
+        };
+        for _ in 0..100 {
+            if redis.ask(&["ping"]) == "PONG" {
+                return redis;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = redis.child.kill();
+        panic!("redis-server did not come up:\n{}", redis.log());
+    }
+
+    fn ask(&self, args: &[&str]) -> String {
+        Command::new(&self.cli)
+            .args(["-p", &self.port])
+            .args(args)
+            .output()
+            .map(|o| text(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    }
+
+    /// `used_memory` of `INFO memory`: redis's own sum of
+    /// `malloc_usable_size` over the blocks it allocated.
+    fn used_memory(&self) -> u64 {
+        let info = self.ask(&["info", "memory"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .unwrap_or_else(|| panic!("no used_memory in {info}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// `redis-benchmark` of `requests` SETs of 200-byte values over
+    /// `keys` keys; whether it finished.
+    fn load(&self, requests: u32, keys: u32) -> bool {
+        Command::new(program("redis-benchmark", "redis-tools"))
+            .args(["-p", &self.port, "-q", "-t", "set", "-d", "200"])
+            .args(["-n", &requests.to_string(), "-r", &keys.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Lines of the report files `<base>.<pid>` in `dir`.
+fn report_files(dir: &Path) -> String {
+    let mut all = String::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("report.")
+        {
+            all += &std::fs::read_to_string(&path).unwrap();
+        }
+    }
+    all
+}
+
+/// Debian's `redis-server` (jemalloc-linked) under the preload, loaded by
+/// `redis-benchmark`: the preload's count agrees with redis's own
+/// `used_memory` (the sum of `malloc_usable_size` over its blocks, which
+/// the preload answers) within 2% — in a live snapshot (`SIGUSR2`, the
+/// stocks' slack allowed for) and at exit (drained); what the preload
+/// counts beyond redis is the memory redis does not count (libc's, the
+/// event loop's). Under a limit below its working set, redis is told by
+/// NULL and stops in its own out-of-memory handler ("OUT OF MEMORY").
+///
+/// What follows is redis's own doing: its panic report allocates (to log
+/// `INFO`), is refused again, panics again, and so on until its stack
+/// overflows (SIGSEGV, about 60,000 frames deep in `serverLog`, seen in
+/// gdb): a strict limit gives every allocation after the first refusal
+/// NULL too, by design.
+#[test]
+fn redis_under_the_preload_agrees_with_its_own_count_and_stops_at_the_limit() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = deps_dir().join(format!("redis-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = dir.join("report");
+    let port = 21_000 + std::process::id() % 20_000;
+    let mut redis = Redis::start(
+        &[
+            ("SPLITCOUNT_PRELOAD_SIGNAL", "USR2"),
+            ("SPLITCOUNT_PRELOAD_REPORT", base.to_str().unwrap()),
+            ("SPLITCOUNT_PRELOAD_MAX", "1G"),
+        ],
+        dir.join("redis.log"),
+        port,
+    );
+    assert!(redis.load(150_000, 80_000), "{}", redis.log());
+    let ours = redis.used_memory();
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(redis.child.id() as i32, libc::SIGUSR2) };
+    let mut live = None;
+    for _ in 0..100 {
+        let lines = report_lines(&report_files(&dir));
+        live = lines
+            .into_iter()
+            .find(|l| l["at"] == "live" && l["group"] == "/preload");
+        if live.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let live = live.expect("a live snapshot after SIGUSR2");
+    let slack = number(&live, "slack.stocks") + 8 * number(&live, "slack.per_thread");
+    let usage = number(&live, "usage");
+    println!("redis used_memory {ours}, the preload's live usage {usage} (slack {slack})");
+    assert!(usage as f64 >= ours as f64 * 0.98, "{live:?}");
+    assert!(
+        usage as f64 <= ours as f64 * 1.02 + slack as f64,
+        "{live:?}"
+    );
+    let ours = redis.used_memory();
+    let _ = redis.ask(&["shutdown", "nosave"]);
+    let status = redis.child.wait().unwrap();
+    assert!(status.success(), "{status}\n{}", redis.log());
+    let lines = report_lines(&report_files(&dir));
+    let exit = lines
+        .iter()
+        .find(|l| l["at"] == "exit" && l["group"] == "/preload")
+        .expect("an exit report");
+    let usage = number(exit, "usage");
+    println!("redis used_memory {ours}, the preload's usage at exit {usage}");
+    let off = (usage as f64 - ours as f64).abs() / ours as f64;
+    assert!(
+        off <= 0.02,
+        "{exit:?}: {:.2}% from used_memory {ours}",
+        off * 100.0
+    );
+
+    // A limit below the working set.
+    let mut redis = Redis::start(
+        &[("SPLITCOUNT_PRELOAD_MAX", "4M")],
+        dir.join("redis-oom.log"),
+        port + 1,
+    );
+    assert!(!redis.load(100_000, 100_000), "4M held 100,000 keys");
+    let status = redis.child.wait().unwrap();
+    let log = redis.log();
+    assert!(
+        log.contains("OUT OF MEMORY"),
+        "{status}: {}",
+        &log[..log.len().min(4000)]
+    );
+    assert!(status.signal().is_some(), "{status}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// sqlite3 under a tiny limit stops at once with "out of memory", and a

@@ -1,0 +1,63 @@
+/* The moments a preloaded program can report at, one per mode (the
+ * argument). Each mode first holds 1,024 blocks of 1,000 bytes (about
+ * 1 MiB, written), then:
+ *
+ *   snapshot  raise(SIGUSR2) (the live snapshot's signal when the test
+ *             sets SPLITCOUNT_PRELOAD_SIGNAL=USR2), print "after snapshot",
+ *             return 0 (the exit report follows);
+ *   _exit     _exit(5): no atexit handler runs;
+ *   segv      write through a null pointer: SIGSEGV;
+ *   abort     abort(): SIGABRT;
+ *   fork      fork a child that holds another 1,024 blocks and exits
+ *             normally; the parent waits and returns 0.
+ *
+ * Built without the preload (plain C); the test reads the reports. */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+enum { BLOCKS = 1024, SIZE = 1000 };
+
+static void hold(char **blocks) {
+  for (int i = 0; i < BLOCKS; i++) {
+    blocks[i] = malloc(SIZE);
+    if (blocks[i] == NULL) exit(1);
+    memset(blocks[i], 0x5a, SIZE);
+  }
+}
+
+int main(int argc, char **argv) {
+  static char *kept[BLOCKS], *more[BLOCKS];
+  if (argc != 2) {
+    fprintf(stderr, "usage: report_moments_test snapshot|_exit|segv|abort|fork\n");
+    return 2;
+  }
+  const char *mode = argv[1];
+  hold(kept);
+  if (strcmp(mode, "snapshot") == 0) {
+    raise(SIGUSR2);
+    printf("after snapshot\n");
+    return 0;
+  }
+  if (strcmp(mode, "_exit") == 0) _exit(5);
+  if (strcmp(mode, "segv") == 0) {
+    int *volatile null = NULL;
+    *null = 1;
+  }
+  if (strcmp(mode, "abort") == 0) abort();
+  if (strcmp(mode, "fork") == 0) {
+    pid_t child = fork();
+    if (child == 0) {
+      hold(more);
+      exit(0);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+  }
+  return 2;
+}
