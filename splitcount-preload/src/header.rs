@@ -59,7 +59,8 @@
 //! for `p`. The tag's top byte (48, a header's is 4) keeps a header's tag
 //! from ever reading as a trailer's or back.
 
-use crate::libc_heap::{self, real_usable};
+use crate::heap::Heap;
+use crate::libc_heap::real_usable;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -69,9 +70,12 @@ pub(crate) const HEADER: usize = 16;
 /// The trailer of an over-aligned block: tag and account.
 pub(crate) const TRAILER: usize = 16;
 
-/// The top byte of a header's tag (`log2(HEADER)`; it was the header's
-/// size when over-aligned blocks had larger headers).
+/// The top byte of a header's tag on a block of glibc's (`log2(HEADER)`;
+/// it was the header's size when over-aligned blocks had larger headers).
 const HEADER_K: u32 = 4;
+
+/// The top byte of a header's tag on a block of the inner allocator's.
+const INNER_HEADER_K: u32 = 5;
 
 /// The top byte of a trailer's tag.
 const TRAILER_K: u32 = 48;
@@ -113,6 +117,8 @@ pub(crate) struct Block {
     user: *mut u8,
     /// The header's size; 0 for a block with a trailer.
     header: usize,
+    /// The heap it came from (a trailer's: glibc).
+    heap: Heap,
     /// The account its bytes were charged to (null: none).
     pub(crate) account: *const u8,
 }
@@ -131,13 +137,18 @@ impl Block {
     /// Write the header of a new block at `base`; the user pointer.
     ///
     /// # Safety
-    /// `base` is a live glibc block of at least [`HEADER`] bytes, 16-aligned.
-    pub(crate) unsafe fn write(base: *mut u8, account: *const u8) -> *mut u8 {
+    /// `base` is a live block of `heap` of at least [`HEADER`] bytes,
+    /// 16-aligned.
+    pub(crate) unsafe fn write(base: *mut u8, account: *const u8, heap: Heap) -> *mut u8 {
+        let k = match heap {
+            Heap::Glibc => HEADER_K,
+            Heap::Inner => INNER_HEADER_K,
+        };
         // SAFETY: the block's first 16 bytes precede the user pointer.
         unsafe {
             let user = base.add(HEADER);
             let words = user.cast::<u64>().sub(2);
-            words.write(tag(user, HEADER_K));
+            words.write(tag(user, k));
             words.add(1).write(account as u64);
             user
         }
@@ -174,13 +185,18 @@ impl Block {
         let words = user.cast::<u64>().wrapping_sub(2);
         // SAFETY: every glibc block and ours has 16 readable bytes before it.
         let x = unsafe { words.read() } ^ cookie() ^ (user as u64);
-        if x != (HEADER_K as u64) << 56 {
+        let heap = if x == (HEADER_K as u64) << 56 {
+            Heap::Glibc
+        } else if x == (INNER_HEADER_K as u64) << 56 {
+            Heap::Inner
+        } else {
             // SAFETY: the caller's contract.
             return unsafe { Self::find_trailer(user) };
-        }
+        };
         Some(Block {
             user,
             header: HEADER,
+            heap,
             // SAFETY: ours: the word after the tag is the account.
             account: unsafe { words.add(1).read() } as *const u8,
         })
@@ -206,6 +222,7 @@ impl Block {
         Some(Block {
             user,
             header: 0,
+            heap: Heap::Glibc,
             // SAFETY: ours: the word after the tag is the account.
             account: unsafe { words.add(1).read() } as *const u8,
         })
@@ -226,8 +243,8 @@ impl Block {
         } else {
             self.header
         };
-        // SAFETY: the caller's contract; glibc's block starts at `base`.
-        unsafe { real_usable(self.base()) }.saturating_sub(overhead)
+        // SAFETY: the caller's contract; the heap's block starts at `base`.
+        unsafe { self.heap.usable(self.base()) }.saturating_sub(overhead)
     }
 
     /// Clear the tag. The caller's contract: the block is live.
@@ -247,8 +264,8 @@ impl Block {
     /// The block is live; it is not used after.
     pub(crate) unsafe fn free(self) {
         self.clear_tag();
-        // SAFETY: glibc's block.
-        unsafe { libc_heap::free(self.base()) };
+        // SAFETY: the heap's block.
+        unsafe { self.heap.free(self.base()) };
     }
 
     /// `realloc` of one of our blocks. Growth is charged to the block's
@@ -272,7 +289,7 @@ impl Block {
         let old = unsafe { self.usable() };
         let account = self.account;
         let prepaid = if size > old {
-            size - old + crate::page_size() + 64
+            self.heap.most_usable(total) - HEADER - old
         } else {
             0
         };
@@ -281,27 +298,27 @@ impl Block {
             return std::ptr::null_mut();
         }
         self.clear_tag();
-        // SAFETY: glibc's block of `HEADER + old` bytes or more.
-        let base = unsafe { libc_heap::realloc(self.base(), total) };
+        // SAFETY: the heap's block of `HEADER + old` bytes or more.
+        let base = unsafe { self.heap.realloc(self.base(), total) };
         if base.is_null() {
             // The old block is as it was: its tag back, the growth returned.
             // SAFETY: still live, the header's place unchanged.
-            unsafe { Block::write(self.base(), account) };
+            unsafe { Block::write(self.base(), account, self.heap) };
             crate::uncharge(account, prepaid);
             return std::ptr::null_mut();
         }
-        // SAFETY: glibc's new block.
-        let new = unsafe { real_usable(base) } - HEADER;
+        // SAFETY: the heap's new block.
+        let new = unsafe { self.heap.usable(base) } - HEADER;
         let charged = old + prepaid;
         if new <= charged {
             crate::uncharge(account, charged - new);
         } else {
-            // Beyond glibc's rounding: not reached with glibc's realloc. If a
+            // Beyond the heap's rounding (`most_usable`): not reached. If a
             // limit refused it, the free of this block counts an underflow.
             crate::grow(account, new - charged);
         }
         // SAFETY: the new block, 16-aligned, with the header's room.
-        unsafe { Block::write(base, account) }.cast()
+        unsafe { Block::write(base, account, self.heap) }.cast()
     }
 
     /// `realloc` of an aligned block: realloc need not keep the alignment
@@ -311,22 +328,23 @@ impl Block {
     /// # Safety
     /// The block is live; `total` is `size` plus [`HEADER`].
     unsafe fn move_to_new_block(self, total: usize, size: usize) -> *mut c_void {
-        // SAFETY: glibc's allocator.
-        let base = unsafe { libc_heap::malloc(total) };
+        let heap = Heap::current();
+        // SAFETY: the heap's allocator.
+        let base = unsafe { heap.malloc(total) };
         if base.is_null() {
             return std::ptr::null_mut();
         }
-        // SAFETY: a live glibc block.
-        if !crate::grow(self.account, unsafe { real_usable(base) } - HEADER) {
+        // SAFETY: a live block of the heap.
+        if !crate::grow(self.account, unsafe { heap.usable(base) } - HEADER) {
             // SAFETY: ours, never handed out.
-            unsafe { libc_heap::free(base) };
+            unsafe { heap.free(base) };
             crate::set_errno(libc::ENOMEM);
             return std::ptr::null_mut();
         }
         // SAFETY: the new block has `size` bytes after its header, the old
         // one `usable`; then the old one goes (uncharged) as in `free`.
         unsafe {
-            let new = Block::write(base, self.account);
+            let new = Block::write(base, self.account, heap);
             std::ptr::copy_nonoverlapping(self.user, new, self.usable().min(size));
             crate::free(self.user.cast());
             new.cast()

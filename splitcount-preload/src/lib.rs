@@ -12,9 +12,9 @@
 //! It interposes `malloc`, `free`, `calloc`, `realloc`, `reallocarray`,
 //! `posix_memalign`, `aligned_alloc`, `memalign`, `valloc`, `pvalloc` and
 //! `malloc_usable_size`; the blocks come from glibc (`__libc_malloc`,
-//! `__libc_memalign`, …) with a 16-byte header in front (a 16-byte trailer
-//! for alignments above 16) that names the block's **account**, exactly as the Rust
-//! wrapper [`splitcount::alloc::Accounted`] does — this library *is* that
+//! `__libc_memalign`, …) or from the inner allocator chosen by name, with
+//! a 16-byte header in front (a 16-byte trailer for alignments above 16)
+//! that names the block's **account**, exactly as the Rust wrapper [`splitcount::alloc::Accounted`] does — this library *is* that
 //! wrapper's charge path, with a header that a size-less `free` can read.
 //! Each block is charged its usable size (what `malloc_usable_size`
 //! reports) to the calling thread's current group: the one it entered
@@ -30,6 +30,7 @@
 //! | `SPLITCOUNT_PRELOAD_MAX` | the hard limit of `/preload`: whole bytes, optionally with a unit (`K`, `M`, `G`, `T`, `KiB`…, `KB`…; all powers of 1024; any case): `512M`, `512MB`, `2GiB`, `1048576`; or `max` / `unlimited`. |
 //! | `SPLITCOUNT_PRELOAD_ENFORCE` | `refuse` (the default): an allocation that does not fit under the limit returns NULL with `errno = ENOMEM`, however often the program asks, until frees bring usage down (strict: no grace); `cooperative`: it succeeds, counted as an over-charge (`events.max`), and `splitcount_group_check` reports the breach. |
 //! | `SPLITCOUNT_PRELOAD_REPORT` | `1`: report the usage, peak, limit, events and slack of `/preload` and of the root to stderr at exit (drained, with glibc's own count of bytes in use), at `_exit` and on a fatal signal (not drained), each line with the process's `pid=`, `program=` and `at=`; a path with a `/`: append the reports to `<path>.<pid>` instead. |
+//! | `SPLITCOUNT_PRELOAD_INNER` | `glibc` (the default), `jemalloc` or `mimalloc`: the inner allocator, loaded by name from the system's `libjemalloc.so.2` / `libmimalloc.so.2` (see `src/heap.rs`). |
 //! | `SPLITCOUNT_PRELOAD_SIGNAL` | `USR1` or `USR2`: that signal writes a live snapshot (`at=live`, not drained) and the program goes on. |
 //!
 //! How a block is recognized as ours (and one glibc made without us as
@@ -39,6 +40,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod header;
+mod heap;
 mod libc_heap;
 mod report;
 mod settings;
@@ -49,6 +51,7 @@ mod settings;
 pub use splitcount_ffi::*;
 
 use header::{Block, HEADER};
+use heap::Heap;
 use libc_heap::{real_usable, LibcHeap};
 use splitcount::alloc::Accounted;
 use splitcount::group::{Group, Hierarchy, HierarchyConfig};
@@ -155,6 +158,12 @@ fn init() -> bool {
 
 fn setup() -> Result<(), String> {
     let settings = settings::Settings::from_env().unwrap_or_else(|errors| report::stop(&errors));
+    // The inner allocator first: if the one asked for cannot be loaded,
+    // the program stops (it was asked for by name; running on glibc
+    // instead would not be what the operator measured).
+    if let Err(why) = heap::set_up(settings.inner) {
+        report::stop(&[why]);
+    }
     // Charged in bytes: `malloc` through the allocator's byte stock, and a
     // C program's `splitcount_group_try_charge` of bytes through the
     // hierarchy's stock, whose batch is therefore the byte batch too (with
@@ -241,14 +250,14 @@ enum Place {
     Trailer,
 }
 
-/// Finish a block of glibc's at `base`: charge its usable size and write
+/// Finish a block of `heap`'s at `base`: charge its usable size and write
 /// the header or trailer; NULL (the block freed, `errno = ENOMEM`) if a
 /// limit refused it.
 ///
 /// # Safety
-/// `base` is null or a live glibc block with room for `place`: at least
-/// [`HEADER`] bytes, or a trailer and 32-aligned.
-unsafe fn finish(base: *mut u8, place: Place) -> *mut c_void {
+/// `base` is null or a live block of `heap` with room for `place`: at
+/// least [`HEADER`] bytes, or a trailer, 32-aligned and glibc's.
+unsafe fn finish(base: *mut u8, place: Place, heap: Heap) -> *mut c_void {
     if base.is_null() {
         return std::ptr::null_mut();
     }
@@ -257,13 +266,13 @@ unsafe fn finish(base: *mut u8, place: Place) -> *mut c_void {
         Place::Trailer => header::TRAILER,
     };
     let account = if accounting() {
-        // SAFETY: a live glibc block.
-        let usable = unsafe { real_usable(base) } - overhead;
+        // SAFETY: a live block of the heap.
+        let usable = unsafe { heap.usable(base) } - overhead;
         match charge(usable) {
             Some(a) => a,
             None => {
                 // SAFETY: ours, never handed out.
-                unsafe { libc_heap::free(base) };
+                unsafe { heap.free(base) };
                 set_errno(libc::ENOMEM);
                 return std::ptr::null_mut();
             }
@@ -274,7 +283,7 @@ unsafe fn finish(base: *mut u8, place: Place) -> *mut c_void {
     // SAFETY: the caller's contract.
     unsafe {
         match place {
-            Place::Header => Block::write(base, account),
+            Place::Header => Block::write(base, account, heap),
             Place::Trailer => Block::write_trailer(base, account),
         }
     }
@@ -296,8 +305,9 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
         set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
-    // SAFETY: glibc's allocator; a block of `total` bytes, 16-aligned.
-    unsafe { finish(libc_heap::malloc(total), Place::Header) }
+    let heap = Heap::current();
+    // SAFETY: the heap's allocator; a block of `total` bytes, 16-aligned.
+    unsafe { finish(heap.malloc(total), Place::Header, heap) }
 }
 
 /// `calloc(3)`, charged to the calling thread's group.
@@ -310,8 +320,9 @@ pub unsafe extern "C" fn calloc(count: usize, size: usize) -> *mut c_void {
         set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
-    // SAFETY: glibc's allocator; zeroed, header included.
-    unsafe { finish(libc_heap::calloc(total), Place::Header) }
+    let heap = Heap::current();
+    // SAFETY: the heap's allocator; zeroed, header included.
+    unsafe { finish(heap.calloc(total), Place::Header, heap) }
 }
 
 /// `free(3)`: uncharges the block's account. A block this library did not
@@ -400,7 +411,13 @@ unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
         return std::ptr::null_mut();
     };
     // SAFETY: glibc's allocator, `align` a power of two above 16.
-    unsafe { finish(libc_heap::memalign(align, total), Place::Trailer) }
+    unsafe {
+        finish(
+            libc_heap::memalign(align, total),
+            Place::Trailer,
+            Heap::Glibc,
+        )
+    }
 }
 
 /// `posix_memalign(3)`.

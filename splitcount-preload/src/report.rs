@@ -321,6 +321,10 @@ pub(crate) extern "C" fn at_exit() {
             groups(&mut out, Moment::Exit);
             // SAFETY: glibc's statistics; no preconditions.
             let m = unsafe { libc::mallinfo2() };
+            if let Some(figures) = crate::heap::figures() {
+                prefix(&mut out, Moment::Exit);
+                let _ = writeln!(out, " {figures}");
+            }
             prefix(&mut out, Moment::Exit);
             let _ = writeln!(
                 out,

@@ -20,6 +20,7 @@
 //! `max` and `unlimited` mean no limit. No fractions (`1.5G`: write
 //! `1536M`), signs, spaces or other units.
 
+use crate::heap::Inner;
 use splitcount::charge::Enforcement;
 
 /// The exit status of a program stopped at load for a bad
@@ -51,6 +52,8 @@ pub(crate) struct Settings {
     /// `SPLITCOUNT_PRELOAD_SIGNAL`: the signal that writes a live snapshot
     /// (`None`: none).
     pub(crate) snapshot_signal: Option<i32>,
+    /// `SPLITCOUNT_PRELOAD_INNER`: where the program's blocks come from.
+    pub(crate) inner: Inner,
 }
 
 /// An environment variable, without std's environment lock (this runs
@@ -110,6 +113,17 @@ pub(crate) fn parse_limit(s: &str) -> Result<Option<u64>, String> {
     })
 }
 
+/// The inner allocator: `glibc` (also unset or empty), `jemalloc` or
+/// `mimalloc`, any case.
+pub(crate) fn parse_inner(s: Option<&str>) -> Result<Inner, String> {
+    match s.map(str::to_ascii_lowercase).as_deref() {
+        None | Some("") | Some("glibc") => Ok(Inner::Glibc),
+        Some("jemalloc") => Ok(Inner::Jemalloc),
+        Some("mimalloc") => Ok(Inner::Mimalloc),
+        Some(_) => Err("not glibc, jemalloc or mimalloc".to_owned()),
+    }
+}
+
 /// The live snapshot's signal: `USR1` or `USR2` (`SIGUSR1`, `SIGUSR2`,
 /// any case); unset, empty or `0`: none. Nothing else: the other signals
 /// have meanings a program relies on.
@@ -133,6 +147,21 @@ impl Settings {
             var(c"SPLITCOUNT_PRELOAD_ENFORCE"),
             var(c"SPLITCOUNT_PRELOAD_REPORT"),
         );
+        let inner = var(c"SPLITCOUNT_PRELOAD_INNER");
+        match (parse_inner(inner.as_deref()), &mut settings) {
+            (Ok(i), Ok(s)) => s.inner = i,
+            (Ok(_), Err(_)) => {}
+            (Err(why), Ok(_)) => {
+                settings = Err(vec![format!(
+                    "SPLITCOUNT_PRELOAD_INNER={:?}: {why}",
+                    inner.unwrap_or_default()
+                )])
+            }
+            (Err(why), Err(errors)) => errors.push(format!(
+                "SPLITCOUNT_PRELOAD_INNER={:?}: {why}",
+                inner.unwrap_or_default()
+            )),
+        }
         let signal = var(c"SPLITCOUNT_PRELOAD_SIGNAL");
         match (parse_signal(signal.as_deref()), &mut settings) {
             (Ok(sig), Ok(s)) => s.snapshot_signal = sig,
@@ -200,6 +229,7 @@ impl Settings {
                 enforcement,
                 report,
                 snapshot_signal: None,
+                inner: Inner::Glibc,
             })
         } else {
             Err(errors)
@@ -270,6 +300,18 @@ mod tests {
         assert_eq!(parse_limit("64K"), Ok(Some(64 << 10)));
         assert!(parse_limit("none").is_err());
         assert!(parse_limit("").is_err(), "set but empty is not unset");
+    }
+
+    #[test]
+    fn the_inner_allocator_is_named() {
+        assert_eq!(parse_inner(None), Ok(Inner::Glibc));
+        assert_eq!(parse_inner(Some("")), Ok(Inner::Glibc));
+        assert_eq!(parse_inner(Some("GLIBC")), Ok(Inner::Glibc));
+        assert_eq!(parse_inner(Some("jemalloc")), Ok(Inner::Jemalloc));
+        assert_eq!(parse_inner(Some("MiMalloc")), Ok(Inner::Mimalloc));
+        for bad in ["je", "tcmalloc", "system", " glibc"] {
+            assert!(parse_inner(Some(bad)).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -177,16 +177,102 @@ fn the_library_has_its_own_soname() {
 
 #[test]
 fn the_c_heap_test_passes_under_the_preload() {
-    let out = preloaded(&c_program("heap_test"), &[]).output().unwrap();
+    heap_test(&[]);
+}
+
+/// The environment that makes `inner` the preload's inner allocator.
+/// jemalloc's library keeps its thread state in static TLS, which a library
+/// loaded after start-up can only get from glibc's small surplus: the
+/// tunable makes room (preloading `libjemalloc.so.2` after the preload is
+/// the other way, see `jemalloc_is_loaded_by_name_when_preloaded_too`).
+fn inner_env(inner: &'static str) -> Vec<(&'static str, &'static str)> {
+    let mut env = vec![("SPLITCOUNT_PRELOAD_INNER", inner)];
+    if inner == "jemalloc" {
+        env.push(("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=65536"));
+    }
+    env
+}
+
+fn heap_test(env: &[(&str, &str)]) {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    let exe = EXE.get_or_init(|| c_program("heap_test"));
+    let out = preloaded(exe, env).output().unwrap();
     let stdout = text(&out.stdout);
     assert!(
         out.status.success(),
-        "{}\n{stdout}\n{}",
+        "{env:?}: {}\n{stdout}\n{}",
         out.status,
         text(&out.stderr)
     );
     assert!(stdout.trim_end().ends_with("checks passed"), "{stdout}");
-    println!("{stdout}");
+    println!("{env:?}: {stdout}");
+}
+
+/// The heap test with the program's blocks from the system's jemalloc and
+/// mimalloc (`SPLITCOUNT_PRELOAD_INNER`): every check but glibc's own
+/// count of bytes in use (which no longer holds the blocks) holds as with
+/// glibc — exact usage, limits, refusals, realloc, aligned blocks (glibc's
+/// still), foreign blocks, threads, fork.
+#[test]
+fn the_c_heap_test_passes_with_jemalloc_and_mimalloc_inside() {
+    system_jemalloc();
+    system_mimalloc();
+    heap_test(&inner_env("jemalloc"));
+    heap_test(&inner_env("mimalloc"));
+}
+
+/// An inner allocator asked for by name and not there stops the program
+/// with the package to install (exit status 78), never runs it on another
+/// heap; so does one the name of which is not known.
+#[test]
+fn an_inner_allocator_that_cannot_be_loaded_stops_the_program() {
+    // Without the tunable, glibc cannot give jemalloc's static TLS to a
+    // library loaded after start-up: the message says what to do.
+    let out = preloaded(
+        &program("true", "coreutils"),
+        &[("SPLITCOUNT_PRELOAD_INNER", "jemalloc")],
+    )
+    .output()
+    .unwrap();
+    let stderr = text(&out.stderr);
+    if out.status.success() {
+        // A glibc with room to spare: nothing to check.
+        return;
+    }
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("libjemalloc.so.2"), "{stderr}");
+    assert!(stderr.contains("optional_static_tls"), "{stderr}");
+    let out = preloaded(
+        &program("true", "coreutils"),
+        &[("SPLITCOUNT_PRELOAD_INNER", "tcmalloc")],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stderr));
+}
+
+/// With `libjemalloc.so.2` preloaded after this library, jemalloc is
+/// loaded at start-up (its static TLS with it), and the preload finds that
+/// copy by name: one heap, the program's `malloc` still the preload's.
+#[test]
+fn jemalloc_is_loaded_by_name_when_preloaded_too() {
+    let both = format!("{} {}", preload_so().display(), system_jemalloc().display());
+    let out = Command::new(program("sqlite3", "sqlite3"))
+        .env("LD_PRELOAD", &both)
+        .env("SPLITCOUNT_PRELOAD_INNER", "jemalloc")
+        .env("SPLITCOUNT_PRELOAD_REPORT", "1")
+        .args([
+            ":memory:",
+            "SELECT count(*) FROM (SELECT randomblob(1000) FROM generate_series(1, 20000));",
+        ])
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(text(&out.stdout).trim(), "20000");
+    let lines = report_lines(&stderr);
+    assert!(lines.iter().any(|l| l.contains_key("jemalloc")), "{stderr}");
+    assert!(number(&report(&stderr, "/preload"), "peak") > 0, "{stderr}");
 }
 
 /// Runs `tests/c/stale_tag_test.c` in `mode` (`free` or `realloc`: how
@@ -807,18 +893,29 @@ fn glibc_thresholds_are_left_as_the_program_would_have_them() {
 
 /// The system's jemalloc, wherever a multiarch or plain libdir has it.
 fn system_jemalloc() -> PathBuf {
+    system_library("libjemalloc.so.2", "libjemalloc2")
+}
+
+/// The system's mimalloc.
+fn system_mimalloc() -> PathBuf {
+    system_library("libmimalloc.so.2", "libmimalloc2.0")
+}
+
+/// A library of the system's, wherever a multiarch or plain libdir has it.
+fn system_library(name: &str, package: &str) -> PathBuf {
     for dir in [
         "/usr/lib/x86_64-linux-gnu",
         "/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
         "/usr/lib64",
         "/usr/lib",
     ] {
-        let p = Path::new(dir).join("libjemalloc.so.2");
+        let p = Path::new(dir).join(name);
         if p.exists() {
             return p;
         }
     }
-    panic!("libjemalloc.so.2 is missing: apt-get install libjemalloc2 (.ci/run installs it)");
+    panic!("{name} is missing: apt-get install {package} (.ci/run installs it)");
 }
 
 /// A program that links another allocator runs under the preload: the
@@ -981,8 +1078,74 @@ fn report_files(dir: &Path) -> String {
     all
 }
 
+/// One redis run under the preload with `inner` inside, its reports in
+/// `dir`: a live snapshot and the exit report against `used_memory`.
+fn redis_agrees_with_its_own_count(inner: &str, dir: &Path, port: u32) {
+    std::fs::create_dir_all(dir).unwrap();
+    let base = dir.join("report");
+    let mut redis = Redis::start(
+        &[
+            ("SPLITCOUNT_PRELOAD_SIGNAL", "USR2"),
+            ("SPLITCOUNT_PRELOAD_REPORT", base.to_str().unwrap()),
+            ("SPLITCOUNT_PRELOAD_MAX", "1G"),
+            ("SPLITCOUNT_PRELOAD_INNER", inner),
+        ],
+        dir.join("redis.log"),
+        port,
+    );
+    assert!(redis.load(150_000, 80_000), "{inner}: {}", redis.log());
+    let ours = redis.used_memory();
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(redis.child.id() as i32, libc::SIGUSR2) };
+    let mut live = None;
+    for _ in 0..100 {
+        let lines = report_lines(&report_files(dir));
+        live = lines
+            .into_iter()
+            .find(|l| l["at"] == "live" && l["group"] == "/preload");
+        if live.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let live = live.expect("a live snapshot after SIGUSR2");
+    let slack = number(&live, "slack.stocks") + 8 * number(&live, "slack.per_thread");
+    let usage = number(&live, "usage");
+    println!("{inner}: redis used_memory {ours}, the preload's live usage {usage} (slack {slack})");
+    assert!(usage as f64 >= ours as f64 * 0.98, "{inner}: {live:?}");
+    assert!(
+        usage as f64 <= ours as f64 * 1.02 + slack as f64,
+        "{inner}: {live:?}"
+    );
+    let ours = redis.used_memory();
+    let _ = redis.ask(&["shutdown", "nosave"]);
+    let status = redis.child.wait().unwrap();
+    assert!(status.success(), "{inner}: {status}\n{}", redis.log());
+    let report = report_files(dir);
+    let lines = report_lines(&report);
+    let exit = lines
+        .iter()
+        .find(|l| l["at"] == "exit" && l["group"] == "/preload")
+        .expect("an exit report");
+    let usage = number(exit, "usage");
+    println!("{inner}: redis used_memory {ours}, the preload's usage at exit {usage}");
+    let off = (usage as f64 - ours as f64).abs() / ours as f64;
+    assert!(
+        off <= 0.02,
+        "{inner}: {exit:?}: {:.2}% from used_memory {ours}",
+        off * 100.0
+    );
+    if inner != "glibc" {
+        assert!(
+            lines.iter().any(|l| l.contains_key(inner)),
+            "the report names the inner allocator: {report}"
+        );
+    }
+}
+
 /// Debian's `redis-server` (jemalloc-linked) under the preload, loaded by
-/// `redis-benchmark`: the preload's count agrees with redis's own
+/// `redis-benchmark`, with glibc, jemalloc and mimalloc inside in turn:
+/// the preload's count agrees with redis's own
 /// `used_memory` (the sum of `malloc_usable_size` over its blocks, which
 /// the preload answers) within 2% — in a live snapshot (`SIGUSR2`, the
 /// stocks' slack allowed for) and at exit (drained); what the preload
@@ -1000,65 +1163,18 @@ fn redis_under_the_preload_agrees_with_its_own_count_and_stops_at_the_limit() {
     use std::os::unix::process::ExitStatusExt;
     let dir = deps_dir().join(format!("redis-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let base = dir.join("report");
     let port = 21_000 + std::process::id() % 20_000;
-    let mut redis = Redis::start(
-        &[
-            ("SPLITCOUNT_PRELOAD_SIGNAL", "USR2"),
-            ("SPLITCOUNT_PRELOAD_REPORT", base.to_str().unwrap()),
-            ("SPLITCOUNT_PRELOAD_MAX", "1G"),
-        ],
-        dir.join("redis.log"),
-        port,
-    );
-    assert!(redis.load(150_000, 80_000), "{}", redis.log());
-    let ours = redis.used_memory();
-    // SAFETY: a signal to our own child.
-    unsafe { libc::kill(redis.child.id() as i32, libc::SIGUSR2) };
-    let mut live = None;
-    for _ in 0..100 {
-        let lines = report_lines(&report_files(&dir));
-        live = lines
-            .into_iter()
-            .find(|l| l["at"] == "live" && l["group"] == "/preload");
-        if live.is_some() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    // Redis links jemalloc itself, so `jemalloc` needs no tunable here: the
+    // preload finds the copy redis loaded.
+    for (i, inner) in ["glibc", "jemalloc", "mimalloc"].into_iter().enumerate() {
+        redis_agrees_with_its_own_count(inner, &dir.join(inner), port + i as u32);
     }
-    let live = live.expect("a live snapshot after SIGUSR2");
-    let slack = number(&live, "slack.stocks") + 8 * number(&live, "slack.per_thread");
-    let usage = number(&live, "usage");
-    println!("redis used_memory {ours}, the preload's live usage {usage} (slack {slack})");
-    assert!(usage as f64 >= ours as f64 * 0.98, "{live:?}");
-    assert!(
-        usage as f64 <= ours as f64 * 1.02 + slack as f64,
-        "{live:?}"
-    );
-    let ours = redis.used_memory();
-    let _ = redis.ask(&["shutdown", "nosave"]);
-    let status = redis.child.wait().unwrap();
-    assert!(status.success(), "{status}\n{}", redis.log());
-    let lines = report_lines(&report_files(&dir));
-    let exit = lines
-        .iter()
-        .find(|l| l["at"] == "exit" && l["group"] == "/preload")
-        .expect("an exit report");
-    let usage = number(exit, "usage");
-    println!("redis used_memory {ours}, the preload's usage at exit {usage}");
-    let off = (usage as f64 - ours as f64).abs() / ours as f64;
-    assert!(
-        off <= 0.02,
-        "{exit:?}: {:.2}% from used_memory {ours}",
-        off * 100.0
-    );
 
     // A limit below the working set.
     let mut redis = Redis::start(
         &[("SPLITCOUNT_PRELOAD_MAX", "4M")],
         dir.join("redis-oom.log"),
-        port + 1,
+        port + 3,
     );
     assert!(!redis.load(100_000, 100_000), "4M held 100,000 keys");
     let status = redis.child.wait().unwrap();

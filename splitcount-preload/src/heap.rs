@@ -1,0 +1,378 @@
+//! Where the program's blocks come from: glibc's heap, or the inner
+//! allocator chosen with `SPLITCOUNT_PRELOAD_INNER` (the system's
+//! `libjemalloc.so.2` or `libmimalloc.so.2`).
+//!
+//! An inner allocator is resolved **by name from its own library**:
+//! `dlopen` of the library (which returns the copy already loaded when the
+//! program links it, as Debian's `redis-server` links jemalloc: one heap)
+//! and `dlsym` on that handle — never `RTLD_NEXT` or the global scope,
+//! where the first `malloc` found depends on the link order. Its functions
+//! are stored before the accounting is marked ready (the `Release` store
+//! of the preload's state), so a thread that sees it ready sees them.
+//!
+//! Every block records its heap (the tag's top byte, see `header`):
+//! blocks made before the inner allocator was set up, or while it is being
+//! set up, are glibc's and go back to glibc. Over-aligned blocks are always
+//! glibc's (their trailer is found through glibc's usable size, which
+//! needs glibc's chunk header in front of the block; an inner allocator's
+//! block may start a fresh mapping, with nothing readable before it).
+
+use crate::libc_heap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// A heap a block can come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Heap {
+    /// glibc's (`__libc_malloc` …).
+    Glibc,
+    /// The inner allocator chosen at load.
+    Inner,
+}
+
+/// The inner allocators the preload can use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Inner {
+    /// glibc's own allocator (the default): no second heap.
+    Glibc,
+    /// jemalloc, from the system's `libjemalloc.so.2` (Debian: `libjemalloc2`).
+    Jemalloc,
+    /// mimalloc, from the system's `libmimalloc.so.2` (Debian: `libmimalloc2.0`).
+    Mimalloc,
+}
+
+impl Inner {
+    /// Its name, as `SPLITCOUNT_PRELOAD_INNER` spells it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Inner::Glibc => "glibc",
+            Inner::Jemalloc => "jemalloc",
+            Inner::Mimalloc => "mimalloc",
+        }
+    }
+
+    /// The library it is loaded from, and the Debian package that has it.
+    fn library(self) -> (&'static std::ffi::CStr, &'static str) {
+        match self {
+            Inner::Glibc => (c"libc.so.6", "libc6"),
+            Inner::Jemalloc => (c"libjemalloc.so.2", "libjemalloc2"),
+            Inner::Mimalloc => (c"libmimalloc.so.2", "libmimalloc2.0"),
+        }
+    }
+}
+
+type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
+type CallocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
+type FreeFn = unsafe extern "C" fn(*mut c_void);
+type UsableFn = unsafe extern "C" fn(*mut c_void) -> usize;
+type GoodSizeFn = unsafe extern "C" fn(usize, i32) -> usize;
+type MallctlFn =
+    unsafe extern "C" fn(*const libc::c_char, *mut c_void, *mut usize, *mut c_void, usize) -> i32;
+type MiGoodSizeFn = unsafe extern "C" fn(usize) -> usize;
+type MiProcessInfoFn = unsafe extern "C" fn(
+    *mut usize,
+    *mut usize,
+    *mut usize,
+    *mut usize,
+    *mut usize,
+    *mut usize,
+    *mut usize,
+    *mut usize,
+);
+
+/// Whether the inner allocator is set up (the program's new blocks come
+/// from it).
+static ON: AtomicBool = AtomicBool::new(false);
+
+/// Which one (an `Inner` as its index), for the report.
+static WHICH: AtomicUsize = AtomicUsize::new(0);
+
+/// The inner allocator's functions (addresses; 0 before set-up): malloc,
+/// calloc, realloc, free, usable size, good size (jemalloc's `nallocx` or
+/// mimalloc's `mi_good_size`), and its statistics call (jemalloc's
+/// `mallctl`, mimalloc's `mi_process_info`).
+static FNS: [AtomicUsize; 7] = [const { AtomicUsize::new(0) }; 7];
+const MALLOC: usize = 0;
+const CALLOC: usize = 1;
+const REALLOC: usize = 2;
+const FREE: usize = 3;
+const USABLE: usize = 4;
+const GOOD_SIZE: usize = 5;
+const STATS: usize = 6;
+
+#[inline]
+fn f(i: usize) -> usize {
+    // Relaxed: written before the preload's state is stored READY with
+    // Release; every caller reached here after an Acquire load of it, or
+    // holds a block of the inner heap (made after such a load: the block's
+    // hand-over to this thread is the program's synchronization).
+    FNS[i].load(Ordering::Relaxed)
+}
+
+/// Load `inner`'s library and look its functions up; then the program's
+/// new blocks come from it. Called once, at load, before the accounting is
+/// ready (allocations meanwhile — `dlopen`'s own — are glibc's). `Err`
+/// says why it cannot be used.
+pub(crate) fn set_up(inner: Inner) -> Result<(), String> {
+    if inner == Inner::Glibc {
+        return Ok(());
+    }
+    let (library, package) = inner.library();
+    // SAFETY: a NUL-terminated name; the handle is kept for the life of
+    // the process (never closed: its functions are used to the end).
+    let handle = unsafe { libc::dlopen(library.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        let why = dlerror();
+        let hint = if why.contains("static TLS") {
+            // jemalloc keeps its thread state in initial-exec TLS: a library
+            // loaded after start-up gets it only from glibc's surplus.
+            format!(
+                "it needs static TLS, which a library loaded after start-up only gets with \
+                 GLIBC_TUNABLES=glibc.rtld.optional_static_tls=65536 set for the program, or \
+                 when it is preloaded too: LD_PRELOAD=\"<this library> {}\"",
+                library.to_string_lossy()
+            )
+        } else {
+            format!("Debian: apt-get install {package}")
+        };
+        return Err(format!(
+            "SPLITCOUNT_PRELOAD_INNER={}: cannot load {}: {why}; {hint}",
+            inner.name(),
+            library.to_string_lossy(),
+        ));
+    }
+    let names: [&std::ffi::CStr; 7] = match inner {
+        Inner::Jemalloc => [
+            c"malloc",
+            c"calloc",
+            c"realloc",
+            c"free",
+            c"malloc_usable_size",
+            c"nallocx",
+            c"mallctl",
+        ],
+        _ => [
+            c"mi_malloc",
+            c"mi_calloc",
+            c"mi_realloc",
+            c"mi_free",
+            c"mi_usable_size",
+            c"mi_good_size",
+            c"mi_process_info",
+        ],
+    };
+    for (i, name) in names.iter().enumerate() {
+        // SAFETY: a live handle and a NUL-terminated name.
+        let sym = unsafe { libc::dlsym(handle, name.as_ptr()) } as usize;
+        if sym == 0 {
+            return Err(format!(
+                "SPLITCOUNT_PRELOAD_INNER={}: {} has no {}",
+                inner.name(),
+                library.to_string_lossy(),
+                name.to_string_lossy()
+            ));
+        }
+        FNS[i].store(sym, Ordering::Relaxed);
+    }
+    WHICH.store(inner as usize, Ordering::Relaxed);
+    // Let the allocator initialize itself now, while the program's
+    // allocations (its own, if it makes any) still go to glibc.
+    // SAFETY: the allocator's malloc and free, looked up above.
+    unsafe {
+        let p = std::mem::transmute::<usize, MallocFn>(f(MALLOC))(64);
+        if p.is_null() {
+            return Err(format!(
+                "SPLITCOUNT_PRELOAD_INNER={}: its first malloc failed",
+                inner.name()
+            ));
+        }
+        std::mem::transmute::<usize, FreeFn>(f(FREE))(p);
+    }
+    ON.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+fn dlerror() -> String {
+    // SAFETY: dlerror's string is valid until the next dl call (or null).
+    unsafe {
+        let e = libc::dlerror();
+        if e.is_null() {
+            "not found".to_owned()
+        } else {
+            std::ffi::CStr::from_ptr(e).to_string_lossy().into_owned()
+        }
+    }
+}
+
+/// The inner allocator in use.
+pub(crate) fn inner() -> Inner {
+    match WHICH.load(Ordering::Relaxed) {
+        1 => Inner::Jemalloc,
+        2 => Inner::Mimalloc,
+        _ => Inner::Glibc,
+    }
+}
+
+impl Heap {
+    /// Where a new ordinary block comes from now.
+    #[inline]
+    pub(crate) fn current() -> Heap {
+        if ON.load(Ordering::Relaxed) {
+            Heap::Inner
+        } else {
+            Heap::Glibc
+        }
+    }
+
+    /// # Safety
+    /// As `malloc(3)`.
+    #[inline]
+    pub(crate) unsafe fn malloc(self, size: usize) -> *mut u8 {
+        match self {
+            // SAFETY: the caller's contract.
+            Heap::Glibc => unsafe { libc_heap::malloc(size) },
+            // SAFETY: the inner allocator's malloc (set up: see `f`).
+            Heap::Inner => {
+                unsafe { std::mem::transmute::<usize, MallocFn>(f(MALLOC))(size) }.cast()
+            }
+        }
+    }
+
+    /// A zeroed block of `size` bytes.
+    ///
+    /// # Safety
+    /// As `calloc(3)`.
+    #[inline]
+    pub(crate) unsafe fn calloc(self, size: usize) -> *mut u8 {
+        match self {
+            // SAFETY: the caller's contract.
+            Heap::Glibc => unsafe { libc_heap::calloc(size) },
+            // SAFETY: the inner allocator's calloc.
+            Heap::Inner => {
+                unsafe { std::mem::transmute::<usize, CallocFn>(f(CALLOC))(size, 1) }.cast()
+            }
+        }
+    }
+
+    /// # Safety
+    /// As `realloc(3)`, on a block of this heap.
+    #[inline]
+    pub(crate) unsafe fn realloc(self, ptr: *mut u8, size: usize) -> *mut u8 {
+        match self {
+            // SAFETY: the caller's contract.
+            Heap::Glibc => unsafe { libc_heap::realloc(ptr, size) },
+            // SAFETY: the inner allocator's realloc, on its block.
+            Heap::Inner => {
+                unsafe { std::mem::transmute::<usize, ReallocFn>(f(REALLOC))(ptr.cast(), size) }
+                    .cast()
+            }
+        }
+    }
+
+    /// # Safety
+    /// As `free(3)`, on a block of this heap.
+    #[inline]
+    pub(crate) unsafe fn free(self, ptr: *mut u8) {
+        match self {
+            // SAFETY: the caller's contract.
+            Heap::Glibc => unsafe { libc_heap::free(ptr) },
+            // SAFETY: the inner allocator's free, on its block.
+            Heap::Inner => unsafe { std::mem::transmute::<usize, FreeFn>(f(FREE))(ptr.cast()) },
+        }
+    }
+
+    /// The usable size of a live block of this heap.
+    ///
+    /// # Safety
+    /// `ptr` is a live block of this heap.
+    #[inline]
+    pub(crate) unsafe fn usable(self, ptr: *mut u8) -> usize {
+        match self {
+            // SAFETY: the caller's contract.
+            Heap::Glibc => unsafe { libc_heap::real_usable(ptr) },
+            // SAFETY: the inner allocator's usable size, on its block.
+            Heap::Inner => unsafe { std::mem::transmute::<usize, UsableFn>(f(USABLE))(ptr.cast()) },
+        }
+    }
+
+    /// The most usable bytes a block asked for with `size` bytes can get:
+    /// what `realloc` charges before the block moves.
+    pub(crate) fn most_usable(self, size: usize) -> usize {
+        let glibc = size.saturating_add(crate::page_size() + 64);
+        match (self, inner()) {
+            (Heap::Glibc, _) | (_, Inner::Glibc) => glibc,
+            // SAFETY: jemalloc's nallocx (no flags: the default alignment);
+            // 0 when the size is too large: then at least glibc's bound.
+            (Heap::Inner, Inner::Jemalloc) => {
+                match unsafe { std::mem::transmute::<usize, GoodSizeFn>(f(GOOD_SIZE))(size, 0) } {
+                    0 => glibc,
+                    n => n,
+                }
+            }
+            // SAFETY: mimalloc's mi_good_size.
+            (Heap::Inner, Inner::Mimalloc) => {
+                unsafe { std::mem::transmute::<usize, MiGoodSizeFn>(f(GOOD_SIZE))(size) }.max(size)
+            }
+        }
+    }
+}
+
+/// The inner allocator's own figures for the exit report (`None` for
+/// glibc, whose figures the report has anyway): `key=value` pairs.
+/// Allocates; not for a signal handler.
+pub(crate) fn figures() -> Option<String> {
+    match inner() {
+        Inner::Glibc => None,
+        Inner::Jemalloc => {
+            // SAFETY: jemalloc's mallctl; "epoch" refreshes the statistics,
+            // the others are size_t reads.
+            let mallctl = unsafe { std::mem::transmute::<usize, MallctlFn>(f(STATS)) };
+            let read = |name: &std::ffi::CStr| -> Option<usize> {
+                let (mut v, mut len) = (0usize, std::mem::size_of::<usize>());
+                // SAFETY: a size_t out-parameter of the right length.
+                let rc = unsafe {
+                    mallctl(
+                        name.as_ptr(),
+                        (&mut v as *mut usize).cast(),
+                        &mut len,
+                        std::ptr::null_mut(),
+                        0,
+                    )
+                };
+                (rc == 0).then_some(v)
+            };
+            let mut epoch = 1u64;
+            let mut len = std::mem::size_of::<u64>();
+            // SAFETY: "epoch" takes and returns a uint64_t.
+            unsafe {
+                mallctl(
+                    c"epoch".as_ptr(),
+                    (&mut epoch as *mut u64).cast(),
+                    &mut len,
+                    (&mut epoch as *mut u64).cast(),
+                    len,
+                )
+            };
+            let show = |v: Option<usize>| v.map_or("unknown".to_owned(), |v| v.to_string());
+            Some(format!(
+                "jemalloc allocated={} active={} resident={}",
+                show(read(c"stats.allocated")),
+                show(read(c"stats.active")),
+                show(read(c"stats.resident"))
+            ))
+        }
+        Inner::Mimalloc => {
+            let mut v = [0usize; 8];
+            let [a, b, c, d, e, g, h, i] = &mut v;
+            // SAFETY: mi_process_info's eight size_t out-parameters.
+            unsafe {
+                std::mem::transmute::<usize, MiProcessInfoFn>(f(STATS))(a, b, c, d, e, g, h, i)
+            };
+            Some(format!(
+                "mimalloc committed={} peak_committed={} rss={} peak_rss={}",
+                v[5], v[6], v[3], v[4]
+            ))
+        }
+    }
+}
