@@ -138,6 +138,28 @@ pub(crate) fn parse_signal(s: Option<&str>) -> Result<Option<i32>, String> {
     }
 }
 
+/// Parse one more variable into `settings`: its value set where all is
+/// well so far, its error added to the others (`name="value": why`).
+fn also<T>(
+    settings: &mut Result<Settings, Vec<String>>,
+    name: &str,
+    value: Option<String>,
+    parse: impl FnOnce(Option<&str>) -> Result<T, String>,
+    set: impl FnOnce(&mut Settings, T),
+) {
+    match (parse(value.as_deref()), &mut *settings) {
+        (Ok(v), Ok(s)) => set(s, v),
+        (Ok(_), Err(_)) => {}
+        (Err(why), result) => {
+            let message = format!("{name}={:?}: {why}", value.unwrap_or_default());
+            match result {
+                Ok(_) => *settings = Err(vec![message]),
+                Err(errors) => errors.push(message),
+            }
+        }
+    }
+}
+
 impl Settings {
     /// The settings of this process's environment; `Err` with one message
     /// per bad variable, each naming the variable and its value.
@@ -148,35 +170,21 @@ impl Settings {
             var(c"SPLITCOUNT_PRELOAD_REPORT"),
         );
         let inner = var(c"SPLITCOUNT_PRELOAD_INNER");
-        match (parse_inner(inner.as_deref()), &mut settings) {
-            (Ok(i), Ok(s)) => s.inner = i,
-            (Ok(_), Err(_)) => {}
-            (Err(why), Ok(_)) => {
-                settings = Err(vec![format!(
-                    "SPLITCOUNT_PRELOAD_INNER={:?}: {why}",
-                    inner.unwrap_or_default()
-                )])
-            }
-            (Err(why), Err(errors)) => errors.push(format!(
-                "SPLITCOUNT_PRELOAD_INNER={:?}: {why}",
-                inner.unwrap_or_default()
-            )),
-        }
+        also(
+            &mut settings,
+            "SPLITCOUNT_PRELOAD_INNER",
+            inner,
+            parse_inner,
+            |s, i| s.inner = i,
+        );
         let signal = var(c"SPLITCOUNT_PRELOAD_SIGNAL");
-        match (parse_signal(signal.as_deref()), &mut settings) {
-            (Ok(sig), Ok(s)) => s.snapshot_signal = sig,
-            (Ok(_), Err(_)) => {}
-            (Err(why), Ok(_)) => {
-                settings = Err(vec![format!(
-                    "SPLITCOUNT_PRELOAD_SIGNAL={:?}: {why}",
-                    signal.unwrap_or_default()
-                )])
-            }
-            (Err(why), Err(errors)) => errors.push(format!(
-                "SPLITCOUNT_PRELOAD_SIGNAL={:?}: {why}",
-                signal.unwrap_or_default()
-            )),
-        }
+        also(
+            &mut settings,
+            "SPLITCOUNT_PRELOAD_SIGNAL",
+            signal,
+            parse_signal,
+            |s, sig| s.snapshot_signal = sig,
+        );
         settings
     }
 
