@@ -36,10 +36,10 @@ enum Command {
     },
     /// Run a benchmark suite in interleaved rounds: `cpu-id`, `percpu`,
     /// `counters`, `charge`, `fault`, `stats`, `alloc`, `async`, `groups`,
-    /// `metrics`, `layout`, `ffi` or `noisy`.
+    /// `metrics`, `layout`, `ffi`, `preload` or `noisy`.
     Bench {
         /// The suite: `cpu-id`, `percpu`, `counters`, `charge`, `fault`,
-        /// `stats`, `alloc`, `async`, `groups`, `metrics`, `layout`, `ffi` or
+        /// `stats`, `alloc`, `async`, `groups`, `metrics`, `layout`, `ffi`, `preload` or
         /// `noisy`
         /// (`layout` always runs two threads, `stats` one and `noisy` one
         /// and two; they ignore `--threads`; for `async` a thread count is
@@ -277,7 +277,14 @@ fn run(cli: Cli) -> Result<(), String> {
                     bench::groups::SIBLINGS,
                 ),
                 "layout" => bench::layout::run(&plan),
-                "ffi" => bench::ffi::run(&exe, &threads, &plan),
+                "ffi" => bench::ffi::run(&threads, &plan),
+                "preload" => bench::preload::run(&exe, &threads, &plan).map(|(b, setup)| {
+                    let left_out = setup.left_out();
+                    if !left_out.is_empty() {
+                        eprintln!("{left_out}");
+                    }
+                    b
+                }),
                 "noisy" => bench::noisy::run(&exe, &plan),
                 other => {
                     return Err(format!(

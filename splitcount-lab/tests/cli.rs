@@ -318,7 +318,7 @@ fn bad_flags_are_refused_with_the_valid_values() {
         &[
             "\"nope\"",
             "cpu-id, percpu, counters, charge, fault, stats, alloc, async, groups, metrics, layout, \
-             ffi, noisy",
+             ffi, preload, noisy",
         ],
     );
     refused(

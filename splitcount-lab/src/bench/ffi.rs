@@ -1,5 +1,6 @@
-//! `bench ffi`: what the C ABI costs over the same operation from Rust,
-//! and what the `LD_PRELOAD` library costs a program's `malloc` and `free`.
+//! `bench ffi`: what the C ABI costs over the same operation from Rust.
+//! (What the `LD_PRELOAD` library costs a program's `malloc` and `free` is
+//! `bench preload`.)
 //! The `-c-…` cases are loops written in C (`csrc/ffi_loops.c`, compiled
 //! with `-O2` by build.rs), so a case measures what a C program's loop
 //! does — not a Rust-to-C call per operation.
@@ -18,29 +19,16 @@
 //!   through `splitcount_group_fast_try_charge` / `_uncharge` (no handle
 //!   check; target ≤ ×1.3), and `charge-{n}-c-checked`: through the
 //!   handles (`splitcount_group_try_charge` / `_uncharge`).
-//! - `mixed-preload`: the allocator suite's `mixed` workload (free the
-//!   oldest of 64 blocks, allocate 16 to 512 bytes) in a worker process on
-//!   the system allocator started with
-//!   `LD_PRELOAD=libsplitcount_preload.so`: every block goes through the
-//!   preload's `malloc` and `free` to glibc; its baseline `mixed-glibc` is
-//!   the same worker without the preload. Measured when the library is
-//!   found beside the lab binary (`cargo build --release --workspace` puts
-//!   it there).
 
-use super::alloc::worker::{Request, Worker};
-use super::alloc::Workload;
 use super::{Bench, Entry};
-use crate::alloc_switch::Allocator;
 use crate::timing::{measure, Plan};
 use splitcount::counter::{Config, Design, SplitCounter, Tree};
 use splitcount::group::{Hierarchy, HierarchyConfig};
 use splitcount_ffi::{
     splitcount_counter, splitcount_counter_fast, splitcount_group, splitcount_group_fast,
 };
-use std::cell::RefCell;
 use std::ffi::c_void;
 use std::hint::black_box;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicI64;
 
 /// The C-ABI cases, each beside its baseline (`{op}-c…` ÷ `{op}-rust`).
@@ -78,31 +66,13 @@ extern "C" {
     fn lab_c_charge_checked(g: *mut c_void, bytes: u64, n: u64);
 }
 
-/// The preload's case and its baseline.
-pub const PRELOAD_CASES: [&str; 2] = ["mixed-glibc", "mixed-preload"];
-
-/// The preload library's file name.
-pub const PRELOAD_SO: &str = "libsplitcount_preload.so";
-
-/// The baseline of a case: `-c…` → `-rust`, `-preload` → `-glibc`.
+/// The baseline of a case: `{op}-c…` → `{op}-rust`.
 pub fn baseline_of(case: &str) -> Option<String> {
-    if let Some(op) = C_SUFFIXES
+    let op = C_SUFFIXES
         .iter()
         .chain(&["-rust"])
-        .find_map(|s| case.strip_suffix(s))
-    {
-        return Some(format!("{op}-rust"));
-    }
-    let workload = case.rsplit_once('-')?.0;
-    Some(format!("{workload}-glibc"))
-}
-
-/// The preload library beside the lab binary `exe` (or in `deps/` there).
-pub fn find_preload(exe: &Path) -> Option<PathBuf> {
-    let dir = exe.parent()?;
-    [dir.join(PRELOAD_SO), dir.join("deps").join(PRELOAD_SO)]
-        .into_iter()
-        .find(|p| p.exists())
+        .find_map(|s| case.strip_suffix(s))?;
+    Some(format!("{op}-rust"))
 }
 
 /// Handles of the C API, made through it and destroyed with the suite,
@@ -169,9 +139,8 @@ impl Drop for CHandles {
     }
 }
 
-/// Measure the C-ABI cases at each of `threads`, and the preload's case at
-/// each of them when the library is found beside `exe`.
-pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> {
+/// Measure the C-ABI cases at each of `threads`.
+pub fn run(threads: &[usize], plan: &Plan) -> Result<Bench, String> {
     let tree = Tree::with_config(&Config::new(Design::Tree)).map_err(|e| e.to_string())?;
     let memory = Hierarchy::new(HierarchyConfig {
         stock_batch: splitcount_ffi::SPLITCOUNT_STOCK_BATCH_BYTES,
@@ -187,17 +156,6 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> 
         &c.counter_fast as *const _ as usize,
         &c.group_fast as *const _ as usize,
     );
-    let workers = match find_preload(exe) {
-        Some(so) => Some((
-            RefCell::new(Worker::start(exe, Allocator::System)?),
-            RefCell::new(Worker::start_with_env(
-                exe,
-                Allocator::System,
-                &[("LD_PRELOAD", so.as_os_str())],
-            )?),
-        )),
-        None => None,
-    };
     let mut entries = Vec::new();
     for &t in threads {
         let (tree, group, shared) = (&tree, &group, &shared);
@@ -234,17 +192,6 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> 
                 move |_| move |n| unsafe { lab_c_charge_checked(cgroup as *mut _, bytes, n) },
             ));
         }
-        if let Some((glibc, preload)) = &workers {
-            for (case, worker) in PRELOAD_CASES.iter().zip([glibc, preload]) {
-                entries.push(Entry::from_fn(*case, t, move |spec| {
-                    worker.borrow_mut().run(Request {
-                        workload: Workload::Mixed,
-                        threads: t,
-                        spec,
-                    })
-                }));
-            }
-        }
     }
     let measured = measure("ffi", plan, entries)?;
     drop(c);
@@ -256,7 +203,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_c_case_is_compared_with_rust_and_the_preload_with_glibc() {
+    fn each_c_case_is_compared_with_rust() {
         for case in CASES {
             let base = baseline_of(case).unwrap();
             assert!(CASES.contains(&base.as_str()), "{case} → {base}");
@@ -267,6 +214,5 @@ mod tests {
             baseline_of("charge-1000-c-checked").unwrap(),
             "charge-1000-rust"
         );
-        assert_eq!(baseline_of("mixed-preload").unwrap(), "mixed-glibc");
     }
 }

@@ -20,6 +20,7 @@ pub mod groups;
 pub mod layout;
 pub mod noisy;
 pub mod percpu;
+pub mod preload;
 pub mod recorders;
 pub mod requests;
 pub mod stats;
@@ -32,9 +33,9 @@ use std::time::Duration;
 pub use crate::timing::Entry;
 
 /// The suites of `bench`, in the order the CLI lists them.
-pub const SUITES: [&str; 13] = [
+pub const SUITES: [&str; 14] = [
     "cpu-id", "percpu", "counters", "charge", "fault", "stats", "alloc", "async", "groups",
-    "metrics", "layout", "ffi", "noisy",
+    "metrics", "layout", "ffi", "preload", "noisy",
 ];
 
 /// One case of a suite at a thread count, over all rounds.

@@ -390,6 +390,30 @@ pub const TARGETS: &[Target] = &[
         1.30,
     ),
     cost(
+        "preload over glibc: malloc+free, mixed",
+        "preload",
+        "mixed-preload",
+        "mixed-glibc",
+        1,
+        1.25,
+    ),
+    cost(
+        "preload over jemalloc: malloc+free, mixed",
+        "preload",
+        "mixed-preload-jemalloc",
+        "mixed-jemalloc",
+        1,
+        1.25,
+    ),
+    cost(
+        "preload over mimalloc: malloc+free, mixed",
+        "preload",
+        "mixed-preload-mimalloc",
+        "mixed-mimalloc",
+        1,
+        1.25,
+    ),
+    cost(
         "async: instrument, 1 worker",
         "async",
         "instrumented",
@@ -934,6 +958,7 @@ mod tests {
                 .iter()
                 .map(|c| c.to_string())
                 .collect(),
+            "preload" => crate::bench::preload::cases(),
             "groups" => [
                 groups::CYCLE,
                 groups::NO_ALLOC,

@@ -193,19 +193,30 @@ pub const SUITES: &[Suite] = &[
     },
     Suite {
         name: "ffi",
-        title: "C ABI: a call from C, and C programs' heap",
+        title: "C ABI: a call from C",
         about: "The C API (splitcount-ffi) from loops written in C, against the same \
                 operation from Rust: a tree counter's add — the header's static inline rseq \
                 add (counter-add-c-inline), the checked handle call (counter-add-c), and as \
                 floors a shared atomic and a thread-local add in C — and a group's \
                 charge+uncharge of 100, 1,000 and 4,096 bytes through the stock of a \
                 byte hierarchy, through the unchecked fast path (charge-N-c) and the \
-                checked handles (charge-N-c-checked), each ÷ the Rust case. Then the LD_PRELOAD library's \
-                malloc+free on the allocator suite's mixed workload (16 to 512 bytes, 64 \
-                live) in a worker process, against the same worker on glibc alone \
-                (mixed-preload ÷ mixed-glibc); measured when libsplitcount_preload.so lies \
-                beside the lab binary (cargo build --release --workspace).",
+                checked handles (charge-N-c-checked), each ÷ the Rust case.",
         run: timed::ffi,
+    },
+    Suite {
+        name: "preload",
+        title: "C programs' heap: the LD_PRELOAD library over glibc, jemalloc and mimalloc",
+        about: "The allocator suite's mixed (free the oldest of 64 blocks, allocate 16 to \
+                512 bytes) and small (17 to 24 bytes) workloads in worker processes whose \
+                malloc is glibc's, the system's jemalloc or mimalloc (LD_PRELOAD of the \
+                library), each alone and under libsplitcount_preload.so with it as the inner \
+                allocator (SPLITCOUNT_PRELOAD_INNER): {w}-preload ÷ {w}-glibc, \
+                {w}-preload-jemalloc ÷ {w}-jemalloc, {w}-preload-mimalloc ÷ {w}-mimalloc; the \
+                allocators alone ÷ glibc. Everything a C program's malloc+free pays: the \
+                16-byte header, the charge path, the usable-size call, thread-local \
+                lookups. Measured when libsplitcount_preload.so lies beside the lab binary \
+                (cargo build --release --workspace).",
+        run: timed::preload,
     },
     Suite {
         name: "async",

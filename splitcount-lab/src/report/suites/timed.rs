@@ -113,14 +113,29 @@ pub fn alloc(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
 }
 
 /// `ffi`: the C ABI's counter add and group charge vs the same from Rust,
-/// and the preload's `malloc`+`free` vs glibc's, on one thread.
+/// on one thread.
 pub fn ffi(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("the lab binary: {e}"))?;
-    let b = counted(progress, || bench::ffi::run(&exe, &[1], &s.plan()))?;
+    let b = counted(progress, || bench::ffi::run(&[1], &s.plan()))?;
     let mut out = outcome("ffi", &b, "call")?;
-    out.settings["preload"] = json!(bench::ffi::find_preload(&exe));
     out.plots = vec![plots::bar_chart(
-        "ffi: a C call ÷ the same from Rust; the preload's malloc+free ÷ glibc's",
+        "ffi: a C call ÷ the same from Rust",
+        "× baseline",
+        Axis::Linear,
+        &ratio_bars(&b.records),
+    )?];
+    Ok(out)
+}
+
+/// `preload`: the preload's `malloc`+`free` over glibc, jemalloc and
+/// mimalloc, each ÷ the same allocator alone, on one thread.
+pub fn preload(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("the lab binary: {e}"))?;
+    let (b, setup) = counted(progress, || bench::preload::run(&exe, &[1], &s.plan()))?;
+    let mut out = outcome("preload", &b, "free+malloc")?;
+    out.settings["preload"] = json!(setup.preload);
+    out.settings["left_out"] = json!(setup.left_out());
+    out.plots = vec![plots::bar_chart(
+        "preload: malloc+free under the preload ÷ the same allocator alone",
         "× baseline",
         Axis::Linear,
         &ratio_bars(&b.records),

@@ -1,0 +1,238 @@
+//! `bench preload`: what the `LD_PRELOAD` library costs a program's
+//! `malloc` and `free`, over each inner allocator it can use, divided by
+//! that allocator alone.
+//!
+//! Each case is the allocator suite's workload in a worker process on the
+//! system allocator (`std::alloc::System`, i.e. whatever `malloc` the
+//! process resolves), started with an environment that decides which
+//! `malloc` that is:
+//!
+//! | case | environment | baseline |
+//! |---|---|---|
+//! | `{w}-glibc` | none | itself |
+//! | `{w}-preload` | `LD_PRELOAD=libsplitcount_preload.so` | `{w}-glibc` |
+//! | `{w}-jemalloc` | `LD_PRELOAD=libjemalloc.so.2` | `{w}-glibc` |
+//! | `{w}-preload-jemalloc` | both preloaded, `SPLITCOUNT_PRELOAD_INNER=jemalloc` | `{w}-jemalloc` |
+//! | `{w}-mimalloc` | `LD_PRELOAD=libmimalloc.so.2` | `{w}-glibc` |
+//! | `{w}-preload-mimalloc` | the preload, `SPLITCOUNT_PRELOAD_INNER=mimalloc` | `{w}-mimalloc` |
+//!
+//! `w` is `mixed` (free the oldest of 64 blocks, allocate 16 to 512
+//! bytes) or `small` (17 to 24 bytes). The workers live for the whole
+//! suite, so the rounds interleave them slice by slice. Measured when the
+//! preload is found beside the lab binary (`cargo build --release
+//! --workspace` puts it there); jemalloc's and mimalloc's cases when the
+//! system has the libraries (Debian: `libjemalloc2`, `libmimalloc2.0`).
+
+use super::alloc::worker::{Request, Worker};
+use super::alloc::Workload;
+use super::{Bench, Entry};
+use crate::alloc_switch::Allocator;
+use crate::timing::{measure, Plan};
+use std::cell::RefCell;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+/// The workloads measured.
+pub const WORKLOADS: [Workload; 2] = [Workload::Mixed, Workload::Small];
+
+/// The configurations, as case-name suffixes, each with its baseline's.
+pub const CONFIGS: [(&str, &str); 6] = [
+    ("glibc", "glibc"),
+    ("preload", "glibc"),
+    ("jemalloc", "glibc"),
+    ("preload-jemalloc", "jemalloc"),
+    ("mimalloc", "glibc"),
+    ("preload-mimalloc", "mimalloc"),
+];
+
+/// Every case name.
+pub fn cases() -> Vec<String> {
+    WORKLOADS
+        .iter()
+        .flat_map(|w| CONFIGS.map(|(c, _)| format!("{}-{c}", w.name())))
+        .collect()
+}
+
+/// The baseline of a case: the same workload on the configuration's
+/// baseline (see the module docs).
+pub fn baseline_of(case: &str) -> Option<String> {
+    let (config, base) = CONFIGS
+        .iter()
+        .filter(|(c, _)| case.ends_with(&format!("-{c}")))
+        .max_by_key(|(c, _)| c.len())?;
+    let workload = case.strip_suffix(config)?.strip_suffix('-')?;
+    Some(format!("{workload}-{base}"))
+}
+
+/// The preload library's file name.
+pub const PRELOAD_SO: &str = "libsplitcount_preload.so";
+
+/// The preload library beside the lab binary `exe` (or in `deps/` there).
+pub fn find_preload(exe: &Path) -> Option<PathBuf> {
+    let dir = exe.parent()?;
+    [dir.join(PRELOAD_SO), dir.join("deps").join(PRELOAD_SO)]
+        .into_iter()
+        .find(|p| p.exists())
+}
+
+/// The system's copy of a library (`libjemalloc.so.2`), if it has one.
+pub fn system_library(name: &str) -> Option<PathBuf> {
+    [
+        "/usr/lib/x86_64-linux-gnu",
+        "/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+    ]
+    .iter()
+    .map(|d| Path::new(d).join(name))
+    .find(|p| p.exists())
+}
+
+/// The environment of a configuration's worker; `None` when a library it
+/// needs is missing.
+fn environment(config: &str, preload: &Path) -> Option<Vec<(&'static str, OsString)>> {
+    let je = || system_library("libjemalloc.so.2");
+    let mi = || system_library("libmimalloc.so.2");
+    let pair = |a: &Path, b: &Path| {
+        let mut s = a.as_os_str().to_owned();
+        s.push(" ");
+        s.push(b.as_os_str());
+        s
+    };
+    Some(match config {
+        "glibc" => vec![],
+        "preload" => vec![("LD_PRELOAD", preload.into())],
+        "jemalloc" => vec![("LD_PRELOAD", je()?.into())],
+        // jemalloc preloaded too: its static TLS is set up at start-up, and
+        // the preload finds that copy by name.
+        "preload-jemalloc" => vec![
+            ("LD_PRELOAD", pair(preload, &je()?)),
+            ("SPLITCOUNT_PRELOAD_INNER", "jemalloc".into()),
+        ],
+        "mimalloc" => vec![("LD_PRELOAD", mi()?.into())],
+        "preload-mimalloc" => {
+            mi()?;
+            vec![
+                ("LD_PRELOAD", preload.into()),
+                ("SPLITCOUNT_PRELOAD_INNER", "mimalloc".into()),
+            ]
+        }
+        _ => return None,
+    })
+}
+
+/// What ran: the preload's path, and the configurations left out (a
+/// library missing).
+#[derive(Debug, Clone, Default)]
+pub struct Setup {
+    /// The preload library measured (`None`: not found, nothing ran).
+    pub preload: Option<PathBuf>,
+    /// Configurations left out.
+    pub skipped: Vec<&'static str>,
+}
+
+impl Setup {
+    /// What was left out and why, in a line (empty: nothing).
+    pub fn left_out(&self) -> String {
+        let mut why = Vec::new();
+        if self.preload.is_none() {
+            why.push(format!(
+                "the preload's cases ({PRELOAD_SO} is not beside the lab binary: cargo build \
+                 --release --workspace)"
+            ));
+        }
+        let libraries: Vec<&str> = self
+            .skipped
+            .iter()
+            .filter(|c| self.preload.is_some() || !c.starts_with("preload"))
+            .copied()
+            .collect();
+        if !libraries.is_empty() {
+            why.push(format!(
+                "{} (the system has no libjemalloc.so.2 / libmimalloc.so.2: Debian \
+                 libjemalloc2, libmimalloc2.0)",
+                libraries.join(", ")
+            ));
+        }
+        if why.is_empty() {
+            String::new()
+        } else {
+            format!("preload: left out: {}", why.join("; "))
+        }
+    }
+}
+
+/// Measure every workload in every configuration whose libraries are
+/// there, at each of `threads`. `exe` is the lab binary; the preload is
+/// looked for beside it (without it, the preload's cases are left out and
+/// [`Setup::preload`] says so).
+pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<(Bench, Setup), String> {
+    let mut setup = Setup {
+        preload: find_preload(exe),
+        skipped: Vec::new(),
+    };
+    let mut workers = Vec::new();
+    for (config, _) in CONFIGS {
+        // Without the preload, only the allocators alone (the report's
+        // targets then read "not measured").
+        let env = match &setup.preload {
+            Some(preload) => environment(config, preload),
+            None if !config.starts_with("preload") => environment(config, Path::new("")),
+            None => None,
+        };
+        match env {
+            Some(env) => {
+                let env: Vec<(&str, &std::ffi::OsStr)> =
+                    env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+                let worker = Worker::start_with_env(exe, Allocator::System, &env)?;
+                workers.push((config, RefCell::new(worker)));
+            }
+            None => setup.skipped.push(config),
+        }
+    }
+    let mut entries = Vec::new();
+    for workload in WORKLOADS {
+        for &t in threads {
+            for (config, worker) in &workers {
+                entries.push(Entry::from_fn(
+                    format!("{}-{config}", workload.name()),
+                    t,
+                    move |spec| {
+                        worker.borrow_mut().run(Request {
+                            workload,
+                            threads: t,
+                            spec,
+                        })
+                    },
+                ));
+            }
+        }
+    }
+    let measured = measure("preload", plan, entries)?;
+    Ok((Bench::new(measured, baseline_of), setup))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_case_is_divided_by_its_inner_allocator_alone() {
+        assert_eq!(baseline_of("mixed-preload").unwrap(), "mixed-glibc");
+        assert_eq!(
+            baseline_of("mixed-preload-jemalloc").unwrap(),
+            "mixed-jemalloc"
+        );
+        assert_eq!(
+            baseline_of("small-preload-mimalloc").unwrap(),
+            "small-mimalloc"
+        );
+        assert_eq!(baseline_of("small-jemalloc").unwrap(), "small-glibc");
+        assert_eq!(baseline_of("small-glibc").unwrap(), "small-glibc");
+        assert_eq!(cases().len(), 12);
+        for case in cases() {
+            assert!(cases().contains(&baseline_of(&case).unwrap()), "{case}");
+        }
+    }
+}
