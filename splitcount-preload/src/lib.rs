@@ -55,7 +55,6 @@ use heap::Heap;
 use libc_heap::{real_usable, LibcHeap};
 use splitcount::alloc::Accounted;
 use splitcount::group::{Group, Hierarchy, HierarchyConfig};
-use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 use std::sync::OnceLock;
@@ -84,25 +83,6 @@ const INITIALIZING: u8 = 1;
 const READY: u8 = 2;
 const OFF: u8 = 3;
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
-
-thread_local! {
-    /// Set while this thread runs the accounting (the charge path, the
-    /// initialization, the report): an allocation made there — by the
-    /// library itself, by Rust's thread-local machinery registering a
-    /// destructor, by glibc on its behalf — passes unaccounted instead of
-    /// recursing. `const` and without a destructor: a plain TLS word,
-    /// readable before `main` and during thread exit, never allocating.
-    static BUSY: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Run `f` with this thread's allocations unaccounted.
-#[inline(always)]
-fn busy<R>(f: impl FnOnce() -> R) -> R {
-    let was = BUSY.with(|b| b.replace(true));
-    let r = f();
-    BUSY.with(|b| b.set(was));
-    r
-}
 
 /// Whether allocations are accounted: initializes on first use (from the
 /// load-time constructor, or the first allocation if that comes earlier).
@@ -135,7 +115,9 @@ fn init() -> bool {
     {
         return STATE.load(Ordering::Acquire) == READY;
     }
-    let state = busy(|| {
+    // Allocations meanwhile (this thread's too) see INITIALIZING: they
+    // pass unaccounted.
+    let state = (|| {
         let why = match std::panic::catch_unwind(setup) {
             Ok(Ok(())) => return READY,
             Ok(Err(why)) => why,
@@ -150,7 +132,7 @@ fn init() -> bool {
         }
         report::say(&format!("splitcount-preload: accounting off: {why}\n"));
         OFF
-    });
+    })();
     // Release: publishes everything `setup` wrote.
     STATE.store(state, Ordering::Release);
     state == READY
@@ -198,22 +180,23 @@ fn setup() -> Result<(), String> {
     Ok(())
 }
 
-/// Whether this allocation is to be accounted: the accounting is ready,
-/// and this thread is not running it.
-#[inline]
-fn accounting() -> bool {
-    ready() && !BUSY.with(|b| b.get())
-}
-
-/// Charge a new block of `usable` bytes to the thread's group (when
-/// [`accounting`]); the account for its header (null: unaccounted), `None`
-/// if a limit refused it.
+/// Charge a new block of `usable` bytes to the thread's group; the
+/// account for its header (null: unaccounted), `None` if a limit refused
+/// it. Call only when [`ready`].
+///
+/// No re-entrancy flag of the preload's own: the charge path is the Rust
+/// wrapper's, which is built to be re-entered by its own allocations (it
+/// is a Rust program's global allocator): what it runs that may allocate —
+/// refusal and event hooks, a thread's first registration of its exit
+/// guard (glibc's `calloc`) — runs with the wrapper's hook flag set, and a
+/// charge meanwhile answers null (unaccounted). The library's own Rust
+/// memory never comes here (`INTERNAL`).
 #[inline]
 fn charge(usable: usize) -> Option<*const u8> {
     let fallback = DEFAULT_ACCOUNT.load(Ordering::Relaxed);
     // SAFETY: the fallback is `/preload`'s account, whose group `PRELOAD`
     // holds for the life of the process.
-    busy(|| unsafe { ACCOUNTED.charge_raw(usable as u64, fallback) })
+    unsafe { ACCOUNTED.charge_raw(usable as u64, fallback) }
 }
 
 /// Uncharge `n` bytes of a block charged to `account`.
@@ -223,7 +206,7 @@ fn uncharge(account: *const u8, n: usize) {
         return;
     }
     // SAFETY: `account` is a header's, whose block held `n` charged bytes.
-    busy(|| unsafe { ACCOUNTED.uncharge_raw(account, n as u64) })
+    unsafe { ACCOUNTED.uncharge_raw(account, n as u64) }
 }
 
 /// Charge `n` more bytes to a block's `account` (growth in place).
@@ -233,7 +216,7 @@ fn grow(account: *const u8, n: usize) -> bool {
         return true;
     }
     // SAFETY: `account` is a live block's header's.
-    busy(|| unsafe { ACCOUNTED.grow_raw(account, n as u64) })
+    unsafe { ACCOUNTED.grow_raw(account, n as u64) }
 }
 
 fn set_errno(e: i32) {
@@ -265,7 +248,7 @@ unsafe fn finish(base: *mut u8, place: Place, heap: Heap) -> *mut c_void {
         Place::Header => HEADER,
         Place::Trailer => header::TRAILER,
     };
-    let account = if accounting() {
+    let account = if ready() {
         // SAFETY: a live block of the heap.
         let usable = unsafe { heap.usable(base) } - overhead;
         match charge(usable) {

@@ -312,7 +312,7 @@ fn deliver(text: &Text) {
 /// Runs with accounting off: it allocates nothing through a limited path.
 pub(crate) extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        crate::busy(|| {
+        crate::ACCOUNTED.unaccounted(|| {
             let Some((h, _)) = crate::PRELOAD.get() else {
                 return;
             };

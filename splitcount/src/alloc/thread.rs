@@ -111,12 +111,20 @@ impl Drop for ExitGuard {
 }
 
 /// Register the exit guard's destructor, once per thread. Registering may
-/// allocate (glibc's `__cxa_thread_atexit_impl`): `armed` is set first, so
-/// the allocation it makes takes the paths of an armed thread.
+/// allocate (glibc's `__cxa_thread_atexit_impl` calls `calloc`): `armed`
+/// is set first, so the allocation takes the paths of an armed thread, and
+/// the registration runs as a hook does, unaccounted. In a Rust program
+/// glibc's `calloc` is not the global allocator; under the C heap's
+/// preload it is, and a limit that refused that block made glibc abort
+/// ("failed to register TLS destructor: out of memory").
 #[cold]
 pub(crate) fn arm_exit_guard(t: &ThreadState) {
     if t.armed.replace(true) {
         return;
     }
+    let was = t.in_hook.replace(true);
+    t.refresh();
     let _ = EXIT.try_with(|_| ());
+    t.in_hook.set(was);
+    t.refresh();
 }

@@ -15,7 +15,7 @@
 //! they are not counted in [`Accounted::reconcile`]'s headers.)
 
 use super::Accounted;
-use crate::alloc::{current, enter_held};
+use crate::alloc::{current, enter_held, without_accounting};
 use crate::group::{AccountKey, Group};
 
 /// A group's account address, to store as a thread's default
@@ -68,6 +68,15 @@ impl<A> Accounted<A> {
             return true;
         };
         self.charge_growth(key, n)
+    }
+
+    /// Run `f` with this thread's charges unaccounted: [`Accounted::charge_raw`]
+    /// answers null (nothing charged) meanwhile, as it does inside a hook —
+    /// the same re-entrancy guard. For a caller's own code that may
+    /// allocate through its `malloc` (the preload's exit report).
+    #[doc(hidden)]
+    pub fn unaccounted<R>(&self, f: impl FnOnce() -> R) -> R {
+        without_accounting(f)
     }
 
     /// Uncharge `n` bytes of a block charged to `account` (freed, or
