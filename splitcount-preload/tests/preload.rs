@@ -891,6 +891,50 @@ fn glibc_thresholds_are_left_as_the_program_would_have_them() {
     assert_eq!(ours, host, "under the preload");
 }
 
+/// `RTLD_DEEPBIND`: a library loaded with it binds `malloc` and `free` to
+/// glibc's own. Its blocks are glibc's — the preload does not charge them,
+/// and hands them back to glibc when the program frees them. A block the
+/// program got from the preload and the library frees is not a chunk
+/// start for glibc (the header is in front): glibc aborts. This test pins
+/// that documented behaviour down: the first way works, the second ends
+/// in SIGABRT from glibc, not in a crash inside the preload.
+#[test]
+fn rtld_deepbind_libraries_free_only_their_own_blocks() {
+    use std::os::unix::process::ExitStatusExt;
+    let plugin = deps_dir().join("splitcount_preload_deepbind_lib.so");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let status = Command::new("cc")
+        .args(["-O1", "-shared", "-fPIC", "-Wall", "-Werror", "-o"])
+        .arg(&plugin)
+        .arg(dir.join("tests/c/deepbind_lib.c"))
+        .status()
+        .expect("cc runs");
+    assert!(status.success());
+    let exe = plain_c_program("deepbind_test");
+    let run = |mode: &str| {
+        preloaded(&exe, &[])
+            .arg(&plugin)
+            .arg(mode)
+            .output()
+            .unwrap()
+    };
+    let out = run("plugin-to-program");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "ok\n");
+    let out = run("program-to-plugin");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGABRT),
+        "{}",
+        text(&out.stderr)
+    );
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("free(): invalid pointer") || stderr.contains("double free or corruption"),
+        "{stderr}"
+    );
+}
+
 /// The system's jemalloc, wherever a multiarch or plain libdir has it.
 fn system_jemalloc() -> PathBuf {
     system_library("libjemalloc.so.2", "libjemalloc2")
