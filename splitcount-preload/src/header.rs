@@ -238,13 +238,28 @@ impl Block {
     /// The block is live.
     #[inline]
     pub(crate) unsafe fn usable(&self) -> usize {
-        let overhead = if self.header == 0 {
+        // SAFETY: the caller's contract; the heap's block starts at `base`.
+        unsafe { self.heap.usable(self.base()) }.saturating_sub(self.ours())
+    }
+
+    /// Our bytes in the block: the header, or the trailer.
+    fn ours(&self) -> usize {
+        if self.header == 0 {
             TRAILER
         } else {
             self.header
-        };
-        // SAFETY: the caller's contract; the heap's block starts at `base`.
-        unsafe { self.heap.usable(self.base()) }.saturating_sub(overhead)
+        }
+    }
+
+    /// What the block is charged: its usable size, or under
+    /// `SPLITCOUNT_PRELOAD_CHARGE=footprint` what it takes from the heap.
+    ///
+    /// # Safety
+    /// The block is live.
+    #[inline]
+    pub(crate) unsafe fn charged(&self) -> usize {
+        // SAFETY: the caller's contract.
+        unsafe { crate::charged_size(self.heap, self.base(), self.ours()) }
     }
 
     /// Clear the tag. The caller's contract: the block is live.
@@ -286,10 +301,15 @@ impl Block {
             unsafe { return self.move_to_new_block(total, size) };
         }
         // SAFETY: live.
-        let old = unsafe { self.usable() };
+        let (usable, old) = unsafe { (self.usable(), self.charged()) };
         let account = self.account;
-        let prepaid = if size > old {
-            self.heap.most_usable(total) - HEADER - old
+        let prepaid = if size > usable {
+            let most = if crate::charging_footprints() {
+                self.heap.most_footprint(total)
+            } else {
+                self.heap.most_usable(total) - HEADER
+            };
+            most.saturating_sub(old)
         } else {
             0
         };
@@ -307,8 +327,8 @@ impl Block {
             crate::uncharge(account, prepaid);
             return std::ptr::null_mut();
         }
-        // SAFETY: the heap's new block.
-        let new = unsafe { self.heap.usable(base) } - HEADER;
+        // SAFETY: the heap's new block, with a header.
+        let new = unsafe { crate::charged_size(self.heap, base, HEADER) };
         let charged = old + prepaid;
         if new <= charged {
             crate::uncharge(account, charged - new);
@@ -334,8 +354,10 @@ impl Block {
         if base.is_null() {
             return std::ptr::null_mut();
         }
-        // SAFETY: a live block of the heap.
-        if !crate::grow(self.account, unsafe { heap.usable(base) } - HEADER) {
+        // SAFETY: a live block of the heap, with a header.
+        if !crate::grow(self.account, unsafe {
+            crate::charged_size(heap, base, HEADER)
+        }) {
             // SAFETY: ours, never handed out.
             unsafe { heap.free(base) };
             crate::set_errno(libc::ENOMEM);

@@ -296,6 +296,30 @@ impl Heap {
         }
     }
 
+    /// What a live block of this heap takes from it, whose usable size is
+    /// `usable`: glibc's chunk (the usable bytes and its size word — two
+    /// words for a mapped chunk —, read from the size word); jemalloc's and
+    /// mimalloc's blocks have no per-block header (their size class is the
+    /// footprint; slab metadata is shared).
+    ///
+    /// # Safety
+    /// `ptr` is a live block of this heap.
+    #[inline]
+    pub(crate) unsafe fn footprint(self, ptr: *mut u8, usable: usize) -> usize {
+        match self {
+            // SAFETY: glibc's chunk has its size word just before the block;
+            // the low three bits are flags.
+            Heap::Glibc => unsafe { ptr.cast::<usize>().sub(1).read() & !7 },
+            Heap::Inner => usable,
+        }
+    }
+
+    /// The most bytes [`Heap::footprint`] can say of a block asked for with
+    /// `size` bytes (a bound: a page and 64 bytes over for glibc).
+    pub(crate) fn most_footprint(self, size: usize) -> usize {
+        self.most_usable(size).saturating_add(16)
+    }
+
     /// The most usable bytes a block asked for with `size` bytes can get:
     /// what `realloc` charges before the block moves.
     pub(crate) fn most_usable(self, size: usize) -> usize {

@@ -17,7 +17,7 @@
 //! that names the block's **account**, exactly as the Rust wrapper [`splitcount::alloc::Accounted`] does — this library *is* that
 //! wrapper's charge path, with a header that a size-less `free` can read.
 //! Each block is charged its usable size (what `malloc_usable_size`
-//! reports) to the calling thread's current group: the one it entered
+//! reports), or its footprint, to the calling thread's current group: the one it entered
 //! through the C API (`splitcount_enter`, exported by this library), or
 //! the group `/preload`.
 //!
@@ -30,6 +30,7 @@
 //! | `SPLITCOUNT_PRELOAD_MAX` | the hard limit of `/preload`: whole bytes, optionally with a unit (`K`, `M`, `G`, `T`, `KiB`…, `KB`…; all powers of 1024; any case): `512M`, `512MB`, `2GiB`, `1048576`; or `max` / `unlimited`. |
 //! | `SPLITCOUNT_PRELOAD_ENFORCE` | `refuse` (the default): an allocation that does not fit under the limit returns NULL with `errno = ENOMEM`, however often the program asks, until frees bring usage down (strict: no grace); `cooperative`: it succeeds, counted as an over-charge (`events.max`), and `splitcount_group_check` reports the breach. |
 //! | `SPLITCOUNT_PRELOAD_REPORT` | `1`: report the usage, peak, limit, events and slack of `/preload` and of the root to stderr at exit (drained, with glibc's own count of bytes in use), at `_exit` and on a fatal signal (not drained), each line with the process's `pid=`, `program=` and `at=`; a path with a `/`: append the reports to `<path>.<pid>` instead. |
+//! | `SPLITCOUNT_PRELOAD_CHARGE` | `usable` (the default) or `footprint`: what a block is charged — its usable size, or what it takes from the heap (the chunk, our 16 bytes and glibc's size word included). |
 //! | `SPLITCOUNT_PRELOAD_INNER` | `glibc` (the default), `jemalloc` or `mimalloc`: the inner allocator, loaded by name from the system's `libjemalloc.so.2` / `libmimalloc.so.2` (see `src/heap.rs`). |
 //! | `SPLITCOUNT_PRELOAD_SIGNAL` | `USR1` or `USR2`: that signal writes a live snapshot (`at=live`, not drained) and the program goes on. |
 //!
@@ -56,7 +57,7 @@ use libc_heap::{real_usable, LibcHeap};
 use splitcount::alloc::Accounted;
 use splitcount::group::{Group, Hierarchy, HierarchyConfig};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 /// This library's own Rust allocations (its groups, the C API's tables) go
@@ -146,6 +147,7 @@ fn setup() -> Result<(), String> {
     if let Err(why) = heap::set_up(settings.inner) {
         report::stop(&[why]);
     }
+    FOOTPRINT.store(settings.footprint, Ordering::Relaxed);
     // Charged in bytes: `malloc` through the allocator's byte stock, and a
     // C program's `splitcount_group_try_charge` of bytes through the
     // hierarchy's stock, whose batch is therefore the byte batch too (with
@@ -250,8 +252,7 @@ unsafe fn finish(base: *mut u8, place: Place, heap: Heap) -> *mut c_void {
     };
     let account = if ready() {
         // SAFETY: a live block of the heap.
-        let usable = unsafe { heap.usable(base) } - overhead;
-        match charge(usable) {
+        match charge(unsafe { charged_size(heap, base, overhead) }) {
             Some(a) => a,
             None => {
                 // SAFETY: ours, never handed out.
@@ -271,6 +272,35 @@ unsafe fn finish(base: *mut u8, place: Place, heap: Heap) -> *mut c_void {
         }
     }
     .cast()
+}
+
+/// Whether blocks are charged their footprint (`SPLITCOUNT_PRELOAD_CHARGE
+/// =footprint`) rather than their usable size. Set at load, before the
+/// accounting is marked ready.
+static FOOTPRINT: AtomicBool = AtomicBool::new(false);
+
+#[inline]
+fn charging_footprints() -> bool {
+    // Relaxed: set before READY's Release store (see `heap::f`).
+    FOOTPRINT.load(Ordering::Relaxed)
+}
+
+/// What a live block of `heap` at `base`, with `overhead` bytes of ours
+/// (header or trailer), is charged: its usable size less ours, or its
+/// footprint (ours and the heap's own included).
+///
+/// # Safety
+/// `base` is a live block of `heap`.
+#[inline]
+unsafe fn charged_size(heap: Heap, base: *mut u8, overhead: usize) -> usize {
+    // SAFETY: the caller's contract.
+    let usable = unsafe { heap.usable(base) };
+    if charging_footprints() {
+        // SAFETY: as above.
+        unsafe { heap.footprint(base, usable) }
+    } else {
+        usable - overhead
+    }
 }
 
 /// The total of `n` and a header, if it is a size glibc can serve.
@@ -322,12 +352,12 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
     match unsafe { Block::find(ptr.cast()) } {
         Some(block) => {
             // SAFETY: ours and live.
-            let usable = unsafe { block.usable() };
+            let charged = unsafe { block.charged() };
             let account = block.account;
             // SAFETY: ours; the header is cleared so that the memory never
             // looks like one of our blocks again (see `header`).
             unsafe { block.free() };
-            uncharge(account, usable);
+            uncharge(account, charged);
         }
         // SAFETY: not ours: glibc's.
         None => unsafe { libc_heap::free(ptr.cast()) },

@@ -237,11 +237,16 @@ fn line(out: &mut Text, moment: Moment, g: &Group) {
         _ => "cooperative",
     };
     let stocks = crate::ACCOUNTED.max_slack(0);
+    let charged = if crate::charging_footprints() {
+        "footprint"
+    } else {
+        "usable"
+    };
     let _ = writeln!(
         out,
         " enforcement={enforcement} events.max={} events.high={} events.oom={} \
          events.underflow={} events.breaches={} events.refused={} slack.stocks={stocks} \
-         slack.per_thread={}",
+         slack.per_thread={} charged={charged}",
         e.max,
         e.high,
         e.oom,

@@ -54,6 +54,9 @@ pub(crate) struct Settings {
     pub(crate) snapshot_signal: Option<i32>,
     /// `SPLITCOUNT_PRELOAD_INNER`: where the program's blocks come from.
     pub(crate) inner: Inner,
+    /// `SPLITCOUNT_PRELOAD_CHARGE=footprint`: blocks are charged what they
+    /// take from the heap, not their usable size.
+    pub(crate) footprint: bool,
 }
 
 /// An environment variable, without std's environment lock (this runs
@@ -124,6 +127,17 @@ pub(crate) fn parse_inner(s: Option<&str>) -> Result<Inner, String> {
     }
 }
 
+/// What a block is charged: `usable` (also unset or empty: its usable
+/// size, what `malloc_usable_size` says) or `footprint` (what it takes
+/// from the heap); whether footprints.
+pub(crate) fn parse_charge(s: Option<&str>) -> Result<bool, String> {
+    match s {
+        None | Some("") | Some("usable") => Ok(false),
+        Some("footprint") => Ok(true),
+        Some(_) => Err("not usable or footprint".to_owned()),
+    }
+}
+
 /// The live snapshot's signal: `USR1` or `USR2` (`SIGUSR1`, `SIGUSR2`,
 /// any case); unset, empty or `0`: none. Nothing else: the other signals
 /// have meanings a program relies on.
@@ -176,6 +190,14 @@ impl Settings {
             inner,
             parse_inner,
             |s, i| s.inner = i,
+        );
+        let charge = var(c"SPLITCOUNT_PRELOAD_CHARGE");
+        also(
+            &mut settings,
+            "SPLITCOUNT_PRELOAD_CHARGE",
+            charge,
+            parse_charge,
+            |s, f| s.footprint = f,
         );
         let signal = var(c"SPLITCOUNT_PRELOAD_SIGNAL");
         also(
@@ -238,6 +260,7 @@ impl Settings {
                 report,
                 snapshot_signal: None,
                 inner: Inner::Glibc,
+                footprint: false,
             })
         } else {
             Err(errors)
@@ -308,6 +331,14 @@ mod tests {
         assert_eq!(parse_limit("64K"), Ok(Some(64 << 10)));
         assert!(parse_limit("none").is_err());
         assert!(parse_limit("").is_err(), "set but empty is not unset");
+    }
+
+    #[test]
+    fn blocks_are_charged_usable_sizes_or_footprints() {
+        assert_eq!(parse_charge(None), Ok(false));
+        assert_eq!(parse_charge(Some("usable")), Ok(false));
+        assert_eq!(parse_charge(Some("footprint")), Ok(true));
+        assert!(parse_charge(Some("requested")).is_err());
     }
 
     #[test]
