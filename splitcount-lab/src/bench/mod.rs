@@ -22,6 +22,7 @@ pub mod noisy;
 pub mod percpu;
 pub mod preload;
 pub mod recorders;
+pub mod redis;
 pub mod requests;
 pub mod stats;
 pub mod striped;

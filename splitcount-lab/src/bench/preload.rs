@@ -17,7 +17,10 @@
 //! | `{w}-preload-mimalloc` | the preload, `SPLITCOUNT_PRELOAD_INNER=mimalloc` | `{w}-mimalloc` |
 //!
 //! `w` is `mixed` (free the oldest of 64 blocks, allocate 16 to 512
-//! bytes) or `small` (17 to 24 bytes). The workers live for the whole
+//! bytes) or `small` (17 to 24 bytes). And a server: `redis-preload`,
+//! Debian's `redis-server` under the preload loaded by `redis-benchmark`,
+//! ÷ `redis-glibc`, the same without it (see [`super::redis`]; at one
+//! thread, when redis is installed). The workers live for the whole
 //! suite, so the rounds interleave them slice by slice. Measured when the
 //! preload is found beside the lab binary (`cargo build --release
 //! --workspace` puts it there); jemalloc's and mimalloc's cases when the
@@ -45,11 +48,15 @@ pub const CONFIGS: [(&str, &str); 6] = [
     ("preload-mimalloc", "mimalloc"),
 ];
 
+/// The server cases: redis without and under the preload.
+pub const REDIS_CASES: [&str; 2] = ["redis-glibc", "redis-preload"];
+
 /// Every case name.
 pub fn cases() -> Vec<String> {
     WORKLOADS
         .iter()
         .flat_map(|w| CONFIGS.map(|(c, _)| format!("{}-{c}", w.name())))
+        .chain(REDIS_CASES.map(String::from))
         .collect()
 }
 
@@ -150,8 +157,8 @@ impl Setup {
             .collect();
         if !libraries.is_empty() {
             why.push(format!(
-                "{} (the system has no libjemalloc.so.2 / libmimalloc.so.2: Debian \
-                 libjemalloc2, libmimalloc2.0)",
+                "{} (the system has no libjemalloc.so.2 / libmimalloc.so.2 / redis-server and \
+                 redis-benchmark: Debian libjemalloc2, libmimalloc2.0, redis-server, redis-tools)",
                 libraries.join(", ")
             ));
         }
@@ -191,7 +198,28 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<(Bench, Setup),
             None => setup.skipped.push(config),
         }
     }
+    // The redis servers: without and under the preload, each on a port of
+    // this process's own.
+    let servers = match &setup.preload {
+        Some(preload) if threads.contains(&1) && super::redis::available() => {
+            let port = 30_000 + (std::process::id() % 10_000) as u16 * 2;
+            Some([
+                super::redis::Server::start(port, &[])?,
+                super::redis::Server::start(port + 1, &[("LD_PRELOAD", preload.as_os_str())])?,
+            ])
+        }
+        Some(_) if threads.contains(&1) => {
+            setup.skipped.push("redis");
+            None
+        }
+        _ => None,
+    };
     let mut entries = Vec::new();
+    if let Some(servers) = &servers {
+        for (case, server) in REDIS_CASES.iter().zip(servers) {
+            entries.push(Entry::from_fn(*case, 1, move |spec| server.run(spec)));
+        }
+    }
     for workload in WORKLOADS {
         for &t in threads {
             for (config, worker) in &workers {
@@ -230,7 +258,8 @@ mod tests {
         );
         assert_eq!(baseline_of("small-jemalloc").unwrap(), "small-glibc");
         assert_eq!(baseline_of("small-glibc").unwrap(), "small-glibc");
-        assert_eq!(cases().len(), 12);
+        assert_eq!(baseline_of("redis-preload").unwrap(), "redis-glibc");
+        assert_eq!(cases().len(), 14);
         for case in cases() {
             assert!(cases().contains(&baseline_of(&case).unwrap()), "{case}");
         }

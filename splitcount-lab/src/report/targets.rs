@@ -414,6 +414,14 @@ pub const TARGETS: &[Target] = &[
         1.25,
     ),
     cost(
+        "preload: redis-benchmark time per request",
+        "preload",
+        "redis-preload",
+        "redis-glibc",
+        1,
+        1.053,
+    ),
+    cost(
         "async: instrument, 1 worker",
         "async",
         "instrumented",

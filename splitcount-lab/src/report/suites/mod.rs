@@ -212,7 +212,10 @@ pub const SUITES: &[Suite] = &[
                 library), each alone and under libsplitcount_preload.so with it as the inner \
                 allocator (SPLITCOUNT_PRELOAD_INNER): {w}-preload ÷ {w}-glibc, \
                 {w}-preload-jemalloc ÷ {w}-jemalloc, {w}-preload-mimalloc ÷ {w}-mimalloc; the \
-                allocators alone ÷ glibc. Everything a C program's malloc+free pays: the \
+                allocators alone ÷ glibc. Then redis-server under the preload loaded by \
+                redis-benchmark (SETs and GETs of 200 bytes from 8 connections; the time per \
+                request redis-benchmark measured) ÷ the same server without it. Everything a \
+                C program's malloc+free pays: the \
                 16-byte header, the charge path, the usable-size call, thread-local \
                 lookups. Measured when libsplitcount_preload.so lies beside the lab binary \
                 (cargo build --release --workspace).",

@@ -131,7 +131,7 @@ pub fn ffi(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
 pub fn preload(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
     let exe = std::env::current_exe().map_err(|e| format!("the lab binary: {e}"))?;
     let (b, setup) = counted(progress, || bench::preload::run(&exe, &[1], &s.plan()))?;
-    let mut out = outcome("preload", &b, "free+malloc")?;
+    let mut out = outcome("preload", &b, "free+malloc (redis: request)")?;
     out.settings["preload"] = json!(setup.preload);
     out.settings["left_out"] = json!(setup.left_out());
     out.plots = vec![plots::bar_chart(
