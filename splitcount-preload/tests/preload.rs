@@ -609,8 +609,8 @@ fn report_lines_name_the_process() {
 
 /// `SPLITCOUNT_PRELOAD_REPORT=<path>` writes each process's report to
 /// `<path>.<pid>`, and nothing to stderr: a shell and the program it
-/// forks and runs report to a file each. (bash: dash leaves with `_exit`,
-/// which runs no exit handler, so it reports nothing.)
+/// forks and runs report to a file each. (bash: it leaves with `exit`, so
+/// each file holds one exit report.)
 #[test]
 fn a_report_path_gets_a_file_per_process() {
     let dir = deps_dir().join(format!("report-test-{}", std::process::id()));
