@@ -111,7 +111,8 @@ impl Server {
     }
 }
 
-fn rss_bytes() -> Option<u64> {
+/// The process's resident set, in bytes (`/proc/self/statm`).
+pub(crate) fn rss_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     // SAFETY: sysconf has no preconditions.

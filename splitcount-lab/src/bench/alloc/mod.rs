@@ -78,8 +78,25 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> 
             }
         }
     }
+    let boxes: Vec<String> = workers
+        .iter()
+        .map(|(a, w)| {
+            let bytes = w.borrow().hello.as_ref().and_then(|h| h.box_bytes);
+            match bytes {
+                Some(b) => format!("{} {b:.1} B", a.name()),
+                None => format!("{} unknown", a.name()),
+            }
+        })
+        .collect();
     let measured = measure("alloc", plan, entries)?;
-    Ok(Bench::new(measured, baseline_of))
+    let mut bench = Bench::new(measured, baseline_of);
+    bench.legend.push(format!(
+        "resident memory per 24-byte Box ({} held at once in a group, each allocator's \
+         worker): {}",
+        worker::BOXES,
+        boxes.join(", ")
+    ));
+    Ok(bench)
 }
 
 #[cfg(test)]

@@ -21,12 +21,36 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 /// What a worker says once it is ready.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hello {
     /// The allocator its process runs on.
     pub allocator: Allocator,
     /// Size of its JSON document.
     pub document_bytes: usize,
+    /// Resident bytes per 24-byte `Box` over [`BOXES`] held at once, in a
+    /// group (`None`: no `/proc/self/statm`).
+    pub box_bytes: Option<f64>,
+}
+
+/// How many boxes [`Hello::box_bytes`] holds.
+pub const BOXES: usize = 1_000_000;
+
+/// Resident bytes per 24-byte box, [`BOXES`] of them held at once (the
+/// vector of their addresses touched before the first reading, so only the
+/// boxes count), then freed.
+fn box_bytes() -> Option<f64> {
+    // Non-zero: a zeroed vector may be untouched pages (calloc) until written.
+    let mut boxes = vec![1usize; BOXES];
+    let before = crate::bench::groups::rss_bytes()?;
+    for b in boxes.iter_mut() {
+        *b = Box::into_raw(Box::new([1u8; 24])) as usize;
+    }
+    let after = crate::bench::groups::rss_bytes()?;
+    for b in boxes {
+        // SAFETY: made by `Box::into_raw` above, freed once.
+        drop(unsafe { Box::from_raw(b as *mut [u8; 24]) });
+    }
+    Some(after.saturating_sub(before) as f64 / BOXES as f64)
 }
 
 /// One slice to run.
@@ -58,9 +82,14 @@ pub fn serve(input: impl BufRead, mut output: impl Write) -> Result<(), String> 
         .collect::<Result<_, _>>()?;
     let doc = workloads::json_document(workloads::JSON_BYTES);
     let io = |e: std::io::Error| format!("alloc worker: {e}");
+    let box_bytes = {
+        let _scope = groups[0].enter();
+        box_bytes()
+    };
     let hello = Hello {
         allocator: alloc_switch::current(),
         document_bytes: doc.len(),
+        box_bytes,
     };
     writeln!(output, "{}", json(&hello)?).map_err(io)?;
     output.flush().map_err(io)?;
@@ -83,6 +112,8 @@ fn json(v: &impl Serialize) -> Result<String, String> {
 #[derive(Debug)]
 pub struct Worker {
     allocator: Allocator,
+    /// What it said when ready.
+    pub hello: Option<Hello>,
     child: Child,
     input: Option<ChildStdin>,
     output: BufReader<ChildStdout>,
@@ -115,6 +146,7 @@ impl Worker {
         };
         let mut w = Worker {
             allocator,
+            hello: None,
             child,
             input: Some(input),
             output: BufReader::new(output),
@@ -127,6 +159,7 @@ impl Worker {
                 hello.allocator.name()
             ));
         }
+        w.hello = Some(hello);
         Ok(w)
     }
 
