@@ -301,7 +301,13 @@ impl Block {
             unsafe { return self.move_to_new_block(total, size) };
         }
         // SAFETY: live.
-        let (usable, old) = unsafe { (self.usable(), self.charged()) };
+        let usable = unsafe { self.usable() };
+        let old = if crate::charging_footprints() {
+            // SAFETY: live.
+            unsafe { self.charged() }
+        } else {
+            usable
+        };
         let account = self.account;
         let prepaid = if size > usable {
             let most = if crate::charging_footprints() {

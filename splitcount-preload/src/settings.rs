@@ -152,15 +152,16 @@ pub(crate) fn parse_signal(s: Option<&str>) -> Result<Option<i32>, String> {
     }
 }
 
-/// Parse one more variable into `settings`: its value set where all is
-/// well so far, its error added to the others (`name="value": why`).
+/// Read and parse one more variable into `settings`: its value set where
+/// all is well so far, its error added to the others (`name="value": why`).
 fn also<T>(
     settings: &mut Result<Settings, Vec<String>>,
-    name: &str,
-    value: Option<String>,
+    name: &std::ffi::CStr,
     parse: impl FnOnce(Option<&str>) -> Result<T, String>,
     set: impl FnOnce(&mut Settings, T),
 ) {
+    let value = var(name);
+    let name = name.to_string_lossy();
     match (parse(value.as_deref()), &mut *settings) {
         (Ok(v), Ok(s)) => set(s, v),
         (Ok(_), Err(_)) => {}
@@ -183,27 +184,21 @@ impl Settings {
             var(c"SPLITCOUNT_PRELOAD_ENFORCE"),
             var(c"SPLITCOUNT_PRELOAD_REPORT"),
         );
-        let inner = var(c"SPLITCOUNT_PRELOAD_INNER");
         also(
             &mut settings,
-            "SPLITCOUNT_PRELOAD_INNER",
-            inner,
+            c"SPLITCOUNT_PRELOAD_INNER",
             parse_inner,
             |s, i| s.inner = i,
         );
-        let charge = var(c"SPLITCOUNT_PRELOAD_CHARGE");
         also(
             &mut settings,
-            "SPLITCOUNT_PRELOAD_CHARGE",
-            charge,
+            c"SPLITCOUNT_PRELOAD_CHARGE",
             parse_charge,
             |s, f| s.footprint = f,
         );
-        let signal = var(c"SPLITCOUNT_PRELOAD_SIGNAL");
         also(
             &mut settings,
-            "SPLITCOUNT_PRELOAD_SIGNAL",
-            signal,
+            c"SPLITCOUNT_PRELOAD_SIGNAL",
             parse_signal,
             |s, sig| s.snapshot_signal = sig,
         );
