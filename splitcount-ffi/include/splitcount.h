@@ -1087,6 +1087,8 @@ int splitcount_preload_group(splitcount_group **out);
  * Make a live group the calling thread's current group until the matching
  * `splitcount_leave`. A group of the preload's hierarchy
  * (`splitcount_preload_hierarchy`) is what the preload's `malloc` charges.
+ * `SPLITCOUNT_E_STATE` under the preload with `SPLITCOUNT_PRELOAD_TAGS=off`,
+ * whose blocks carry no account: every one is charged to `/preload`.
  *
  * Thread-safe; acts on the calling thread only.
  */

@@ -11,6 +11,27 @@ use std::sync::OnceLock;
 
 static PRELOAD: OnceLock<(Hierarchy, Group)> = OnceLock::new();
 
+/// Why `splitcount_enter` is refused, when the preload library says so.
+static ENTER_REFUSED: OnceLock<&'static str> = OnceLock::new();
+
+/// Called by the preload library when its `malloc` charges every block to
+/// its default group whatever group a thread is in (its blocks carry no
+/// account): `splitcount_enter` then fails with `SPLITCOUNT_E_STATE` and
+/// `why`, rather than take a program's allocations where their `free`
+/// would not find them.
+#[doc(hidden)]
+pub fn refuse_enter(why: &'static str) {
+    let _ = ENTER_REFUSED.set(why);
+}
+
+/// `Err` with the preload library's reason when it refuses scopes.
+pub(crate) fn enter_allowed() -> Result<(), Error> {
+    match ENTER_REFUSED.get() {
+        Some(why) => Err(Error::new(SPLITCOUNT_E_STATE, *why)),
+        None => Ok(()),
+    }
+}
+
 /// Called once by the preload library when its allocator is attached: the
 /// hierarchy it charges and the group threads outside any scope charge.
 #[doc(hidden)]

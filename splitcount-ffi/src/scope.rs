@@ -21,11 +21,14 @@ thread_local! {
 /// Make a live group the calling thread's current group until the matching
 /// `splitcount_leave`. A group of the preload's hierarchy
 /// (`splitcount_preload_hierarchy`) is what the preload's `malloc` charges.
+/// `SPLITCOUNT_E_STATE` under the preload with `SPLITCOUNT_PRELOAD_TAGS=off`,
+/// whose blocks carry no account: every one is charged to `/preload`.
 ///
 /// Thread-safe; acts on the calling thread only.
 #[no_mangle]
 pub extern "C" fn splitcount_enter(group: *mut splitcount_group) -> c_int {
     run("splitcount_enter", || {
+        crate::preload::enter_allowed()?;
         let group = &live(group)?.group;
         // The thread-local first, then the scope: registering its
         // destructor may allocate, which is not the group's.

@@ -70,6 +70,7 @@ type GoodSizeFn = unsafe extern "C" fn(usize, i32) -> usize;
 type MallctlFn =
     unsafe extern "C" fn(*const libc::c_char, *mut c_void, *mut usize, *mut c_void, usize) -> i32;
 type MiGoodSizeFn = unsafe extern "C" fn(usize) -> usize;
+type AlignedAllocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
 type MiProcessInfoFn = unsafe extern "C" fn(
     *mut usize,
     *mut usize,
@@ -91,8 +92,10 @@ static WHICH: AtomicUsize = AtomicUsize::new(0);
 /// The inner allocator's functions (addresses; 0 before set-up): malloc,
 /// calloc, realloc, free, usable size, good size (jemalloc's `nallocx` or
 /// mimalloc's `mi_good_size`), and its statistics call (jemalloc's
-/// `mallctl`, mimalloc's `mi_process_info`).
-static FNS: [AtomicUsize; 7] = [const { AtomicUsize::new(0) }; 7];
+/// `mallctl`, mimalloc's `mi_process_info`), and its aligned allocation
+/// (jemalloc's `aligned_alloc(align, size)`, mimalloc's
+/// `mi_malloc_aligned(size, align)`: the arguments the other way round).
+static FNS: [AtomicUsize; 8] = [const { AtomicUsize::new(0) }; 8];
 const MALLOC: usize = 0;
 const CALLOC: usize = 1;
 const REALLOC: usize = 2;
@@ -100,6 +103,7 @@ const FREE: usize = 3;
 const USABLE: usize = 4;
 const GOOD_SIZE: usize = 5;
 const STATS: usize = 6;
+const ALIGNED: usize = 7;
 
 #[inline]
 fn f(i: usize) -> usize {
@@ -142,7 +146,7 @@ pub(crate) fn set_up(inner: Inner) -> Result<(), String> {
             library.to_string_lossy(),
         ));
     }
-    let names: [&std::ffi::CStr; 7] = match inner {
+    let names: [&std::ffi::CStr; 8] = match inner {
         Inner::Jemalloc => [
             c"malloc",
             c"calloc",
@@ -151,6 +155,7 @@ pub(crate) fn set_up(inner: Inner) -> Result<(), String> {
             c"malloc_usable_size",
             c"nallocx",
             c"mallctl",
+            c"aligned_alloc",
         ],
         _ => [
             c"mi_malloc",
@@ -160,6 +165,7 @@ pub(crate) fn set_up(inner: Inner) -> Result<(), String> {
             c"mi_usable_size",
             c"mi_good_size",
             c"mi_process_info",
+            c"mi_malloc_aligned",
         ],
     };
     for (i, name) in names.iter().enumerate() {
@@ -235,6 +241,31 @@ impl Heap {
             // SAFETY: the inner allocator's malloc (set up: see `f`).
             Heap::Inner => {
                 unsafe { std::mem::transmute::<usize, MallocFn>(f(MALLOC))(size) }.cast()
+            }
+        }
+    }
+
+    /// A block of `size` bytes aligned to `align` (a power of two above
+    /// 16). Used without tags only: with tags, over-aligned blocks are
+    /// glibc's (see the module docs).
+    ///
+    /// # Safety
+    /// `align` is a power of two.
+    #[inline]
+    pub(crate) unsafe fn aligned(self, align: usize, size: usize) -> *mut u8 {
+        match (self, inner()) {
+            // SAFETY: the caller's contract.
+            (Heap::Glibc, _) | (_, Inner::Glibc) => unsafe { libc_heap::memalign(align, size) },
+            // SAFETY: jemalloc's aligned_alloc(align, size): any power of
+            // two, any size.
+            (Heap::Inner, Inner::Jemalloc) => {
+                unsafe { std::mem::transmute::<usize, AlignedAllocFn>(f(ALIGNED))(align, size) }
+                    .cast()
+            }
+            // SAFETY: mimalloc's mi_malloc_aligned(size, align).
+            (Heap::Inner, Inner::Mimalloc) => {
+                unsafe { std::mem::transmute::<usize, AlignedAllocFn>(f(ALIGNED))(size, align) }
+                    .cast()
             }
         }
     }

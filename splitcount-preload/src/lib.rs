@@ -32,6 +32,7 @@
 //! | `SPLITCOUNT_PRELOAD_REPORT` | `1`: report the usage, peak, limit, events and slack of `/preload` and of the root to stderr at exit (drained, with glibc's own count of bytes in use), at `_exit` and on a fatal signal (not drained), each line with the process's `pid=`, `program=` and `at=`; a path with a `/`: append the reports to `<path>.<pid>` instead. |
 //! | `SPLITCOUNT_PRELOAD_CHARGE` | `usable` (the default) or `footprint`: what a block is charged — its usable size, or what it takes from the heap (the chunk, our 16 bytes and glibc's size word included). |
 //! | `SPLITCOUNT_PRELOAD_INNER` | `glibc` (the default), `jemalloc` or `mimalloc`: the inner allocator, loaded by name from the system's `libjemalloc.so.2` / `libmimalloc.so.2` (see `src/heap.rs`). |
+//! | `SPLITCOUNT_PRELOAD_TAGS` | `on` (the default) or `off`: no tag at all — every block is the heap's own, charged to `/preload`, and `splitcount_enter` is refused (see `src/untagged.rs`). |
 //! | `SPLITCOUNT_PRELOAD_SIGNAL` | `USR1` or `USR2`: that signal writes a live snapshot (`at=live`, not drained) and the program goes on. |
 //!
 //! How a block is recognized as ours (and one glibc made without us as
@@ -45,6 +46,7 @@ mod heap;
 mod libc_heap;
 mod report;
 mod settings;
+mod untagged;
 
 /// The C API, exported by this library too: a preloaded program reaches
 /// `splitcount_enter` and the rest through the dynamic linker (link
@@ -79,11 +81,37 @@ static DEFAULT_ACCOUNT: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
 /// The hierarchy and `/preload`, for the exit report.
 static PRELOAD: OnceLock<(Hierarchy, Group)> = OnceLock::new();
 
-const UNINIT: u8 = 0;
-const INITIALIZING: u8 = 1;
-const READY: u8 = 2;
-const OFF: u8 = 3;
+/// Where the accounting stands: one of the four constants below.
+pub(crate) type State = u8;
+const UNINIT: State = 0;
+const INITIALIZING: State = 1;
+const READY: State = 2;
+const OFF: State = 3;
+pub(crate) const STATE_INITIALIZING: State = INITIALIZING;
+pub(crate) const STATE_READY: State = READY;
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+
+/// The state, set up first if nothing has started it yet: `READY`,
+/// `OFF`, or `INITIALIZING` (on the thread setting it up, or while another
+/// does).
+#[inline]
+pub(crate) fn state() -> State {
+    // Acquire: as in `ready`.
+    match STATE.load(Ordering::Acquire) {
+        UNINIT => {
+            init();
+            STATE.load(Ordering::Acquire)
+        }
+        s => s,
+    }
+}
+
+/// The state as it is, without setting anything up.
+#[inline]
+pub(crate) fn state_now() -> State {
+    // Acquire: as in `ready`.
+    STATE.load(Ordering::Acquire)
+}
 
 /// Whether allocations are accounted: initializes on first use (from the
 /// load-time constructor, or the first allocation if that comes earlier).
@@ -148,6 +176,13 @@ fn setup() -> Result<(), String> {
         report::stop(&[why]);
     }
     FOOTPRINT.store(settings.footprint, Ordering::Relaxed);
+    if !settings.tags {
+        splitcount_ffi::refuse_enter(
+            "SPLITCOUNT_PRELOAD_TAGS=off: the preload charges every block to /preload (its \
+             blocks carry no account), so a thread cannot enter a group; unset \
+             SPLITCOUNT_PRELOAD_TAGS to charge groups",
+        );
+    }
     // Charged in bytes: `malloc` through the allocator's byte stock, and a
     // C program's `splitcount_group_try_charge` of bytes through the
     // hierarchy's stock, whose batch is therefore the byte batch too (with
@@ -194,16 +229,29 @@ fn setup() -> Result<(), String> {
 /// charge meanwhile answers null (unaccounted). The library's own Rust
 /// memory never comes here (`INTERNAL`).
 #[inline]
-fn charge(usable: usize) -> Option<*const u8> {
+pub(crate) fn charge(usable: usize) -> Option<*const u8> {
     let fallback = DEFAULT_ACCOUNT.load(Ordering::Relaxed);
     // SAFETY: the fallback is `/preload`'s account, whose group `PRELOAD`
     // holds for the life of the process.
     unsafe { ACCOUNTED.charge_raw(usable as u64, fallback) }
 }
 
+/// `/preload`'s account (null before the set-up).
+#[inline]
+pub(crate) fn default_account() -> *const u8 {
+    DEFAULT_ACCOUNT.load(Ordering::Relaxed)
+}
+
+/// Charge `n` bytes to `/preload` that must not be refused (a block
+/// without a tag already made). Call only when ready.
+pub(crate) fn force(n: usize) {
+    // SAFETY: `/preload`'s account, held by `PRELOAD` for good.
+    unsafe { ACCOUNTED.force_raw(default_account(), n as u64) }
+}
+
 /// Uncharge `n` bytes of a block charged to `account`.
 #[inline]
-fn uncharge(account: *const u8, n: usize) {
+pub(crate) fn uncharge(account: *const u8, n: usize) {
     if account.is_null() {
         return;
     }
@@ -221,7 +269,7 @@ fn grow(account: *const u8, n: usize) -> bool {
     unsafe { ACCOUNTED.grow_raw(account, n as u64) }
 }
 
-fn set_errno(e: i32) {
+pub(crate) fn set_errno(e: i32) {
     // SAFETY: the thread's errno.
     unsafe { *libc::__errno_location() = e };
 }
@@ -280,7 +328,7 @@ unsafe fn finish(base: *mut u8, place: Place, heap: Heap) -> *mut c_void {
 static FOOTPRINT: AtomicBool = AtomicBool::new(false);
 
 #[inline]
-fn charging_footprints() -> bool {
+pub(crate) fn charging_footprints() -> bool {
     // Relaxed: set before READY's Release store (see `heap::f`).
     FOOTPRINT.load(Ordering::Relaxed)
 }
@@ -292,7 +340,7 @@ fn charging_footprints() -> bool {
 /// # Safety
 /// `base` is a live block of `heap`.
 #[inline]
-unsafe fn charged_size(heap: Heap, base: *mut u8, overhead: usize) -> usize {
+pub(crate) unsafe fn charged_size(heap: Heap, base: *mut u8, overhead: usize) -> usize {
     // SAFETY: the caller's contract.
     let usable = unsafe { heap.usable(base) };
     if charging_footprints() {
@@ -314,6 +362,10 @@ fn with_header(n: usize, header: usize) -> Option<usize> {
 /// The C contract of `malloc`.
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    if untagged::on() {
+        // SAFETY: the caller's contract.
+        return unsafe { untagged::malloc(size) };
+    }
     let Some(total) = with_header(size, HEADER) else {
         set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
@@ -329,6 +381,14 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 /// The C contract of `calloc`.
 #[no_mangle]
 pub unsafe extern "C" fn calloc(count: usize, size: usize) -> *mut c_void {
+    if untagged::on() {
+        let Some(total) = count.checked_mul(size) else {
+            set_errno(libc::ENOMEM);
+            return std::ptr::null_mut();
+        };
+        // SAFETY: the caller's contract.
+        return unsafe { untagged::calloc(total) };
+    }
     let Some(total) = count.checked_mul(size).and_then(|n| with_header(n, HEADER)) else {
         set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
@@ -347,6 +407,10 @@ pub unsafe extern "C" fn calloc(count: usize, size: usize) -> *mut c_void {
 pub unsafe extern "C" fn free(ptr: *mut c_void) {
     if ptr.is_null() {
         return;
+    }
+    if untagged::on() {
+        // SAFETY: a pointer the program got from an allocation function.
+        return unsafe { untagged::free(ptr.cast()) };
     }
     // SAFETY: a pointer the program got from an allocation function.
     match unsafe { Block::find(ptr.cast()) } {
@@ -382,6 +446,10 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
         unsafe { free(ptr) };
         return std::ptr::null_mut();
     }
+    if untagged::on() {
+        // SAFETY: a pointer the program got from an allocation function.
+        return unsafe { untagged::realloc(ptr.cast(), size) };
+    }
     // SAFETY: a pointer the program got from an allocation function.
     match unsafe { Block::find(ptr.cast()) } {
         // SAFETY: ours and live.
@@ -416,6 +484,10 @@ unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
     if align <= HEADER {
         // SAFETY: glibc's blocks are 16-aligned.
         return unsafe { malloc(size) };
+    }
+    if untagged::on() {
+        // SAFETY: a power of two above 16.
+        return unsafe { untagged::aligned(align, size) };
     }
     // The tag and account go at the block's end (a header in front would
     // take a whole alignment unit: see `header`).
@@ -534,6 +606,10 @@ pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
 pub unsafe extern "C" fn malloc_usable_size(ptr: *mut c_void) -> usize {
     if ptr.is_null() {
         return 0;
+    }
+    if untagged::on() {
+        // SAFETY: a pointer the program got from an allocation function.
+        return unsafe { untagged::usable(ptr.cast()) };
     }
     // SAFETY: a pointer the program got from an allocation function.
     match unsafe { Block::find(ptr.cast()) } {

@@ -4,7 +4,7 @@
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 extern "C" {
     fn __libc_malloc(size: usize) -> *mut c_void;
@@ -64,6 +64,9 @@ const SIZE_WORD: usize = 1;
 /// looked up yet), and how many of the program's blocks agreed so far.
 static GLIBC_USABLE: AtomicUsize = AtomicUsize::new(0);
 static AGREED: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether glibc's `malloc_usable_size` is being looked up.
+static LOOKING_UP: AtomicBool = AtomicBool::new(false);
 
 /// Blocks of the program's own whose size words must agree with glibc's
 /// function before the size word is trusted.
@@ -142,7 +145,14 @@ unsafe fn learn(base: *mut u8) -> usize {
     // Relaxed (all three): a cache of values every thread computes alike.
     let mut f = GLIBC_USABLE.load(Ordering::Relaxed);
     if f == 0 {
+        // The look-up allocates (`dlopen`), and an allocation may ask for a
+        // usable size again (without tags, every one does): while it runs
+        // the size word answers, undecided.
+        if LOOKING_UP.swap(true, Ordering::Relaxed) {
+            return word;
+        }
         f = glibc_usable_size();
+        LOOKING_UP.store(false, Ordering::Relaxed);
         if f == 0 {
             USABLE_VIA.store(SIZE_WORD, Ordering::Relaxed);
             return word;

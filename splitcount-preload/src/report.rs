@@ -242,11 +242,12 @@ fn line(out: &mut Text, moment: Moment, g: &Group) {
     } else {
         "usable"
     };
+    let tags = if crate::untagged::on() { "off" } else { "on" };
     let _ = writeln!(
         out,
         " enforcement={enforcement} events.max={} events.high={} events.oom={} \
          events.underflow={} events.breaches={} events.refused={} slack.stocks={stocks} \
-         slack.per_thread={} charged={charged}",
+         slack.per_thread={} charged={charged} tags={tags}",
         e.max,
         e.high,
         e.oom,

@@ -57,6 +57,9 @@ pub(crate) struct Settings {
     /// `SPLITCOUNT_PRELOAD_CHARGE=footprint`: blocks are charged what they
     /// take from the heap, not their usable size.
     pub(crate) footprint: bool,
+    /// `SPLITCOUNT_PRELOAD_TAGS`: whether blocks carry a tag (`on`, the
+    /// default) or none (`off`: every block charged to `/preload`).
+    pub(crate) tags: bool,
 }
 
 /// An environment variable, without std's environment lock (this runs
@@ -138,6 +141,17 @@ pub(crate) fn parse_charge(s: Option<&str>) -> Result<bool, String> {
     }
 }
 
+/// Whether blocks carry tags: `on` (also unset or empty) or `off`
+/// (exactly: the mode is read with no allocation, before anything else;
+/// see `untagged`).
+pub(crate) fn parse_tags(s: Option<&str>) -> Result<bool, String> {
+    match s {
+        None | Some("") | Some("on") => Ok(true),
+        Some("off") => Ok(false),
+        Some(_) => Err("not on or off".to_owned()),
+    }
+}
+
 /// The live snapshot's signal: `USR1` or `USR2` (`SIGUSR1`, `SIGUSR2`,
 /// any case); unset, empty or `0`: none. Nothing else: the other signals
 /// have meanings a program relies on.
@@ -195,6 +209,12 @@ impl Settings {
             c"SPLITCOUNT_PRELOAD_CHARGE",
             parse_charge,
             |s, f| s.footprint = f,
+        );
+        also(
+            &mut settings,
+            c"SPLITCOUNT_PRELOAD_TAGS",
+            parse_tags,
+            |s, t| s.tags = t,
         );
         also(
             &mut settings,
@@ -256,6 +276,7 @@ impl Settings {
                 snapshot_signal: None,
                 inner: Inner::Glibc,
                 footprint: false,
+                tags: true,
             })
         } else {
             Err(errors)

@@ -240,6 +240,61 @@ fn the_c_heap_test_passes_with_jemalloc_and_mimalloc_inside() {
     heap_test(&inner_env("mimalloc"));
 }
 
+/// `SPLITCOUNT_PRELOAD_TAGS=off`: blocks carry nothing of ours, and
+/// every one is charged to `/preload`. The C test checks, on glibc,
+/// jemalloc and mimalloc inside: usage equal to the usable bytes held
+/// (20,000 mixed blocks; blocks from before `main`; realloc; aligned
+/// blocks), back to where it was when they are freed (four threads freeing
+/// each other's blocks too), a limit that refuses, `splitcount_enter`
+/// refused with the reason, and on glibc, 100,000 blocks of 24 bytes that
+/// take 32 bytes of glibc's heap each, as without the preload (48 with
+/// tags).
+#[test]
+fn without_tags_blocks_cost_no_memory_and_usage_is_exact() {
+    system_jemalloc();
+    system_mimalloc();
+    let exe = c_program("untagged_test");
+    for inner in ["glibc", "jemalloc", "mimalloc"] {
+        let mut env = inner_env(inner);
+        env.push(("SPLITCOUNT_PRELOAD_TAGS", "off"));
+        checks_pass(&exe, &env);
+    }
+}
+
+/// Programs run without tags as with them: python3 and sqlite3 finish,
+/// and the exit report says `tags=off` with the usage of what they still
+/// hold.
+#[test]
+fn programs_run_without_tags() {
+    let python = program("python3", "python3");
+    let out = preloaded(
+        &python,
+        &[
+            ("SPLITCOUNT_PRELOAD_TAGS", "off"),
+            ("SPLITCOUNT_PRELOAD_REPORT", "1"),
+        ],
+    )
+    .args([
+        "-c",
+        "import json; x=[str(i)*10 for i in range(100000)]; print(len(json.dumps(x)))",
+    ])
+    .output()
+    .unwrap();
+    let stderr = text(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{}
+{stderr}",
+        out.status
+    );
+    assert_eq!(text(&out.stdout).trim(), "5288900");
+    let r = report(&stderr, "/preload");
+    assert_eq!(r["tags"], "off", "{stderr}");
+    assert!(number(&r, "peak") > 5_000_000, "{stderr}");
+    let out = sqlite(&[("SPLITCOUNT_PRELOAD_TAGS", "off")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
 /// An inner allocator asked for by name and not there stops the program
 /// with the package to install (exit status 78), never runs it on another
 /// heap; so does one the name of which is not known.
@@ -530,6 +585,8 @@ fn a_bad_configuration_stops_the_program_at_load() {
         ("SPLITCOUNT_PRELOAD_MAX", "512 M"),
         ("SPLITCOUNT_PRELOAD_ENFORCE", "sometimes"),
         ("SPLITCOUNT_PRELOAD_REPORT", "yes"),
+        ("SPLITCOUNT_PRELOAD_TAGS", "no"),
+        ("SPLITCOUNT_PRELOAD_TAGS", "OFF"),
     ] {
         let out = preloaded(&program("true", "coreutils"), &[(name, value)])
             .output()
@@ -753,12 +810,23 @@ fn a_fork_child_says_it_was_forked() {
 
 /// The figures line of `tests/c/strict_limit_test.c`, as numbers.
 fn strict_limit_test(max: &str, count: u64) -> HashMap<String, u64> {
+    strict_limit_test_tags(max, count, "on")
+}
+
+/// [`strict_limit_test`] with `SPLITCOUNT_PRELOAD_TAGS` set to `tags`.
+fn strict_limit_test_tags(max: &str, count: u64, tags: &str) -> HashMap<String, u64> {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     let exe = EXE.get_or_init(|| c_program("strict_limit_test"));
-    let out = preloaded(exe, &[("SPLITCOUNT_PRELOAD_MAX", max)])
-        .arg(count.to_string())
-        .output()
-        .unwrap();
+    let out = preloaded(
+        exe,
+        &[
+            ("SPLITCOUNT_PRELOAD_MAX", max),
+            ("SPLITCOUNT_PRELOAD_TAGS", tags),
+        ],
+    )
+    .arg(count.to_string())
+    .output()
+    .unwrap();
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(
         out.status.success(),
@@ -766,7 +834,7 @@ fn strict_limit_test(max: &str, count: u64) -> HashMap<String, u64> {
         out.status
     );
     assert!(stdout.trim_end().ends_with("checks passed"), "{stdout}");
-    println!("MAX={max}: {}", stdout.trim_end());
+    println!("MAX={max} TAGS={tags}: {}", stdout.trim_end());
     stdout
         .lines()
         .find(|l| l.contains(" handed="))
@@ -793,10 +861,16 @@ fn strict_limit_test(max: &str, count: u64) -> HashMap<String, u64> {
 /// so with one thread it comes only when the next block does not fit:
 /// the bytes held are within one block of the limit, never above it.
 /// (Before strict limits, the reporting grace let 99,902 of the 100,000
-/// through: 99,902 KiB held under a 1 MiB limit.)
+/// through: 99,902 KiB held under a 1 MiB limit.) The same with tags off.
 #[test]
 fn a_program_that_ignores_null_holds_no_more_than_the_limit() {
-    let f = strict_limit_test("1M", 100_000);
+    for tags in ["on", "off"] {
+        ignoring_null_holds_no_more_than_the_limit(tags);
+    }
+}
+
+fn ignoring_null_holds_no_more_than_the_limit(tags: &str) {
+    let f = strict_limit_test_tags("1M", 100_000, tags);
     let max = 1 << 20;
     let block_usable = f["held"] / f["handed"].max(1);
     println!(

@@ -11,6 +11,7 @@
 //! |---|---|---|
 //! | `{w}-glibc` | none | itself |
 //! | `{w}-preload` | `LD_PRELOAD=libsplitcount_preload.so` | `{w}-glibc` |
+//! | `{w}-preload-untagged` | the preload, `SPLITCOUNT_PRELOAD_TAGS=off` | `{w}-glibc` |
 //! | `{w}-jemalloc` | `LD_PRELOAD=libjemalloc.so.2` | `{w}-glibc` |
 //! | `{w}-preload-jemalloc` | both preloaded, `SPLITCOUNT_PRELOAD_INNER=jemalloc` | `{w}-jemalloc` |
 //! | `{w}-mimalloc` | `LD_PRELOAD=libmimalloc.so.2` | `{w}-glibc` |
@@ -39,9 +40,10 @@ use std::path::{Path, PathBuf};
 pub const WORKLOADS: [Workload; 2] = [Workload::Mixed, Workload::Small];
 
 /// The configurations, as case-name suffixes, each with its baseline's.
-pub const CONFIGS: [(&str, &str); 6] = [
+pub const CONFIGS: [(&str, &str); 7] = [
     ("glibc", "glibc"),
     ("preload", "glibc"),
+    ("preload-untagged", "glibc"),
     ("jemalloc", "glibc"),
     ("preload-jemalloc", "jemalloc"),
     ("mimalloc", "glibc"),
@@ -110,6 +112,10 @@ fn environment(config: &str, preload: &Path) -> Option<Vec<(&'static str, OsStri
     Some(match config {
         "glibc" => vec![],
         "preload" => vec![("LD_PRELOAD", preload.into())],
+        "preload-untagged" => vec![
+            ("LD_PRELOAD", preload.into()),
+            ("SPLITCOUNT_PRELOAD_TAGS", "off".into()),
+        ],
         "jemalloc" => vec![("LD_PRELOAD", je()?.into())],
         // jemalloc preloaded too: its static TLS is set up at start-up, and
         // the preload finds that copy by name.
@@ -249,6 +255,10 @@ mod tests {
     fn each_case_is_divided_by_its_inner_allocator_alone() {
         assert_eq!(baseline_of("mixed-preload").unwrap(), "mixed-glibc");
         assert_eq!(
+            baseline_of("small-preload-untagged").unwrap(),
+            "small-glibc"
+        );
+        assert_eq!(
             baseline_of("mixed-preload-jemalloc").unwrap(),
             "mixed-jemalloc"
         );
@@ -259,7 +269,7 @@ mod tests {
         assert_eq!(baseline_of("small-jemalloc").unwrap(), "small-glibc");
         assert_eq!(baseline_of("small-glibc").unwrap(), "small-glibc");
         assert_eq!(baseline_of("redis-preload").unwrap(), "redis-glibc");
-        assert_eq!(cases().len(), 14);
+        assert_eq!(cases().len(), 16);
         for case in cases() {
             assert!(cases().contains(&baseline_of(&case).unwrap()), "{case}");
         }

@@ -398,6 +398,14 @@ pub const TARGETS: &[Target] = &[
         1.25,
     ),
     cost(
+        "preload without tags over glibc: malloc+free, mixed",
+        "preload",
+        "mixed-preload-untagged",
+        "mixed-glibc",
+        1,
+        1.25,
+    ),
+    cost(
         "preload over jemalloc: malloc+free, mixed",
         "preload",
         "mixed-preload-jemalloc",

@@ -64,14 +64,7 @@ static void usage_tracks_the_blocks_held(void) {
   size_t held = 0;
   struct mallinfo2 m0 = mallinfo2();
   OK(splitcount_enter(g));
-  unsigned seed = 7;
-  for (int i = 0; i < N; i++) {
-    seed = seed * 1103515245 + 12345;
-    size_t n = 16 + (seed >> 8) % 4000;
-    if (i % 1000 == 0) n = 200000 + i; /* some mmapped blocks */
-    p[i] = (i % 7 == 0) ? calloc(1, n) : malloc(n);
-    CHECK(p[i] != NULL);
-  }
+  alloc_mixed_blocks(p, N);
   OK(splitcount_leave());
   for (int i = 0; i < N; i++) held += malloc_usable_size(p[i]);
   struct mallinfo2 m1 = mallinfo2();

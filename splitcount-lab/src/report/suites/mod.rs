@@ -211,6 +211,7 @@ pub const SUITES: &[Suite] = &[
                 malloc is glibc's, the system's jemalloc or mimalloc (LD_PRELOAD of the \
                 library), each alone and under libsplitcount_preload.so with it as the inner \
                 allocator (SPLITCOUNT_PRELOAD_INNER): {w}-preload ÷ {w}-glibc, \
+                {w}-preload-untagged ÷ {w}-glibc (SPLITCOUNT_PRELOAD_TAGS=off: no header), \
                 {w}-preload-jemalloc ÷ {w}-jemalloc, {w}-preload-mimalloc ÷ {w}-mimalloc; the \
                 allocators alone ÷ glibc. Then redis-server under the preload loaded by \
                 redis-benchmark (SETs and GETs of 200 bytes from 8 connections; the time per \

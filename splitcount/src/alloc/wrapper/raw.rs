@@ -70,6 +70,24 @@ impl<A> Accounted<A> {
         self.charge_growth(key, n)
     }
 
+    /// Charge `n` bytes to `account` that must not be refused: a block
+    /// already handed out that [`Accounted::charge_raw`] charged nothing
+    /// (inside a hook), for a caller whose blocks carry no account and are
+    /// all uncharged from `account` when freed. Through the thread's reserve
+    /// or the byte stock when they hold `account`'s bytes, else forced
+    /// onto the usage counters (a limit may be passed by that much).
+    ///
+    /// # Safety
+    /// `account` is null (nothing happens) or from [`raw_account`] of a
+    /// group a handle holds for the rest of the process.
+    #[doc(hidden)]
+    pub unsafe fn force_raw(&self, account: *const u8, n: u64) {
+        // SAFETY: the caller's contract.
+        if let Some(key) = unsafe { AccountKey::from_ptr(account) } {
+            self.charge_unrefused(key, n);
+        }
+    }
+
     /// Run `f` with this thread's charges unaccounted: [`Accounted::charge_raw`]
     /// answers null (nothing charged) meanwhile, as it does inside a hook —
     /// the same re-entrancy guard. For a caller's own code that may

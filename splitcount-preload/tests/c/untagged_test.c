@@ -1,0 +1,208 @@
+/* A C program under the preload with SPLITCOUNT_PRELOAD_TAGS=off (linked
+ * with the library, so that it calls the C API directly). Checks, in
+ * order: blocks from before main, usage that tracks the blocks held
+ * exactly, no byte per block (glibc's chunks as without the preload),
+ * realloc, aligned blocks, a limit that refuses, threads with cross-thread
+ * frees, and that entering a group is refused with a reason. Prints
+ * "untagged_test: N checks passed" and exits 0. */
+#define _GNU_SOURCE
+#include "preload_test.h"
+
+#include <errno.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <strings.h>
+
+/* Allocated before main (by a constructor), freed in main. */
+static void *early[64];
+
+__attribute__((constructor)) static void before_main(void) {
+  for (int i = 0; i < 64; i++) early[i] = malloc(32 + i * 100);
+}
+
+static int on_glibc(void) {
+  const char *inner = getenv("SPLITCOUNT_PRELOAD_INNER");
+  return inner == NULL || inner[0] == '\0' || strcasecmp(inner, "glibc") == 0;
+}
+
+static void blocks_from_before_main_are_freed(void) {
+  uint64_t before = usage(preload_group);
+  size_t held = 0;
+  for (int i = 0; i < 64; i++) {
+    CHECK(early[i] != NULL);
+    CHECK(malloc_usable_size(early[i]) >= (size_t)(32 + i * 100));
+    held += malloc_usable_size(early[i]);
+    free(early[i]);
+  }
+  CHECK(usage(preload_group) == before - held);
+}
+
+/* 20,000 blocks, small and mapped, malloc and calloc: /preload's usage
+ * grows by their usable sizes exactly and falls back when they are freed. */
+static void usage_tracks_the_blocks_held(void) {
+  enum { N = 20000 };
+  static void *p[N];
+  uint64_t before = usage(preload_group);
+  alloc_mixed_blocks(p, N);
+  size_t held = 0;
+  for (int i = 0; i < N; i++) held += malloc_usable_size(p[i]);
+  uint64_t tracked = usage(preload_group) - before;
+  printf("tracked %llu bytes, held (malloc_usable_size) %zu bytes for %d blocks\n",
+         (unsigned long long)tracked, held, N);
+  CHECK(tracked == held);
+  for (int i = 0; i < N; i++) free(p[i]);
+  CHECK(usage(preload_group) == before);
+}
+
+/* 100,000 blocks of 24 bytes take 32 bytes each of glibc's heap, as they
+ * do without the preload (with tags: 48); malloc_usable_size says 24. */
+static void no_byte_per_block(void) {
+  enum { N = 100000 };
+  static void *p[N];
+  struct mallinfo2 m0 = mallinfo2();
+  for (int i = 0; i < N; i++) {
+    p[i] = malloc(24);
+    CHECK(p[i] != NULL);
+  }
+  struct mallinfo2 m1 = mallinfo2();
+  size_t per_block = (m1.uordblks - m0.uordblks) / N;
+  printf("24-byte blocks: %zu bytes of glibc's heap each, usable %zu\n", per_block,
+         malloc_usable_size(p[0]));
+  if (on_glibc()) {
+    CHECK(per_block == 32);
+    CHECK(malloc_usable_size(p[0]) == 24);
+  }
+  for (int i = 0; i < N; i++) free(p[i]);
+}
+
+static void realloc_is_charged_its_new_size(void) {
+  uint64_t before = usage(preload_group);
+  char *p = malloc(100);
+  CHECK(p != NULL);
+  memset(p, 7, 100);
+  for (size_t n = 200; n <= (8u << 20); n *= 3) {
+    p = realloc(p, n);
+    CHECK(p != NULL && p[99] == 7);
+    CHECK(usage(preload_group) - before == malloc_usable_size(p));
+  }
+  p = realloc(p, 50);
+  CHECK(p != NULL && p[49] == 7);
+  CHECK(usage(preload_group) - before == malloc_usable_size(p));
+  free(p);
+  CHECK(usage(preload_group) == before);
+}
+
+static void aligned_blocks_are_aligned_and_charged(void) {
+  uint64_t before = usage(preload_group);
+  size_t held = 0;
+  void *b[5];
+  CHECK(posix_memalign(&b[0], 64, 48) == 0);
+  CHECK(posix_memalign(&b[1], 4096, 100) == 0);
+  b[2] = aligned_alloc(256, 1000);
+  b[3] = memalign(128, 5000);
+  b[4] = valloc(10);
+  for (int i = 0; i < 5; i++) {
+    CHECK(b[i] != NULL);
+    held += malloc_usable_size(b[i]);
+  }
+  CHECK((uintptr_t)b[0] % 64 == 0 && (uintptr_t)b[1] % 4096 == 0);
+  CHECK((uintptr_t)b[2] % 256 == 0 && (uintptr_t)b[3] % 128 == 0);
+  CHECK((uintptr_t)b[4] % 4096 == 0);
+  CHECK(usage(preload_group) - before == held);
+  b[3] = realloc(b[3], 9000);
+  CHECK(b[3] != NULL);
+  for (int i = 0; i < 5; i++) free(b[i]);
+  CHECK(usage(preload_group) == before);
+}
+
+/* A limit on /preload, set from C: past it malloc, calloc, realloc and
+ * posix_memalign fail with ENOMEM however often they are called. */
+static void a_limit_refuses(void) {
+  uint64_t before = usage(preload_group);
+  OK(splitcount_group_set_max(preload_group, before + (1 << 20)));
+  char *small = malloc(100000);
+  CHECK(small != NULL);
+  int refused = 0;
+  for (int i = 0; i < 100; i++) {
+    errno = 0;
+    void *big = malloc(2 << 20);
+    refused += big == NULL && errno == ENOMEM;
+    free(big);
+  }
+  CHECK(refused == 100);
+  errno = 0;
+  CHECK(realloc(small, 4 << 20) == NULL && errno == ENOMEM);
+  CHECK(calloc(1 << 10, 1 << 12) == NULL);
+  void *al = NULL;
+  CHECK(posix_memalign(&al, 64, 3 << 20) == ENOMEM && al == NULL);
+  small[99999] = 1;
+  free(small);
+  OK(splitcount_group_set_max(preload_group, UINT64_MAX));
+  CHECK(usage(preload_group) == before);
+}
+
+enum { THREADS = 4, BLOCKS = 5000 };
+static void *handoff[THREADS][BLOCKS];
+static pthread_barrier_t barrier;
+
+static void *worker(void *arg) {
+  int t = (int)(intptr_t)arg;
+  for (int i = 0; i < BLOCKS; i++) handoff[t][i] = malloc(16 + (i * 37 + t) % 3000);
+  pthread_barrier_wait(&barrier);
+  /* Free the next thread's blocks. */
+  int other = (t + 1) % THREADS;
+  for (int i = 0; i < BLOCKS; i++) free(handoff[other][i]);
+  return NULL;
+}
+
+static void run_threads(void) {
+  pthread_t th[THREADS];
+  pthread_barrier_init(&barrier, NULL, THREADS);
+  for (int t = 0; t < THREADS; t++)
+    CHECK(pthread_create(&th[t], NULL, worker, (void *)(intptr_t)t) == 0);
+  for (int t = 0; t < THREADS; t++) CHECK(pthread_join(th[t], NULL) == 0);
+  pthread_barrier_destroy(&barrier);
+}
+
+/* Four threads allocate 5,000 blocks each and free their neighbour's.
+ * glibc keeps what it made for the first threads (their stacks, cached
+ * with their TLS blocks: about 300 bytes a thread), so the second round is
+ * compared with the first: not a byte more. */
+static void threads_and_cross_thread_frees(void) {
+  uint64_t before = usage(preload_group);
+  run_threads();
+  uint64_t after_first = usage(preload_group);
+  CHECK(after_first - before < 1024 * THREADS);
+  run_threads();
+  CHECK(usage(preload_group) == after_first);
+}
+
+static void entering_a_group_is_refused(void) {
+  splitcount_group *g = child("tenant");
+  CHECK(splitcount_enter(g) == SPLITCOUNT_E_STATE);
+  CHECK(strstr(splitcount_last_error(), "SPLITCOUNT_PRELOAD_TAGS=off") != NULL);
+  CHECK(splitcount_leave() == SPLITCOUNT_E_STATE);
+  /* A program's own byte charges work as with tags. */
+  OK(splitcount_group_try_charge(g, 1000));
+  CHECK(usage(g) == 1000);
+  OK(splitcount_group_uncharge(g, 1000));
+  OK(splitcount_group_remove(g));
+}
+
+int main(void) {
+  /* stdout's buffer first: it is allocated at the first output. */
+  printf("untagged_test: SPLITCOUNT_PRELOAD_TAGS=%s\n", getenv("SPLITCOUNT_PRELOAD_TAGS"));
+  preload_handles();
+  blocks_from_before_main_are_freed();
+  usage_tracks_the_blocks_held();
+  no_byte_per_block();
+  realloc_is_charged_its_new_size();
+  aligned_blocks_are_aligned_and_charged();
+  a_limit_refuses();
+  threads_and_cross_thread_frees();
+  entering_a_group_is_refused();
+  printf("untagged_test: %d checks passed\n", checks);
+  return 0;
+}
