@@ -374,9 +374,11 @@ fn run(cli: Cli) -> Result<(), String> {
             }
         }
         Command::DriftWorker => splitcount_lab::drift::serve(std::io::stdout().lock())?,
-        Command::AllocWorker => {
-            bench::alloc::worker::serve(std::io::stdin().lock(), std::io::stdout().lock())?
-        }
+        Command::AllocWorker => bench::worker::serve(
+            std::io::stdin().lock(),
+            std::io::stdout().lock(),
+            bench::jobs::run,
+        )?,
     }
     Ok(())
 }

@@ -17,6 +17,7 @@ pub mod cpu_id;
 pub mod fault;
 pub mod ffi;
 pub mod groups;
+pub mod jobs;
 pub mod layout;
 pub mod noisy;
 pub mod percpu;
@@ -26,6 +27,7 @@ pub mod redis;
 pub mod requests;
 pub mod stats;
 pub mod striped;
+pub mod worker;
 
 use crate::timing::{Figure, Measured, Spread};
 use serde::Serialize;

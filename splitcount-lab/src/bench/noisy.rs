@@ -23,7 +23,7 @@
 //! gives up.
 //!
 //! Cases, all in the same interleaved rounds, in the `Accounted<System>`
-//! worker process of the allocator suite ([`super::alloc::worker`]), each
+//! worker process of the allocator suite ([`super::worker`]), each
 //! slice in groups of its own created for it (untimed):
 //!
 //! - **one thread**: the loop in a group under its limit (`under-limit`,
@@ -50,8 +50,7 @@
 
 use super::{Bench, Entry};
 use crate::alloc_switch::Allocator;
-use crate::bench::alloc::worker::{Request, Worker};
-use crate::bench::alloc::Workload;
+use crate::bench::worker::{Request, Worker};
 use crate::timing::slice::{self, SliceRun, SliceSpec};
 use crate::timing::{measure, Plan};
 use serde::{Deserialize, Serialize};
@@ -62,8 +61,9 @@ use std::hint::black_box;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The suite name in records.
-const SUITE: &str = "noisy";
+/// The suite's name, in records and in a worker request
+/// ([`crate::bench::worker::Request`]).
+pub const SUITE: &str = "noisy";
 
 /// The one-thread baseline: the loop in a group under its limit.
 pub const UNDER_LIMIT: &str = "under-limit";
@@ -207,11 +207,9 @@ pub fn run(exe: &Path, plan: &Plan) -> Result<Bench, String> {
         .map(|&case| {
             let threads = case.threads();
             let e = Entry::from_fn(case.name(), threads, move |spec| {
-                worker.borrow_mut().run(Request {
-                    workload: Workload::Noisy(case),
-                    threads,
-                    spec,
-                })
+                worker
+                    .borrow_mut()
+                    .run(&Request::new(SUITE, &case, threads, spec)?)
             });
             if case.beside() {
                 e.roles(&ROLES)

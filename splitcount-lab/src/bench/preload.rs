@@ -27,8 +27,8 @@
 //! --workspace` puts it there); jemalloc's and mimalloc's cases when the
 //! system has the libraries (Debian: `libjemalloc2`, `libmimalloc2.0`).
 
-use super::alloc::worker::{Request, Worker};
-use super::alloc::Workload;
+use super::alloc::{workloads, Workload};
+use super::worker::{Request, Worker};
 use super::{Bench, Entry};
 use crate::alloc_switch::Allocator;
 use crate::timing::{measure, Plan};
@@ -233,11 +233,12 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<(Bench, Setup),
                     format!("{}-{config}", workload.name()),
                     t,
                     move |spec| {
-                        worker.borrow_mut().run(Request {
-                            workload,
-                            threads: t,
+                        worker.borrow_mut().run(&Request::new(
+                            workloads::SUITE,
+                            &workload,
+                            t,
                             spec,
-                        })
+                        )?)
                     },
                 ));
             }

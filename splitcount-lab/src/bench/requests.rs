@@ -3,7 +3,7 @@
 //! across `.await` points, with and without the wrapper.
 //!
 //! Everything runs in an `Accounted<System>` worker process of the
-//! allocator suite ([`super::alloc::worker`]), so the baseline already pays
+//! allocator suite ([`super::worker`]), so the baseline already pays
 //! the allocator's own overhead and the ratio is what the wrapper adds on
 //! top of it. Each slice spawns [`CLIENTS`] client tasks on a runtime with
 //! one worker thread per thread of the case (pinned, as every timed case is
@@ -29,8 +29,7 @@
 
 use super::{Bench, Entry};
 use crate::alloc_switch::Allocator;
-use crate::bench::alloc::worker::{Request, Worker};
-use crate::bench::alloc::Workload;
+use crate::bench::worker::{Request, Worker};
 use crate::timing::pin::{self, Placement};
 use crate::timing::slice::{SliceRun, SliceSpec, ThreadRun};
 use crate::timing::{measure, Plan};
@@ -56,6 +55,9 @@ pub const CLIENTS: usize = 8;
 
 /// The limit of a `per-request` group: far above what a handler holds.
 const REQUEST_MAX: u64 = 1 << 20;
+
+/// The suite's name in a worker request ([`crate::bench::worker::Request`]).
+pub const SUITE: &str = "async";
 
 /// How a client runs its handlers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,11 +94,9 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> 
     for &t in threads {
         for mode in Mode::ALL {
             entries.push(Entry::from_fn(mode.name(), t, move |spec| {
-                worker.borrow_mut().run(Request {
-                    workload: Workload::Requests(mode),
-                    threads: t,
-                    spec,
-                })
+                worker
+                    .borrow_mut()
+                    .run(&Request::new(SUITE, &mode, t, spec)?)
             }));
         }
     }

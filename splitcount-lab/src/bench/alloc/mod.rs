@@ -7,7 +7,7 @@
 //! global allocator, reached through `std::alloc` by a `Vec`, a `String` or
 //! serde_json — so neither is inlined into a loop where the other is not.
 //! A process has one global allocator, so each allocator runs in a worker
-//! process of its own ([`worker`]), and the three are driven slice by slice
+//! process of its own ([`super::worker`]), and the three are driven slice by slice
 //! in the same interleaved rounds, like any cases of a suite. The
 //! workloads are in [`workloads`]; case names are
 //! `{workload}-{allocator}`, e.g. `small-accounted`, whose baseline is
@@ -15,15 +15,14 @@
 //! `small-accounted` (the same wrapper charging requested sizes: the ratio
 //! is what asking glibc for each block's usable size costs).
 
-pub mod worker;
 pub mod workloads;
 
+use super::worker::{self, Request, Worker};
 use super::{Bench, Entry};
 use crate::alloc_switch::Allocator;
 use crate::timing::{measure, Plan};
 use std::cell::RefCell;
 use std::path::Path;
-use worker::{Request, Worker};
 pub use workloads::Workload;
 
 /// The allocator every case is divided by (but the footprint cases).
@@ -69,11 +68,9 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> 
             for (allocator, worker) in &workers {
                 let allocator = *allocator;
                 entries.push(Entry::from_fn(case(workload, allocator), t, move |spec| {
-                    worker.borrow_mut().run(Request {
-                        workload,
-                        threads: t,
-                        spec,
-                    })
+                    worker
+                        .borrow_mut()
+                        .run(&Request::new(workloads::SUITE, &workload, t, spec)?)
                 }));
             }
         }

@@ -16,9 +16,10 @@
 //! - `json`: a real allocation-heavy workload whose shape nobody here
 //!   wrote: `serde_json` parses a generated 2 MB document into a `Value`
 //!   tree and serializes it back.
+//! - `btree`: a `BTreeMap<u64, String>` of 1,000 entries built from random
+//!   keys (std's nodes, 100 to 300 bytes each, and an 8–40-byte string per
+//!   entry), then dropped.
 
-use crate::bench::noisy;
-use crate::bench::requests::{self, Mode};
 use crate::timing::slice::{self, SliceRun, SliceSpec};
 use crossbeam_utils::CachePadded;
 use serde::{Deserialize, Serialize};
@@ -39,25 +40,21 @@ pub enum Workload {
     CrossThread,
     /// serde_json parse and serialize of a 2 MB document.
     Json,
-    /// `bench async`'s request loop on a tokio runtime (not in [`ALL`]:
-    /// its own suite, [`crate::bench::requests`]).
-    ///
-    /// [`ALL`]: Workload::ALL
-    Requests(Mode),
-    /// `bench noisy`'s cases (not in [`ALL`]: its own suite,
-    /// [`crate::bench::noisy`]).
-    ///
-    /// [`ALL`]: Workload::ALL
-    Noisy(noisy::Case),
+    /// A `BTreeMap` of 1,000 entries built and dropped.
+    Btree,
 }
+
+/// The suite's name in a worker request ([`crate::bench::worker::Request`]).
+pub const SUITE: &str = "alloc";
 
 impl Workload {
     /// Every workload, in table order.
-    pub const ALL: [Workload; 4] = [
+    pub const ALL: [Workload; 5] = [
         Workload::Mixed,
         Workload::Small,
         Workload::CrossThread,
         Workload::Json,
+        Workload::Btree,
     ];
 
     /// The name in case names (`mixed-system`, …).
@@ -67,19 +64,17 @@ impl Workload {
             Workload::Small => "small",
             Workload::CrossThread => "cross-thread",
             Workload::Json => "json",
-            Workload::Requests(_) => "requests",
-            Workload::Noisy(_) => "noisy",
+            Workload::Btree => "btree",
         }
     }
 
     /// The thread counts it runs at, given the suite's: `cross-thread`
-    /// always at 2, `json` at 1, the rings at each.
+    /// always at 2, `json` and `btree` at 1, the rings at each.
     pub fn thread_counts(self, threads: &[usize]) -> Vec<usize> {
         match self {
-            Workload::Mixed | Workload::Small | Workload::Requests(_) => threads.to_vec(),
+            Workload::Mixed | Workload::Small => threads.to_vec(),
             Workload::CrossThread => vec![2],
-            Workload::Json => vec![1],
-            Workload::Noisy(case) => vec![case.threads()],
+            Workload::Json | Workload::Btree => vec![1],
         }
     }
 }
@@ -283,9 +278,23 @@ fn json_round_trip(doc: &str) {
     black_box(text.len());
 }
 
+/// Entries of the `btree` workload's map.
+pub const BTREE_ENTRIES: usize = 1_000;
+
+/// Build a `BTreeMap` of [`BTREE_ENTRIES`] random keys, each with a string
+/// of 8 to 40 bytes, and drop it; `seed` moves on.
+fn btree_build(seed: &mut u64) {
+    let mut map = std::collections::BTreeMap::new();
+    for _ in 0..BTREE_ENTRIES {
+        let key = next(seed);
+        let len = 8 + (key % 33) as usize;
+        map.insert(key, "x".repeat(len));
+    }
+    black_box(map.len());
+}
+
 /// Run one slice of `workload` on `threads` threads, thread `t` in
-/// `groups[t]`'s scope (`requests`, `noisy`: their groups under
-/// `groups[0]`). `doc` is the JSON workload's document.
+/// `groups[t]`'s scope. `doc` is the JSON workload's document.
 pub fn run_slice(
     workload: Workload,
     threads: usize,
@@ -293,14 +302,6 @@ pub fn run_slice(
     groups: &[Group],
     doc: &str,
 ) -> Result<SliceRun, String> {
-    if let Workload::Requests(mode) = workload {
-        let parent = groups.first().ok_or("no group for the requests")?;
-        return requests::run_slice(mode, threads, spec, parent);
-    }
-    if let Workload::Noisy(case) = workload {
-        let parent = groups.first().ok_or("no group for the noisy cases")?;
-        return noisy::run_slice(case, spec, parent);
-    }
     if groups.len() < threads {
         return Err(format!("{} groups for {threads} threads", groups.len()));
     }
@@ -351,7 +352,14 @@ pub fn run_slice(
                 json_round_trip(doc)
             }
         }),
-        Workload::Requests(_) | Workload::Noisy(_) => unreachable!("returned above"),
+        Workload::Btree => slice::run(threads, spec, &|t| {
+            let scope = groups[t].enter();
+            let mut seed = t as u64 + 11;
+            move || {
+                let _in_group = &scope;
+                btree_build(&mut seed)
+            }
+        }),
     })
 }
 

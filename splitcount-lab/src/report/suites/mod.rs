@@ -186,8 +186,9 @@ pub const SUITES: &[Suite] = &[
                 thread in a group scope: mixed (free the oldest of 64 blocks, allocate 16 to \
                 512 bytes), small (17 to 24 bytes, where the 8-byte header moves a block to \
                 the next malloc size class), cross-thread (two threads each freeing the \
-                other's blocks) and json (serde_json parsing and re-serializing a 2 MB \
-                document). The cost of the header, the thread reserve and the per-CPU byte \
+                other's blocks), json (serde_json parsing and re-serializing a 2 MB \
+                document) and btree (a BTreeMap<u64, String> of 1,000 random keys built \
+                and dropped). The cost of the header, the thread reserve and the per-CPU byte \
                 stock.",
         run: timed::alloc,
     },

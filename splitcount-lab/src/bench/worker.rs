@@ -1,18 +1,26 @@
-//! The allocator suite's worker processes: one per allocator, each the lab
-//! binary itself (`splitcount-lab alloc-worker`, hidden) started with
-//! [`crate::alloc_switch::ENV`] naming its global allocator, driven
-//! over its standard input and output, one JSON line each way per slice:
+//! Worker processes: a suite whose cases need a global allocator of their
+//! own (`alloc`, `async`, `noisy`, `preload`) runs each allocator in a
+//! process of its own — the lab binary itself (`splitcount-lab
+//! alloc-worker`, hidden) started with [`crate::alloc_switch::ENV`] naming
+//! its global allocator — driven over its standard input and output, one
+//! JSON line each way per slice:
 //!
 //! ```text
-//!  worker → lab   {"allocator":"accounted","document_bytes":2097201}     once, when ready
-//!  lab → worker   {"workload":"small","threads":2,"spec":{…}}            run one slice
+//!  worker → lab   {"allocator":"accounted","document_bytes":2097201,…}    once, when ready
+//!  lab → worker   {"suite":"alloc","job":"small","threads":2,"spec":{…}}  run one slice
 //!  worker → lab   {"Ok":{"threads":[…],"pinned":[0,1]}}  or  {"Err":"…"}
 //! ```
 //!
 //! The workers live for the whole suite, so the rounds interleave the
 //! allocators slice by slice, as for any other cases.
+//!
+//! This module is the protocol and the lab's side; it knows no suite. A
+//! suite names itself and sends its own case (`job`, any serializable
+//! value); what runs it in the worker is [`super::jobs`], the one module
+//! that knows every suite's slices. So the suites depend on this module
+//! and `jobs` on them, and nothing back.
 
-use super::workloads::{self, Workload};
+use super::alloc::workloads;
 use crate::alloc_switch::{self, Allocator, ENV};
 use crate::timing::slice::{SliceRun, SliceSpec};
 use serde::{Deserialize, Serialize};
@@ -54,24 +62,66 @@ fn box_bytes() -> Option<f64> {
 }
 
 /// One slice to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Request {
-    /// What to run.
-    pub workload: Workload,
+    /// The suite whose case it is (its `SUITE` constant).
+    pub suite: String,
+    /// The case, as the suite serializes it.
+    pub job: serde_json::Value,
     /// On how many threads.
     pub threads: usize,
     /// For how long, in batches of how many.
     pub spec: SliceSpec,
 }
 
+impl Request {
+    /// A slice of `suite`'s case `job` on `threads` threads.
+    pub fn new(
+        suite: &str,
+        job: &impl Serialize,
+        threads: usize,
+        spec: SliceSpec,
+    ) -> Result<Request, String> {
+        Ok(Request {
+            suite: suite.to_owned(),
+            job: serde_json::to_value(job).map_err(|e| e.to_string())?,
+            threads,
+            spec,
+        })
+    }
+
+    /// The case, as the suite's type.
+    pub fn job<T: for<'de> Deserialize<'de>>(&self) -> Result<T, String> {
+        serde_json::from_value(self.job.clone())
+            .map_err(|e| format!("not a {} case: {}: {e}", self.suite, self.job))
+    }
+}
+
+/// What a worker's slices run in: a group per thread (each under
+/// `/bench`), and the allocator suite's JSON document.
+#[derive(Debug)]
+pub struct Context {
+    /// One group per thread, `/bench/t0`, `/bench/t1`.
+    pub groups: Vec<Group>,
+    /// The document of the allocator suite's `json` workload.
+    pub doc: String,
+}
+
 /// Groups the worker's threads allocate in (one per thread).
 const GROUPS: usize = 2;
 
+/// What runs one slice of a request in the worker ([`super::jobs::run`]).
+pub type Dispatch = fn(&Request, &Context) -> Result<SliceRun, String>;
+
 /// Serve requests from `input` until it ends: the body of
-/// `splitcount-lab alloc-worker`. On an accounted allocator, attaches it
-/// to a hierarchy first, so every thread's allocations are charged to its
-/// group.
-pub fn serve(input: impl BufRead, mut output: impl Write) -> Result<(), String> {
+/// `splitcount-lab alloc-worker`, each slice run by `dispatch`. On an
+/// accounted allocator, attaches it to a hierarchy first, so every
+/// thread's allocations are charged to its group.
+pub fn serve(
+    input: impl BufRead,
+    mut output: impl Write,
+    dispatch: Dispatch,
+) -> Result<(), String> {
     let memory = Hierarchy::default();
     if alloc_switch::current().is_accounted() {
         alloc_switch::attach(&memory)?;
@@ -93,11 +143,12 @@ pub fn serve(input: impl BufRead, mut output: impl Write) -> Result<(), String> 
     };
     writeln!(output, "{}", json(&hello)?).map_err(io)?;
     output.flush().map_err(io)?;
+    let context = Context { groups, doc };
     for line in input.lines() {
         let line = line.map_err(io)?;
         let reply: Result<SliceRun, String> = serde_json::from_str::<Request>(&line)
             .map_err(|e| format!("bad request {line:?}: {e}"))
-            .and_then(|r| workloads::run_slice(r.workload, r.threads, r.spec, &groups, &doc));
+            .and_then(|r| dispatch(&r, &context));
         writeln!(output, "{}", json(&reply)?).map_err(io)?;
         output.flush().map_err(io)?;
     }
@@ -164,8 +215,8 @@ impl Worker {
     }
 
     /// Run one slice in the worker.
-    pub fn run(&mut self, request: Request) -> Result<SliceRun, String> {
-        let line = json(&request)?;
+    pub fn run(&mut self, request: &Request) -> Result<SliceRun, String> {
+        let line = json(request)?;
         let input = self
             .input
             .as_mut()
@@ -202,21 +253,19 @@ impl Drop for Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::alloc::Workload;
     use std::time::Duration;
 
     #[test]
     fn a_worker_greets_then_answers_each_request_with_a_slice() {
-        let request = Request {
-            workload: Workload::Small,
-            threads: 1,
-            spec: SliceSpec {
-                length: Duration::from_millis(3),
-                batch: 1,
-            },
+        let spec = SliceSpec {
+            length: Duration::from_millis(3),
+            batch: 1,
         };
+        let request = Request::new(workloads::SUITE, &Workload::Small, 1, spec).unwrap();
         let input = format!("{}\nnot json\n", json(&request).unwrap());
         let mut output = Vec::new();
-        serve(input.as_bytes(), &mut output).unwrap();
+        serve(input.as_bytes(), &mut output, crate::bench::jobs::run).unwrap();
         let lines: Vec<&str> = std::str::from_utf8(&output).unwrap().lines().collect();
         assert_eq!(lines.len(), 3);
         let hello: Hello = serde_json::from_str(lines[0]).unwrap();
