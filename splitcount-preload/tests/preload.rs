@@ -1251,7 +1251,7 @@ fn report_files(dir: &Path) -> String {
 
 /// One redis run under the preload with `inner` inside, its reports in
 /// `dir`: a live snapshot and the exit report against `used_memory`.
-fn redis_agrees_with_its_own_count(inner: &str, dir: &Path, port: u32) {
+fn redis_agrees_with_its_own_count(inner: &str, tags: &str, dir: &Path, port: u32) {
     std::fs::create_dir_all(dir).unwrap();
     let base = dir.join("report");
     let redis = Redis::start(
@@ -1260,6 +1260,7 @@ fn redis_agrees_with_its_own_count(inner: &str, dir: &Path, port: u32) {
             ("SPLITCOUNT_PRELOAD_REPORT", base.to_str().unwrap()),
             ("SPLITCOUNT_PRELOAD_MAX", "1G"),
             ("SPLITCOUNT_PRELOAD_INNER", inner),
+            ("SPLITCOUNT_PRELOAD_TAGS", tags),
         ],
         dir.join("redis.log"),
         port,
@@ -1292,7 +1293,8 @@ fn redis_agrees_with_its_own_count(inner: &str, dir: &Path, port: u32) {
     let (report, lines) = redis.shut_down(dir);
     let exit = exit_line(&lines, "group", "/preload");
     let usage = number(exit, "usage");
-    println!("{inner}: redis used_memory {ours}, the preload's usage at exit {usage}");
+    assert_eq!(exit["tags"], tags, "{exit:?}");
+    println!("{inner}, tags {tags}: redis used_memory {ours}, the preload's usage at exit {usage}");
     assert_within(
         usage,
         ours,
@@ -1337,7 +1339,8 @@ fn redis_footprints_agree_with_glibc(dir: &Path, port: u32) {
 }
 
 /// Debian's `redis-server` (jemalloc-linked) under the preload, loaded by
-/// `redis-benchmark`, with glibc, jemalloc and mimalloc inside in turn:
+/// `redis-benchmark`, with glibc, jemalloc and mimalloc inside in turn
+/// (and jemalloc without tags):
 /// the preload's count agrees with redis's own
 /// `used_memory` (the sum of `malloc_usable_size` over its blocks, which
 /// the preload answers) within 2% — in a live snapshot (`SIGUSR2`, the
@@ -1360,8 +1363,10 @@ fn redis_under_the_preload_agrees_with_its_own_count_and_stops_at_the_limit() {
     // Redis links jemalloc itself, so `jemalloc` needs no tunable here: the
     // preload finds the copy redis loaded.
     for (i, inner) in ["glibc", "jemalloc", "mimalloc"].into_iter().enumerate() {
-        redis_agrees_with_its_own_count(inner, &dir.join(inner), port + i as u32);
+        redis_agrees_with_its_own_count(inner, "on", &dir.join(inner), port + i as u32);
     }
+    // Without tags, on redis's own jemalloc: the same agreement.
+    redis_agrees_with_its_own_count("jemalloc", "off", &dir.join("untagged"), port + 5);
     redis_footprints_agree_with_glibc(&dir.join("footprint"), port + 4);
 
     // A limit below the working set.

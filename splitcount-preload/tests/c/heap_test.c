@@ -281,39 +281,19 @@ static void threads_and_cross_thread_frees(void) {
   }
 }
 
-static volatile int spinning = 1;
-
-static void *churn(void *arg) {
-  (void)arg;
-  while (spinning) {
-    void *p[16];
-    for (int i = 0; i < 16; i++) p[i] = malloc(64 + i * 512);
-    for (int i = 0; i < 16; i++) free(p[i]);
-  }
-  return NULL;
+static int fork_child(void) {
+  void *p[100];
+  for (int i = 0; i < 100; i++) p[i] = malloc(100 + i * 1000);
+  for (int i = 0; i < 100; i++) free(p[i]);
+  splitcount_group *g = NULL;
+  return splitcount_preload_group(&g) == SPLITCOUNT_OK ? 0 : 3;
 }
 
 static void fork_while_threads_allocate(void) {
   pthread_t th[3];
-  for (int i = 0; i < 3; i++) CHECK(pthread_create(&th[i], NULL, churn, NULL) == 0);
-  for (int k = 0; k < 40; k++) {
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-      alarm(20); /* a hang in the child is a failure, not a stuck test */
-      void *p[100];
-      for (int i = 0; i < 100; i++) p[i] = malloc(100 + i * 1000);
-      for (int i = 0; i < 100; i++) free(p[i]);
-      splitcount_group *g = NULL;
-      if (splitcount_preload_group(&g) != SPLITCOUNT_OK) _exit(3);
-      _exit(0);
-    }
-    int status = 0;
-    CHECK(waitpid(pid, &status, 0) == pid);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
-  spinning = 0;
-  for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+  start_churn(th);
+  fork_children(40, fork_child);
+  stop_churn(th);
 }
 
 int main(void) {

@@ -7,8 +7,11 @@
 
 #include "check.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static splitcount_hierarchy *h;
 static splitcount_group *preload_group;
@@ -43,6 +46,45 @@ static inline void alloc_mixed_blocks(void **p, int n) {
     p[i] = (i % 7 == 0) ? calloc(1, size) : malloc(size);
     CHECK(p[i] != NULL);
     if (i % 7 == 0) CHECK(((unsigned char *)p[i])[size - 1] == 0);
+  }
+}
+
+static volatile int churning;
+
+static inline void *churn(void *arg) {
+  (void)arg;
+  while (churning) {
+    void *p[16];
+    for (int i = 0; i < 16; i++) p[i] = malloc(64 + i * 512);
+    for (int i = 0; i < 16; i++) free(p[i]);
+  }
+  return NULL;
+}
+
+/* Three threads allocating and freeing until stop_churn. */
+static inline void start_churn(pthread_t th[3]) {
+  churning = 1;
+  for (int i = 0; i < 3; i++) CHECK(pthread_create(&th[i], NULL, churn, NULL) == 0);
+}
+
+static inline void stop_churn(pthread_t th[3]) {
+  churning = 0;
+  for (int i = 0; i < 3; i++) CHECK(pthread_join(th[i], NULL) == 0);
+}
+
+/* n fork children, one at a time, each running child() and exiting with
+ * its result, which must be 0 (a child stuck for 20 s is killed). */
+static inline void fork_children(int n, int (*child)(void)) {
+  for (int k = 0; k < n; k++) {
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+      alarm(20);
+      _exit(child());
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
 }
 

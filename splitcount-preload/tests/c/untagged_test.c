@@ -3,7 +3,8 @@
  * order: blocks from before main, usage that tracks the blocks held
  * exactly, no byte per block (glibc's chunks as without the preload),
  * realloc, aligned blocks, a limit that refuses, threads with cross-thread
- * frees, and that entering a group is refused with a reason. Prints
+ * frees, fork while threads allocate, and that entering a group is refused
+ * with a reason. Prints
  * "untagged_test: N checks passed" and exits 0. */
 #define _GNU_SOURCE
 #include "preload_test.h"
@@ -179,6 +180,28 @@ static void threads_and_cross_thread_frees(void) {
   CHECK(usage(preload_group) == after_first);
 }
 
+static int fork_child(void) {
+  void *p[100];
+  for (int i = 0; i < 100; i++) p[i] = malloc(100 + i * 1000);
+  for (int i = 0; i < 100; i++) p[i] = realloc(p[i], 50 + i * 2000);
+  for (int i = 0; i < 100; i++) free(p[i]);
+  return 0;
+}
+
+/* fork while three threads allocate and free: each child allocates and
+ * frees on its own and exits 0; the parent's usage is back where it was
+ * (the threads' blocks freed, their stacks cached as in a first round). */
+static void fork_while_threads_allocate(void) {
+  pthread_t th[3];
+  start_churn(th);
+  stop_churn(th);
+  uint64_t before = usage(preload_group);
+  start_churn(th);
+  fork_children(40, fork_child);
+  stop_churn(th);
+  CHECK(usage(preload_group) == before);
+}
+
 static void entering_a_group_is_refused(void) {
   splitcount_group *g = child("tenant");
   CHECK(splitcount_enter(g) == SPLITCOUNT_E_STATE);
@@ -202,6 +225,7 @@ int main(void) {
   aligned_blocks_are_aligned_and_charged();
   a_limit_refuses();
   threads_and_cross_thread_frees();
+  fork_while_threads_allocate();
   entering_a_group_is_refused();
   printf("untagged_test: %d checks passed\n", checks);
   return 0;
