@@ -25,6 +25,7 @@ use crate::alloc_switch::{self, Allocator, ENV};
 use crate::timing::slice::{SliceRun, SliceSpec};
 use serde::{Deserialize, Serialize};
 use splitcount::group::{Group, Hierarchy};
+use std::alloc::Layout;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
@@ -38,7 +39,25 @@ pub struct Hello {
     /// Resident bytes per 24-byte `Box` over [`BOXES`] held at once, in a
     /// group (`None`: no `/proc/self/statm`).
     pub box_bytes: Option<f64>,
+    /// Resident bytes per block of each of [`BLOCK_SIZES`] (in that order),
+    /// [`BLOCKS`] of each held at once in a group — measured first thing,
+    /// only when the worker is started with [`BLOCK_RSS_ENV`] set (`bench
+    /// alloc` starts one such worker per allocator just for this: its
+    /// other figures then come after memory it freed); empty otherwise.
+    #[serde(default)]
+    pub block_bytes: Vec<f64>,
 }
+
+/// The block sizes whose resident bytes a worker measures when asked.
+pub const BLOCK_SIZES: [usize; 16] = [
+    8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128,
+];
+
+/// How many blocks of each size [`Hello::block_bytes`] holds.
+pub const BLOCKS: usize = 250_000;
+
+/// The environment variable that asks a worker for [`Hello::block_bytes`].
+pub const BLOCK_RSS_ENV: &str = "SPLITCOUNT_LAB_BLOCK_RSS";
 
 /// How many boxes [`Hello::box_bytes`] holds.
 pub const BOXES: usize = 1_000_000;
@@ -110,6 +129,45 @@ pub struct Context {
 /// Groups the worker's threads allocate in (one per thread).
 const GROUPS: usize = 2;
 
+/// Resident bytes per block of each of [`BLOCK_SIZES`], 8-aligned, as a
+/// `Box` of that size asks for them. Every size's [`BLOCKS`] blocks stay
+/// held while the next size is measured (so none reuses memory another
+/// freed), then all are freed. Empty without `/proc/self/statm`.
+fn block_bytes() -> Vec<f64> {
+    let mut held = Vec::new();
+    let mut bytes = Vec::new();
+    for size in BLOCK_SIZES {
+        let layout = Layout::from_size_align(size, 8).expect("small sizes");
+        // Non-zero: a zeroed vector may be untouched pages until written.
+        let mut blocks = vec![1usize; BLOCKS];
+        let Some(before) = crate::bench::groups::rss_bytes() else {
+            break;
+        };
+        for b in blocks.iter_mut() {
+            // SAFETY: a non-zero size.
+            let p = unsafe { std::alloc::alloc(layout) };
+            if p.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            // SAFETY: `p` has `size` bytes: touch the block as a program would.
+            unsafe { p.write_bytes(1, size) };
+            *b = p as usize;
+        }
+        let Some(after) = crate::bench::groups::rss_bytes() else {
+            break;
+        };
+        bytes.push(after.saturating_sub(before) as f64 / BLOCKS as f64);
+        held.push((layout, blocks));
+    }
+    for (layout, blocks) in held {
+        for b in blocks {
+            // SAFETY: allocated above with `layout`, freed once.
+            unsafe { std::alloc::dealloc(b as *mut u8, layout) };
+        }
+    }
+    bytes
+}
+
 /// What runs one slice of a request in the worker ([`super::jobs::run`]).
 pub type Dispatch = fn(&Request, &Context) -> Result<SliceRun, String>;
 
@@ -130,6 +188,15 @@ pub fn serve(
     let groups: Vec<Group> = (0..GROUPS)
         .map(|t| bench.child(&format!("t{t}")).map_err(|e| e.to_string()))
         .collect::<Result<_, _>>()?;
+    // First, when asked: memory freed before (the document's, the boxes')
+    // would be reused by the blocks and hide what they take.
+    let block_bytes = match std::env::var_os(BLOCK_RSS_ENV) {
+        Some(_) => {
+            let _scope = groups[0].enter();
+            block_bytes()
+        }
+        None => Vec::new(),
+    };
     let doc = workloads::json_document(workloads::JSON_BYTES);
     let io = |e: std::io::Error| format!("alloc worker: {e}");
     let box_bytes = {
@@ -140,6 +207,7 @@ pub fn serve(
         allocator: alloc_switch::current(),
         document_bytes: doc.len(),
         box_bytes,
+        block_bytes,
     };
     writeln!(output, "{}", json(&hello)?).map_err(io)?;
     output.flush().map_err(io)?;

@@ -58,6 +58,22 @@ pub fn baseline_of(case: &str) -> Option<String> {
 /// `threads`, `cross-thread` at 2 and `json` at 1. `exe` is the lab binary
 /// (its `alloc-worker` command runs the workers).
 pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> {
+    // The resident memory per block, each allocator in a fresh worker of
+    // its own (which measures it first thing, then goes).
+    let ask_rss = [(worker::BLOCK_RSS_ENV, std::ffi::OsStr::new("1"))];
+    let blocks = ALLOCATORS
+        .iter()
+        .map(|&a| {
+            let w = Worker::start_with_env(exe, a, &ask_rss)?;
+            Ok((
+                a,
+                w.hello
+                    .as_ref()
+                    .map(|h| h.block_bytes.clone())
+                    .unwrap_or_default(),
+            ))
+        })
+        .collect::<Result<Vec<(Allocator, Vec<f64>)>, String>>()?;
     let workers = ALLOCATORS
         .iter()
         .map(|&a| Ok((a, RefCell::new(Worker::start(exe, a)?))))
@@ -93,12 +109,96 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> 
         worker::BOXES,
         boxes.join(", ")
     ));
+    bench.legend.extend(block_rss_legend(&blocks));
     Ok(bench)
+}
+
+/// The allocator an accounted one wraps (itself for one alone).
+pub fn alone(a: Allocator) -> Allocator {
+    match a.name().split('-').next() {
+        Some("jemalloc") => Allocator::Jemalloc,
+        Some("mimalloc") => Allocator::Mimalloc,
+        _ => Allocator::System,
+    }
+}
+
+/// Resident bytes per block over `sizes` against the same on the
+/// allocator alone: the mean over the sizes of the per-size growth, and
+/// the worst size (`None` when either has no figures, or the allocator
+/// alone grew by less than a byte a block at some size: memory it had
+/// already, a figure not to divide by).
+pub fn rss_growth(ours: &[f64], alone: &[f64], sizes: &[usize]) -> Option<(f64, f64, usize)> {
+    if ours.len() != sizes.len() || alone.len() != sizes.len() || alone.iter().any(|&a| a < 1.0) {
+        return None;
+    }
+    let growth: Vec<f64> = ours.iter().zip(alone).map(|(o, a)| o / a - 1.0).collect();
+    let mean = growth.iter().sum::<f64>() / growth.len() as f64;
+    let (worst, at) =
+        growth.iter().zip(sizes).fold(
+            (f64::MIN, 0),
+            |(w, s), (g, size)| if *g > w { (*g, *size) } else { (w, s) },
+        );
+    Some((mean, worst, at))
+}
+
+/// The legend lines of the per-size resident memory: each allocator's
+/// bytes per block, and each accounted one's growth over its allocator
+/// alone.
+fn block_rss_legend(blocks: &[(Allocator, Vec<f64>)]) -> Vec<String> {
+    let sizes = worker::BLOCK_SIZES;
+    let of = |a: Allocator| {
+        blocks
+            .iter()
+            .find(|(b, _)| *b == a)
+            .map(|(_, v)| v.as_slice())
+    };
+    let mut lines = vec![format!(
+        "resident bytes per block of {} B ({} of each held at once): {}",
+        sizes.map(|s| s.to_string()).join(", "),
+        worker::BLOCKS,
+        blocks
+            .iter()
+            .map(|(a, v)| {
+                let cells: Vec<String> = v.iter().map(|b| format!("{b:.1}")).collect();
+                format!("{} [{}]", a.name(), cells.join(" "))
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    )];
+    let growth: Vec<String> = blocks
+        .iter()
+        .filter(|(a, _)| alone(*a) != *a)
+        .filter_map(|(a, v)| {
+            let (mean, worst, at) = rss_growth(v, of(alone(*a))?, &sizes)?;
+            Some(format!(
+                "{} over {}: mean {:+.1}%, worst {:+.1}% at {at} B",
+                a.name(),
+                alone(*a).name(),
+                mean * 100.0,
+                worst * 100.0
+            ))
+        })
+        .collect();
+    if !growth.is_empty() {
+        lines.push(format!("resident memory per block: {}", growth.join("; ")));
+    }
+    lines
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resident_growth_is_the_mean_and_the_worst_size_over_the_allocator_alone() {
+        assert_eq!(alone(Allocator::JemallocFootprint), Allocator::Jemalloc);
+        assert_eq!(alone(Allocator::Accounted), Allocator::System);
+        assert_eq!(alone(Allocator::Mimalloc), Allocator::Mimalloc);
+        let (mean, worst, at) = rss_growth(&[16.0, 48.0], &[16.0, 32.0], &[8, 24]).unwrap();
+        assert!((mean - 0.25).abs() < 1e-9 && (worst - 0.5).abs() < 1e-9 && at == 24);
+        assert!(rss_growth(&[1.0], &[], &[8]).is_none());
+        assert!(rss_growth(&[1.0], &[0.0], &[8]).is_none());
+    }
 
     #[test]
     fn each_case_is_compared_with_its_workload_on_its_baseline_allocator() {
