@@ -648,6 +648,9 @@ int splitcount_group_child(splitcount_group *parent, const char *name, splitcoun
  * `SPLITCOUNT_E_BUSY`) and release this handle. Its usage stays counted at
  * its ancestors; later uncharges through other handles on it reach them.
  *
+ * Under the preload with `SPLITCOUNT_PRELOAD_TAGS=off`, `/preload` cannot
+ * be removed (`SPLITCOUNT_E_STATE`).
+ *
  * Must not run concurrently with other calls using this handle.
  */
 int splitcount_group_remove(splitcount_group *group);

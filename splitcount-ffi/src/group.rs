@@ -186,11 +186,16 @@ pub unsafe extern "C" fn splitcount_group_child(
 /// `SPLITCOUNT_E_BUSY`) and release this handle. Its usage stays counted at
 /// its ancestors; later uncharges through other handles on it reach them.
 ///
+/// Under the preload with `SPLITCOUNT_PRELOAD_TAGS=off`, `/preload` cannot
+/// be removed (`SPLITCOUNT_E_STATE`).
+///
 /// Must not run concurrently with other calls using this handle.
 #[no_mangle]
 pub extern "C" fn splitcount_group_remove(group: *mut splitcount_group) -> c_int {
     run("splitcount_group_remove", || {
-        any(group)?.group.remove()?;
+        let entry = any(group)?;
+        crate::preload::removal_allowed(&entry.group)?;
+        entry.group.remove()?;
         GROUPS.remove(id(group)).map(drop)
     })
 }

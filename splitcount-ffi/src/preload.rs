@@ -11,14 +11,17 @@ use std::sync::OnceLock;
 
 static PRELOAD: OnceLock<(Hierarchy, Group)> = OnceLock::new();
 
-/// Why `splitcount_enter` is refused, when the preload library says so.
+/// Why `splitcount_enter` (and removing the default group) is refused,
+/// when the preload library says so.
 static ENTER_REFUSED: OnceLock<&'static str> = OnceLock::new();
 
 /// Called by the preload library when its `malloc` charges every block to
 /// its default group whatever group a thread is in (its blocks carry no
 /// account): `splitcount_enter` then fails with `SPLITCOUNT_E_STATE` and
 /// `why`, rather than take a program's allocations where their `free`
-/// would not find them.
+/// would not find them; and so does `splitcount_group_remove` of the
+/// default group (every `free` uncharges it: removed, it would fall to
+/// the root's charges and never come back).
 #[doc(hidden)]
 pub fn refuse_enter(why: &'static str) {
     let _ = ENTER_REFUSED.set(why);
@@ -29,6 +32,18 @@ pub(crate) fn enter_allowed() -> Result<(), Error> {
     match ENTER_REFUSED.get() {
         Some(why) => Err(Error::new(SPLITCOUNT_E_STATE, *why)),
         None => Ok(()),
+    }
+}
+
+/// `Err` when `group` is the preload's default group and the preload
+/// charges every block to it (see [`refuse_enter`]).
+pub(crate) fn removal_allowed(group: &Group) -> Result<(), Error> {
+    match (ENTER_REFUSED.get(), PRELOAD.get()) {
+        (Some(why), Some((_, default))) if default == group => Err(Error::new(
+            SPLITCOUNT_E_STATE,
+            format!("the preload's group cannot be removed: {why}"),
+        )),
+        _ => Ok(()),
     }
 }
 

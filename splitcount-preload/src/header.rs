@@ -296,12 +296,12 @@ impl Block {
             crate::set_errno(libc::ENOMEM);
             return std::ptr::null_mut();
         };
-        if self.header != HEADER {
+        // SAFETY: live.
+        let usable = unsafe { self.usable() };
+        if self.header != HEADER || (size > usable && !self.heap.grows_in_place()) {
             // SAFETY: live.
             unsafe { return self.move_to_new_block(total, size) };
         }
-        // SAFETY: live.
-        let usable = unsafe { self.usable() };
         let old = if crate::charging_footprints() {
             // SAFETY: live.
             unsafe { self.charged() }
@@ -347,9 +347,11 @@ impl Block {
         unsafe { Block::write(base, account, self.heap) }.cast()
     }
 
-    /// `realloc` of an aligned block: realloc need not keep the alignment
-    /// (glibc's does not), so a new ordinary block of `total` bytes,
-    /// charged to the same account, the bytes copied, the old one freed.
+    /// `realloc` of an aligned block (realloc need not keep the alignment,
+    /// glibc's does not), or growth on a heap that never grows a block in
+    /// place (mimalloc, see `Heap::grows_in_place`): a new ordinary block of
+    /// `total` bytes, charged to the same account what it is, the bytes
+    /// copied, the old one freed.
     ///
     /// # Safety
     /// The block is live; `total` is `size` plus [`HEADER`].

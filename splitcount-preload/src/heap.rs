@@ -195,7 +195,10 @@ pub(crate) fn set_up(inner: Inner) -> Result<(), String> {
         }
         std::mem::transmute::<usize, FreeFn>(f(FREE))(p);
     }
-    ON.store(true, Ordering::Relaxed);
+    // Release: a thread that sees the inner heap on (Acquire in
+    // `Heap::current`) sees `WHICH` and the functions, whatever the
+    // preload's state says (a block made while it is being set up).
+    ON.store(true, Ordering::Release);
     Ok(())
 }
 
@@ -224,7 +227,8 @@ impl Heap {
     /// Where a new ordinary block comes from now.
     #[inline]
     pub(crate) fn current() -> Heap {
-        if ON.load(Ordering::Relaxed) {
+        // Acquire: pairs with the Release store in `set_up`.
+        if ON.load(Ordering::Acquire) {
             Heap::Inner
         } else {
             Heap::Glibc
@@ -345,6 +349,17 @@ impl Heap {
         }
     }
 
+    /// Whether `realloc` may grow a block of this heap where it is — and
+    /// then its growth is charged beforehand, up to [`Heap::most_usable`].
+    /// mimalloc's `mi_realloc` never does (a block that outgrows its usable
+    /// size moves), and its large blocks are rounded far beyond
+    /// `mi_good_size` (142,286 bytes asked: 196,608 usable; 542,919:
+    /// 1,048,576), so no cheap bound holds: its blocks grow by a move, whose
+    /// new block is charged what it is.
+    pub(crate) fn grows_in_place(self) -> bool {
+        !(self == Heap::Inner && inner() == Inner::Mimalloc)
+    }
+
     /// The most bytes [`Heap::footprint`] can say of a block asked for with
     /// `size` bytes (a bound: a page and 64 bytes over for glibc).
     pub(crate) fn most_footprint(self, size: usize) -> usize {
@@ -352,7 +367,9 @@ impl Heap {
     }
 
     /// The most usable bytes a block asked for with `size` bytes can get:
-    /// what `realloc` charges before the block moves.
+    /// what `realloc` charges before the block moves (only where
+    /// [`Heap::grows_in_place`]: for mimalloc's large blocks this is no
+    /// bound).
     pub(crate) fn most_usable(self, size: usize) -> usize {
         let glibc = size.saturating_add(crate::page_size() + 64);
         match (self, inner()) {

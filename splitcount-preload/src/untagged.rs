@@ -191,6 +191,8 @@ fn uncharge(n: usize) {
 #[inline]
 unsafe fn finish(p: *mut u8, heap: Heap, state: State) -> *mut c_void {
     if p.is_null() {
+        // glibc and jemalloc set it; mimalloc does not for every size.
+        crate::set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     }
     if state == STATE_READY {
@@ -207,12 +209,30 @@ unsafe fn finish(p: *mut u8, heap: Heap, state: State) -> *mut c_void {
     p.cast()
 }
 
+/// Whether a block of `size` bytes may be asked for: at most
+/// `PTRDIFF_MAX`, as glibc and the tagged path answer (mimalloc returned
+/// NULL beyond it without setting `errno`).
+#[inline]
+fn fits(size: usize) -> bool {
+    size <= isize::MAX as usize
+}
+
+/// NULL with `errno = ENOMEM`.
+#[cold]
+fn too_large() -> *mut c_void {
+    crate::set_errno(libc::ENOMEM);
+    std::ptr::null_mut()
+}
+
 /// `malloc` without a tag.
 ///
 /// # Safety
 /// As `malloc(3)`.
 #[inline]
 pub(crate) unsafe fn malloc(size: usize) -> *mut c_void {
+    if !fits(size) {
+        return too_large();
+    }
     // The state first: setting up may switch the heap.
     let state = crate::state();
     let heap = Heap::current();
@@ -225,6 +245,9 @@ pub(crate) unsafe fn malloc(size: usize) -> *mut c_void {
 /// # Safety
 /// As `calloc(3)`.
 pub(crate) unsafe fn calloc(size: usize) -> *mut c_void {
+    if !fits(size) {
+        return too_large();
+    }
     let state = crate::state();
     let heap = Heap::current();
     // SAFETY: the heap's allocator.
@@ -236,6 +259,9 @@ pub(crate) unsafe fn calloc(size: usize) -> *mut c_void {
 /// # Safety
 /// `align` is a power of two above 16.
 pub(crate) unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
+    if !fits(size) {
+        return too_large();
+    }
     let state = crate::state();
     let heap = Heap::current();
     // SAFETY: the caller's contract.
@@ -273,9 +299,12 @@ pub(crate) unsafe fn free(p: *mut u8) {
 /// # Safety
 /// `p` is a live block this library handed out (not null).
 pub(crate) unsafe fn realloc(p: *mut u8, size: usize) -> *mut c_void {
+    if !fits(size) {
+        return too_large();
+    }
     if let Some(heap) = early(p, false) {
         // SAFETY: the remembered block, moved to a block of its own.
-        return unsafe { move_early(p, heap, size) };
+        return unsafe { move_block(p, heap, size, true) };
     }
     let heap = Heap::current();
     if crate::state_now() != STATE_READY {
@@ -284,6 +313,10 @@ pub(crate) unsafe fn realloc(p: *mut u8, size: usize) -> *mut c_void {
     }
     // SAFETY: a live block of the heap's.
     let usable = unsafe { heap.usable(p) };
+    if size > usable && !heap.grows_in_place() {
+        // SAFETY: a live block of the heap's, charged.
+        return unsafe { move_block(p, heap, size, false) };
+    }
     let old = if crate::charging_footprints() {
         // SAFETY: as above.
         unsafe { heap.footprint(p, usable) }
@@ -317,31 +350,41 @@ pub(crate) unsafe fn realloc(p: *mut u8, size: usize) -> *mut c_void {
     if new <= charged {
         uncharge(charged - new);
     } else {
-        // Beyond the heap's rounding (`most_usable`): not reached.
+        // Beyond the heap's bound (`most_usable`, which holds where the
+        // heap grows blocks in place): not reached.
         crate::force(new - charged);
     }
     q.cast()
 }
 
-/// `realloc` of a block made during the set-up: a new, charged block of
-/// the current heap, the bytes copied, the old block back to its heap.
+/// `realloc` by a move: a new, charged block of the current heap (NULL
+/// and `ENOMEM`, `p` as it was, if a limit refuses it), the bytes copied,
+/// `p` back to its heap and uncharged — nothing if it is a block made
+/// during the set-up (`early`: charged nothing, and forgotten).
 ///
 /// # Safety
-/// `p` is a live remembered block of `heap`'s.
-unsafe fn move_early(p: *mut u8, heap: Heap, size: usize) -> *mut c_void {
+/// `p` is a live block of `heap`'s: remembered if `early`, else charged.
+unsafe fn move_block(p: *mut u8, heap: Heap, size: usize, early_block: bool) -> *mut c_void {
     // SAFETY: as malloc.
     let q = unsafe { malloc(size) };
     if q.is_null() {
         return q;
     }
     // SAFETY: `p` is live with `usable(p)` bytes, `q` new with `size`.
-    unsafe {
-        let n = heap.usable(p).min(size);
-        std::ptr::copy_nonoverlapping(p, q.cast(), n);
+    let n = unsafe { heap.usable(p) };
+    // SAFETY: as above.
+    unsafe { std::ptr::copy_nonoverlapping(p, q.cast(), n.min(size)) };
+    if early_block {
+        early(p, true);
+        // SAFETY: its own heap; it was charged nothing.
+        unsafe { heap.free(p) };
+    } else {
+        // SAFETY: live and charged this much.
+        let charged = unsafe { crate::charged_size(heap, p, 0) };
+        // SAFETY: its own heap.
+        unsafe { heap.free(p) };
+        uncharge(charged);
     }
-    early(p, true);
-    // SAFETY: its own heap; it was charged nothing.
-    unsafe { heap.free(p) };
     q
 }
 

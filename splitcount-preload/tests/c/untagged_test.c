@@ -2,7 +2,9 @@
  * with the library, so that it calls the C API directly). Checks, in
  * order: blocks from before main, usage that tracks the blocks held
  * exactly, no byte per block (glibc's chunks as without the preload),
- * realloc, aligned blocks, a limit that refuses, threads with cross-thread
+ * realloc, aligned blocks, a limit that refuses (realloc's growth included,
+ * on mimalloc's rounded large blocks too), sizes past PTRDIFF_MAX, threads
+ * with cross-thread
  * frees, fork while threads allocate, and that entering a group is refused
  * with a reason. Prints
  * "untagged_test: N checks passed" and exits 0. */
@@ -62,13 +64,17 @@ static void usage_tracks_the_blocks_held(void) {
 static void no_byte_per_block(void) {
   enum { N = 100000 };
   static void *p[N];
+  /* glibc counts the chunks in its per-thread cache as in use: empty the
+   * cache of this size first, so that every block below takes a chunk. */
+  void *cached[7];
+  for (int i = 0; i < 7; i++) cached[i] = malloc(24);
   struct mallinfo2 m0 = mallinfo2();
   for (int i = 0; i < N; i++) {
     p[i] = malloc(24);
     CHECK(p[i] != NULL);
   }
   struct mallinfo2 m1 = mallinfo2();
-  size_t per_block = (m1.uordblks - m0.uordblks) / N;
+  size_t per_block = (m1.uordblks - m0.uordblks + N / 2) / N;
   printf("24-byte blocks: %zu bytes of glibc's heap each, usable %zu\n", per_block,
          malloc_usable_size(p[0]));
   if (on_glibc()) {
@@ -76,6 +82,7 @@ static void no_byte_per_block(void) {
     CHECK(malloc_usable_size(p[0]) == 24);
   }
   for (int i = 0; i < N; i++) free(p[i]);
+  for (int i = 0; i < 7; i++) free(cached[i]);
 }
 
 static void realloc_is_charged_its_new_size(void) {
@@ -116,6 +123,72 @@ static void aligned_blocks_are_aligned_and_charged(void) {
   CHECK(b[3] != NULL);
   for (int i = 0; i < 5; i++) free(b[i]);
   CHECK(usage(preload_group) == before);
+}
+
+/* Growing a block by realloc never takes usage past a refusing limit, on
+ * any heap: mimalloc's large blocks are rounded far beyond mi_good_size
+ * (142,286 bytes: 196,608 usable), so a growth charged beforehand by that
+ * bound was forced past the limit. */
+static void realloc_never_passes_the_limit(void) {
+  uint64_t before = usage(preload_group);
+  /* A small block grown at once to sizes mimalloc rounds up the most,
+   * under a limit just above the size asked for. */
+  static const size_t picked[] = {142286, 542919, 900000};
+  for (int k = 0; k < 3; k++) {
+    uint64_t max = before + picked[k] + 8192;
+    OK(splitcount_group_set_max(preload_group, max));
+    char *p = malloc(16);
+    CHECK(p != NULL);
+    p[0] = 42;
+    errno = 0;
+    char *q = realloc(p, picked[k]);
+    if (q == NULL) {
+      CHECK(errno == ENOMEM && p[0] == 42);
+      q = p;
+    }
+    CHECK(q[0] == 42);
+    CHECK(usage(preload_group) <= max);
+    free(q);
+  }
+  /* A block grown step by step until a limit 1 MiB up refuses. */
+  uint64_t max = before + (1 << 20);
+  OK(splitcount_group_set_max(preload_group, max));
+  char *p = malloc(16);
+  CHECK(p != NULL);
+  p[0] = 42;
+  for (size_t n = 100; n < (4u << 20); n = n * 137 / 100 + 1) {
+    errno = 0;
+    char *q = realloc(p, n);
+    if (q == NULL) {
+      CHECK(errno == ENOMEM && p[0] == 42);
+      break;
+    }
+    p = q;
+    CHECK(p[0] == 42);
+    CHECK(usage(preload_group) <= max);
+  }
+  free(p);
+  OK(splitcount_group_set_max(preload_group, UINT64_MAX));
+  CHECK(usage(preload_group) == before);
+}
+
+/* Sizes past PTRDIFF_MAX are refused with ENOMEM, as glibc refuses them. */
+static void huge_sizes_are_refused_with_enomem(void) {
+  const size_t huge[] = {(size_t)1 << 63, SIZE_MAX - 4096, SIZE_MAX};
+  for (int i = 0; i < 3; i++) {
+    errno = 0;
+    CHECK(malloc(huge[i]) == NULL && errno == ENOMEM);
+    errno = 0;
+    CHECK(calloc(1, huge[i]) == NULL && errno == ENOMEM);
+    errno = 0;
+    CHECK(memalign(64, huge[i]) == NULL && errno == ENOMEM);
+    char *p = malloc(10);
+    CHECK(p != NULL);
+    p[0] = 7;
+    errno = 0;
+    CHECK(realloc(p, huge[i]) == NULL && errno == ENOMEM && p[0] == 7);
+    free(p);
+  }
 }
 
 /* A limit on /preload, set from C: past it malloc, calloc, realloc and
@@ -212,6 +285,11 @@ static void entering_a_group_is_refused(void) {
   CHECK(usage(g) == 1000);
   OK(splitcount_group_uncharge(g, 1000));
   OK(splitcount_group_remove(g));
+  /* /preload cannot go: every free uncharges it. */
+  CHECK(splitcount_group_remove(preload_group) == SPLITCOUNT_E_STATE);
+  CHECK(strstr(splitcount_last_error(), "cannot be removed") != NULL);
+  uint64_t u = 0;
+  OK(splitcount_group_usage(preload_group, &u));
 }
 
 int main(void) {
@@ -224,6 +302,8 @@ int main(void) {
   realloc_is_charged_its_new_size();
   aligned_blocks_are_aligned_and_charged();
   a_limit_refuses();
+  realloc_never_passes_the_limit();
+  huge_sizes_are_refused_with_enomem();
   threads_and_cross_thread_frees();
   fork_while_threads_allocate();
   entering_a_group_is_refused();
