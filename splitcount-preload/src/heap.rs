@@ -10,12 +10,15 @@
 //! are stored before the accounting is marked ready (the `Release` store
 //! of the preload's state), so a thread that sees it ready sees them.
 //!
-//! Every block records its heap (the tag's top byte, see `header`):
-//! blocks made before the inner allocator was set up, or while it is being
-//! set up, are glibc's and go back to glibc. Over-aligned blocks are always
-//! glibc's (their trailer is found through glibc's usable size, which
-//! needs glibc's chunk header in front of the block; an inner allocator's
-//! block may start a fresh mapping, with nothing readable before it).
+//! With tags, every block records its heap (the tag's top byte, see
+//! `header`): blocks made before the inner allocator was set up, or while
+//! it is being set up, are glibc's and go back to glibc. Over-aligned
+//! blocks are then always glibc's (their trailer is found through glibc's
+//! usable size, which needs glibc's chunk header in front of the block; an
+//! inner allocator's block may start a fresh mapping, with nothing readable
+//! before it). Without tags (`untagged`), the blocks of the set-up are
+//! remembered with their heap, every later block is the inner allocator's,
+//! over-aligned ones included ([`Heap::aligned`]).
 
 use crate::libc_heap;
 use std::ffi::c_void;
