@@ -41,6 +41,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod code_pages;
 mod header;
 mod heap;
 mod libc_heap;
@@ -164,6 +165,8 @@ fn init() -> bool {
     })();
     // Release: publishes everything `setup` wrote.
     STATE.store(state, Ordering::Release);
+    // The set-up's code is not run again: let its pages go.
+    code_pages::shed();
     state == READY
 }
 
