@@ -97,7 +97,8 @@ static STATE: AtomicU8 = AtomicU8::new(UNINIT);
 /// does).
 #[inline]
 pub(crate) fn state() -> State {
-    // Acquire: as in `ready`.
+    // Acquire: pairs with the Release store at the end of `init`; a thread
+    // that sees READY sees the attached allocator and the default account.
     match STATE.load(Ordering::Acquire) {
         UNINIT => {
             init();
@@ -110,7 +111,7 @@ pub(crate) fn state() -> State {
 /// The state as it is, without setting anything up.
 #[inline]
 pub(crate) fn state_now() -> State {
-    // Acquire: as in `ready`.
+    // Acquire: as in `state`.
     STATE.load(Ordering::Acquire)
 }
 
@@ -118,13 +119,7 @@ pub(crate) fn state_now() -> State {
 /// load-time constructor, or the first allocation if that comes earlier).
 #[inline]
 fn ready() -> bool {
-    // Acquire: pairs with the Release store at the end of `init`; a thread
-    // that sees READY sees the attached allocator and the default account.
-    match STATE.load(Ordering::Acquire) {
-        READY => true,
-        UNINIT => init(),
-        _ => false,
-    }
+    state() == READY
 }
 
 /// Build the hierarchy, attach the allocator, create `/preload` with the

@@ -214,7 +214,7 @@ unsafe fn finish(p: *mut u8, heap: Heap, state: State) -> *mut c_void {
 /// NULL beyond it without setting `errno`).
 #[inline]
 fn fits(size: usize) -> bool {
-    size <= isize::MAX as usize
+    crate::with_header(size, 0).is_some()
 }
 
 /// NULL with `errno = ENOMEM`.
@@ -224,20 +224,32 @@ fn too_large() -> *mut c_void {
     std::ptr::null_mut()
 }
 
-/// `malloc` without a tag.
+/// A new block from the current heap, made by `make` (NULL: none), for a
+/// request of `size` bytes: refused past `PTRDIFF_MAX`, then charged,
+/// remembered or left as it is by [`finish`].
 ///
 /// # Safety
-/// As `malloc(3)`.
+/// `make` returns null or a new block of the heap it is given.
 #[inline]
-pub(crate) unsafe fn malloc(size: usize) -> *mut c_void {
+unsafe fn allocate(size: usize, make: impl FnOnce(Heap) -> *mut u8) -> *mut c_void {
     if !fits(size) {
         return too_large();
     }
     // The state first: setting up may switch the heap.
     let state = crate::state();
     let heap = Heap::current();
+    // SAFETY: the caller's contract.
+    unsafe { finish(make(heap), heap, state) }
+}
+
+/// `malloc` without a tag.
+///
+/// # Safety
+/// As `malloc(3)`.
+#[inline]
+pub(crate) unsafe fn malloc(size: usize) -> *mut c_void {
     // SAFETY: the heap's allocator.
-    unsafe { finish(heap.malloc(size), heap, state) }
+    unsafe { allocate(size, |heap| heap.malloc(size)) }
 }
 
 /// `calloc` of `size` zeroed bytes without a tag.
@@ -245,13 +257,8 @@ pub(crate) unsafe fn malloc(size: usize) -> *mut c_void {
 /// # Safety
 /// As `calloc(3)`.
 pub(crate) unsafe fn calloc(size: usize) -> *mut c_void {
-    if !fits(size) {
-        return too_large();
-    }
-    let state = crate::state();
-    let heap = Heap::current();
     // SAFETY: the heap's allocator.
-    unsafe { finish(heap.calloc(size), heap, state) }
+    unsafe { allocate(size, |heap| heap.calloc(size)) }
 }
 
 /// A block aligned to `align` (a power of two above 16) without a tag.
@@ -259,13 +266,8 @@ pub(crate) unsafe fn calloc(size: usize) -> *mut c_void {
 /// # Safety
 /// `align` is a power of two above 16.
 pub(crate) unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
-    if !fits(size) {
-        return too_large();
-    }
-    let state = crate::state();
-    let heap = Heap::current();
     // SAFETY: the caller's contract.
-    unsafe { finish(heap.aligned(align, size), heap, state) }
+    unsafe { allocate(size, |heap| heap.aligned(align, size)) }
 }
 
 /// `free` of a block without a tag.
