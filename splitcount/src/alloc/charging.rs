@@ -29,6 +29,8 @@
 
 #![allow(unsafe_code)]
 
+#[cfg(feature = "jemalloc")]
+use super::size_class;
 use super::thread::STATE;
 use super::wrapper::{extended, header, header_slot, resized, Accounted};
 use crate::group::AccountKey;
@@ -122,7 +124,9 @@ impl Charging for Footprint {
 /// Implemented for [`System`]: on glibc, `malloc_usable_size` + 8 (the
 /// chunk's size field); elsewhere the default. With the `jemalloc` feature,
 /// for `tikv_jemallocator::Jemalloc`: jemalloc's usable size (the block's
-/// size class; jemalloc keeps its metadata per slab, not per block). With
+/// size class, which jemalloc derives from the size and alignment alone,
+/// computed here from the layout without looking the block up; jemalloc
+/// keeps its metadata per slab, not per block). With
 /// the `mimalloc` feature, for `mimalloc::MiMalloc`: `mi_usable_size` (the
 /// size class; no per-block header either). In every case the block is the
 /// wrapper's whole allocation, its header included. Another allocator
@@ -188,16 +192,16 @@ unsafe impl InnerFootprint for System {
     }
 }
 
-// SAFETY: jemalloc's usable size of a live block is its size class, fixed
-// from its allocation (`mallocx`, `rallocx`) until it is freed or
-// reallocated, and at least the size asked for.
+// SAFETY: the footprint is a function of the layout alone (its size class
+// as `nallocx` computes it, or the table that agreed with `nallocx`), so
+// the free of a block (with the layout of its allocation or last realloc)
+// reads what its allocation charged; a class is at least the size.
 #[cfg(feature = "jemalloc")]
 unsafe impl InnerFootprint for tikv_jemallocator::Jemalloc {
     #[inline]
     unsafe fn footprint(&self, block: *mut u8, layout: Layout) -> usize {
-        let _ = layout;
-        // SAFETY: `block` is live and came from jemalloc.
-        unsafe { tikv_jemallocator::usable_size(block) }
+        let _ = block;
+        jemalloc_size_class(layout)
     }
 }
 
@@ -343,5 +347,45 @@ impl<A: InnerFootprint> Accounted<A, Footprint> {
             header_slot(user).write(header_value);
             user
         }
+    }
+}
+
+/// `Jemalloc`'s flags for `layout` (as `tikv_jemallocator` computes them):
+/// none when `malloc`'s alignment serves it, else the alignment.
+#[cfg(feature = "jemalloc")]
+#[inline(always)]
+fn jemalloc_flags(layout: Layout) -> std::os::raw::c_int {
+    /// `_Alignof(max_align_t)` on the 64-bit targets jemalloc builds for.
+    const MAX_ALIGN_T: usize = 16;
+    if layout.align() <= MAX_ALIGN_T && layout.align() <= layout.size() {
+        0
+    } else {
+        tikv_jemalloc_sys::MALLOCX_ALIGN(layout.align())
+    }
+}
+
+/// The inline size classes: checked once against jemalloc's.
+#[cfg(feature = "jemalloc")]
+static JEMALLOC_CLASSES: size_class::Checked = size_class::Checked::new();
+
+/// The usable size of the block `Jemalloc` allocates for `layout`: its size
+/// class, a function of the size and flags alone — inline for a small
+/// block without alignment flags once the scheme agreed with jemalloc,
+/// else jemalloc's `nallocx` (the computation `mallocx` makes).
+#[cfg(feature = "jemalloc")]
+#[inline(always)]
+fn jemalloc_size_class(layout: Layout) -> usize {
+    // SAFETY (both calls): `nallocx` allocates nothing and takes any size
+    // but 0 (the checked sizes start at 1; a layout the wrapper extended
+    // by its header is never empty).
+    let nallocx = |size, flags| unsafe { tikv_jemalloc_sys::nallocx(size, flags) };
+    let flags = jemalloc_flags(layout);
+    if flags == 0
+        && layout.size() <= size_class::INLINE_MAX
+        && JEMALLOC_CLASSES.holds(|s| nallocx(s, 0) == size_class::jemalloc(s))
+    {
+        size_class::jemalloc(layout.size())
+    } else {
+        nallocx(layout.size(), flags)
     }
 }

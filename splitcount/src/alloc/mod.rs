@@ -114,6 +114,8 @@ mod reconcile;
 mod reserve;
 mod resident;
 mod scope;
+#[cfg(feature = "jemalloc")]
+mod size_class;
 mod thread;
 mod trim;
 mod wrapper;

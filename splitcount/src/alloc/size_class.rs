@@ -1,0 +1,165 @@
+//! jemalloc's size classes, computed inline: what
+//! [`Footprint`](super::Footprint) charges for a block of
+//! `Accounted<Jemalloc, Footprint>`, without a call into jemalloc.
+//!
+//! jemalloc serves a request from a *size class*, a function of the size
+//! and the alignment flags alone (`nallocx` answers it without allocating,
+//! and a live block's `malloc_usable_size` is that class). Its default
+//! build (16-byte quantum) has four classes per doubling:
+//!
+//! ```text
+//!  size            class
+//!  1 …    8        8
+//!  9 …  128        next multiple of 16
+//!  129 … 256       next multiple of 32
+//!  2ᵏ+1 … 2ᵏ⁺¹     next multiple of 2ᵏ⁻²
+//! ```
+//!
+//! Asking jemalloc instead costs far more: `malloc_usable_size` walks its
+//! radix tree to the block's extent (about 55 instructions), and even
+//! `nallocx` pays a call, a thread-state fetch and two table reads (about
+//! 34); the inline class is about 8.
+//!
+//! **Never trusted blindly.** A build may be configured otherwise (another
+//! quantum), so the scheme is checked once, at its first use, against
+//! `nallocx` for every size it serves (no allocation). Until the check has
+//! passed, and forever if it fails, a block is charged `nallocx`'s answer,
+//! which equals the inline class wherever that is used: a block charged
+//! one way and freed the other gives back what it took.
+//!
+//! (mimalloc has no such shortcut: `MiMalloc` allocates through
+//! `mi_malloc_aligned`, which serves a size from a larger class when its
+//! own class's page has no free block — 154 bytes from the 192-byte class
+//! — so a block's footprint is read from the block.)
+
+use std::sync::atomic::{
+    AtomicU8,
+    Ordering::{Acquire, Release},
+};
+
+/// The largest size the inline classes serve; larger blocks ask the
+/// allocator (they are rarer and cost far more than the call).
+pub(crate) const INLINE_MAX: usize = 1024;
+
+/// jemalloc's class of `size` (at most [`INLINE_MAX`], not 0) in its
+/// default build: one read of a 129-entry table, [`CLASSES`], indexed by
+/// the size in 8-byte units (every class is a multiple of 8, so sizes with
+/// the same index share a class). A table, not the arithmetic: the
+/// arithmetic is a chain of ten dependent instructions on every free.
+#[inline(always)]
+pub(crate) fn jemalloc(size: usize) -> usize {
+    debug_assert!((1..=INLINE_MAX).contains(&size));
+    CLASSES[size.div_ceil(8)] as usize
+}
+
+/// [`jemalloc`]'s table: entry `i` is the class of `8·i` bytes.
+static CLASSES: [u16; INLINE_MAX / 8 + 1] = {
+    let mut table = [0u16; INLINE_MAX / 8 + 1];
+    let mut i = 0;
+    while i < table.len() {
+        table[i] = class_of(i * 8) as u16;
+        i += 1;
+    }
+    table
+};
+
+/// jemalloc's class of `size` (up to its small classes) in its default
+/// build: the smallest class is 8 and the quantum 16; above 128 bytes a
+/// class is 2^(⌈log₂ size⌉ − 3) from the next.
+const fn class_of(size: usize) -> usize {
+    /// The spacing of the classes up to 128 bytes.
+    const QUANTUM: usize = 16;
+    if size <= 8 {
+        return 8;
+    }
+    let ceil_log2 = usize::BITS - (size - 1).leading_zeros();
+    let mut delta = 1usize << (ceil_log2 - 3);
+    if delta < QUANTUM {
+        delta = QUANTUM;
+    }
+    (size + delta - 1) & !(delta - 1)
+}
+
+/// Whether a scheme agreed with its allocator: checked once.
+pub(crate) struct Checked(AtomicU8);
+
+const UNKNOWN: u8 = 0;
+const AGREES: u8 = 1;
+const DIFFERS: u8 = 2;
+
+impl Checked {
+    pub(crate) const fn new() -> Checked {
+        Checked(AtomicU8::new(UNKNOWN))
+    }
+
+    /// Whether the inline class may be used: `agrees(size)` (the scheme
+    /// against the allocator for one size) held for every size from 1 to
+    /// [`INLINE_MAX`], checked at the first call. Threads that race to the
+    /// first call each check; they reach the same answer.
+    #[inline(always)]
+    pub(crate) fn holds(&self, agrees: impl Fn(usize) -> bool) -> bool {
+        // Acquire/Release: nothing is published with the flag but the
+        // answer itself; they only keep the check's reads before it.
+        match self.0.load(Acquire) {
+            AGREES => true,
+            DIFFERS => false,
+            _ => self.check(agrees),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn check(&self, agrees: impl Fn(usize) -> bool) -> bool {
+        let ok = (1..=INLINE_MAX).all(agrees);
+        self.0.store(if ok { AGREES } else { DIFFERS }, Release);
+        ok
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_are_16_apart_to_128_bytes_then_four_per_doubling() {
+        let sizes = [
+            1, 8, 9, 16, 17, 33, 48, 64, 65, 128, 129, 160, 161, 257, 1000, 1024,
+        ];
+        let classes: Vec<usize> = sizes.iter().map(|&s| jemalloc(s)).collect();
+        assert_eq!(
+            classes,
+            [8, 8, 16, 16, 32, 48, 48, 64, 80, 128, 160, 160, 192, 320, 1024, 1024]
+        );
+    }
+
+    /// The scheme against the jemalloc this crate builds, for every size it
+    /// serves — and the real usable size of blocks of each.
+    #[test]
+    fn the_scheme_is_jemallocs_own() {
+        use std::alloc::{GlobalAlloc, Layout};
+        for size in 1..=INLINE_MAX {
+            // SAFETY: `nallocx` allocates nothing; the size is not 0.
+            let class = unsafe { tikv_jemalloc_sys::nallocx(size, 0) };
+            assert_eq!(jemalloc(size), class, "size {size}");
+            let layout = Layout::from_size_align(size, 8).unwrap();
+            let jemalloc = tikv_jemallocator::Jemalloc;
+            // SAFETY: a valid layout of non-zero size; freed below with it.
+            unsafe {
+                let block = jemalloc.alloc(layout);
+                assert_eq!(tikv_jemallocator::usable_size(block), class, "size {size}");
+                jemalloc.dealloc(block, layout);
+            }
+        }
+    }
+
+    #[test]
+    fn a_scheme_that_differs_once_is_never_used() {
+        let c = Checked::new();
+        assert!(!c.holds(|s| s != 700));
+        // Answered once: a later check that would pass is not run.
+        assert!(!c.holds(|_| true));
+        let c = Checked::new();
+        assert!(c.holds(|_| true));
+        assert!(c.holds(|_| false));
+    }
+}
