@@ -256,9 +256,7 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
             unsafe { self.inner.footprint(block, ext) as u64 }
         };
         // SAFETY: the block was allocated by `inner` with `ext`.
-        unsafe { self.inner.dealloc(block, ext) };
-        STATE.with(|t| t.headers.set(t.headers.get() - h as i64));
-        self.uncharge(acc, n);
+        unsafe { self.uncharge_and_free(acc, n, block, ext, h) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
