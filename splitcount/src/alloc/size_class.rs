@@ -18,7 +18,8 @@
 //! Asking jemalloc instead costs far more: `malloc_usable_size` walks its
 //! radix tree to the block's extent (about 55 instructions), and even
 //! `nallocx` pays a call, a thread-state fetch and two table reads (about
-//! 34); the inline class is about 8.
+//! 34); the inline class is one read of a small table, after a load and a
+//! compare of the flag that says the table was checked.
 //!
 //! **Never trusted blindly.** A build may be configured otherwise (another
 //! quantum), so the scheme is checked once, at its first use, against
