@@ -151,7 +151,9 @@ impl Charging for Footprint {
 /// from then until the block is freed or reallocated, and at least the
 /// `layout.size()` it was asked for: the wrapper uncharges at the free what
 /// it reads then, and a group's account lives as long as bytes are charged
-/// through it.
+/// through it. [`InnerFootprint::layout_footprint`], where it answers, must
+/// give the same number as `footprint` for every block of that layout (the
+/// wrapper uses either, at the allocation and at the free).
 pub unsafe trait InnerFootprint: GlobalAlloc {
     /// The bytes `block`, allocated with `layout`, occupies. The default:
     /// `layout.size()`.
@@ -163,6 +165,35 @@ pub unsafe trait InnerFootprint: GlobalAlloc {
     unsafe fn footprint(&self, block: *mut u8, layout: Layout) -> usize {
         let _ = block;
         layout.size()
+    }
+
+    /// The footprint of every block this allocator returns for `layout`,
+    /// when it can tell it from the layout alone — jemalloc's size class —
+    /// and cheaply; `None` (the default) sends the wrapper to
+    /// [`InnerFootprint::footprint`]. With an answer, `dealloc` needs no
+    /// call before the free: no register is saved on its fast path.
+    ///
+    /// A `Some(n)` must equal `footprint(block, layout)` for every block
+    /// this allocator returns for `layout`. Keep it to a few instructions
+    /// without calls: answer `None` where it would take more.
+    #[inline]
+    fn layout_footprint(&self, layout: Layout) -> Option<usize> {
+        let _ = layout;
+        None
+    }
+}
+
+/// `block`'s footprint: the allocator's answer from the layout where it
+/// has one, else from the block.
+///
+/// # Safety
+/// `block` is live and was returned by `inner` for `layout`.
+#[inline(always)]
+unsafe fn footprint_of<A: InnerFootprint>(inner: &A, block: *mut u8, layout: Layout) -> usize {
+    match inner.layout_footprint(layout) {
+        Some(n) => n,
+        // SAFETY: forwarded contract.
+        None => unsafe { inner.footprint(block, layout) },
     }
 }
 
@@ -198,10 +229,20 @@ unsafe impl InnerFootprint for System {
 // reads what its allocation charged; a class is at least the size.
 #[cfg(feature = "jemalloc")]
 unsafe impl InnerFootprint for tikv_jemallocator::Jemalloc {
-    #[inline]
+    // Out of line: the rare path (the table not yet checked, large or
+    // over-aligned blocks), a call to jemalloc anyway.
+    #[inline(never)]
     unsafe fn footprint(&self, block: *mut u8, layout: Layout) -> usize {
         let _ = block;
         jemalloc_size_class(layout)
+    }
+
+    #[inline(always)]
+    fn layout_footprint(&self, layout: Layout) -> Option<usize> {
+        (jemalloc_flags(layout) == 0
+            && layout.size() <= size_class::INLINE_MAX
+            && JEMALLOC_CLASSES.agrees())
+        .then(|| size_class::jemalloc(layout.size()))
     }
 }
 
@@ -252,8 +293,14 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
         let n = if acc.is_null() {
             0
         } else {
-            // SAFETY: live, from `inner` with `ext`.
-            unsafe { self.inner.footprint(block, ext) as u64 }
+            match self.inner.layout_footprint(ext) {
+                Some(n) => n as u64,
+                // Measured from the block in a function of its own, reached
+                // by a tail call: the call it makes does not give this one
+                // a frame.
+                // SAFETY: as below.
+                None => return unsafe { self.dealloc_measured(acc, block, ext, h) },
+            }
         };
         // SAFETY: the block was allocated by `inner` with `ext`.
         unsafe { self.uncharge_and_free(acc, n, block, ext, h) }
@@ -283,7 +330,7 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
             };
         };
         // SAFETY: live, from `inner` with `ext`.
-        let held = unsafe { self.inner.footprint(block, ext) } as u64;
+        let held = unsafe { footprint_of(&self.inner, block, ext) } as u64;
         // The growth asked for passes the limits before the block changes.
         let grow = (new_size as u64).saturating_sub(layout.size() as u64);
         if grow > 0 && !self.charge_growth(key, grow) {
@@ -297,7 +344,7 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
             return std::ptr::null_mut();
         }
         // SAFETY: `base` is live, from `inner` with `new_ext`.
-        let now = unsafe { self.inner.footprint(base, new_ext) } as u64;
+        let now = unsafe { footprint_of(&self.inner, base, new_ext) } as u64;
         let charged = held + grow;
         if now > charged {
             self.charge_unrefused(key, now - charged);
@@ -310,6 +357,20 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
 }
 
 impl<A: InnerFootprint> Accounted<A, Footprint> {
+    /// The rest of `dealloc` for a block whose footprint the allocator
+    /// reads from the block: read it, uncharge it, free the block.
+    ///
+    /// # Safety
+    /// `block` is live, from `inner` with `ext`, its header holds `acc`
+    /// (not null) and is `h` bytes; it is not used again.
+    #[inline(never)]
+    unsafe fn dealloc_measured(&self, acc: *const u8, block: *mut u8, ext: Layout, h: usize) {
+        // SAFETY: live, from `inner` with `ext`.
+        let n = unsafe { self.inner.footprint(block, ext) } as u64;
+        // SAFETY: forwarded contract.
+        unsafe { self.uncharge_and_free(acc, n, block, ext, h) }
+    }
+
     /// Allocate with `inner`, then charge the block's footprint; free it
     /// again if the charge is refused.
     ///
@@ -329,7 +390,7 @@ impl<A: InnerFootprint> Accounted<A, Footprint> {
             return block;
         }
         // SAFETY: live, from `inner` with `ext`.
-        let n = unsafe { self.inner.footprint(block, ext) } as u64;
+        let n = unsafe { footprint_of(&self.inner, block, ext) } as u64;
         let Ok(acc) = self.charge(n) else {
             // SAFETY: from `inner` with `ext`, never handed out.
             unsafe { self.inner.dealloc(block, ext) };

@@ -108,6 +108,14 @@ impl Checked {
         }
     }
 
+    /// Whether the check ran and the scheme agreed (never runs it: a
+    /// caller that gets `false` goes to a path that calls
+    /// [`Checked::holds`]).
+    #[inline(always)]
+    pub(crate) fn agrees(&self) -> bool {
+        self.0.load(Acquire) == AGREES
+    }
+
     #[cold]
     #[inline(never)]
     fn check(&self, agrees: impl Fn(usize) -> bool) -> bool {
@@ -156,11 +164,14 @@ mod tests {
     #[test]
     fn a_scheme_that_differs_once_is_never_used() {
         let c = Checked::new();
+        assert!(!c.agrees(), "not checked yet");
         assert!(!c.holds(|s| s != 700));
+        assert!(!c.agrees());
         // Answered once: a later check that would pass is not run.
         assert!(!c.holds(|_| true));
         let c = Checked::new();
         assert!(c.holds(|_| true));
+        assert!(c.agrees());
         assert!(c.holds(|_| false));
     }
 }

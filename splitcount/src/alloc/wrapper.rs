@@ -601,10 +601,12 @@ pub(super) fn header(align: usize) -> usize {
 pub(super) fn extended(layout: Layout) -> Option<Layout> {
     let align = layout.align().max(MIN_HEADER);
     // `header(align) ≤ align`, so `size + header` rounded up to `align` is at
-    // most `size + 2·align − 1`: one comparison rules out every overflow.
-    // (`2·align` fits: a layout's alignment is at most 2^62 here, where the
-    // subtraction saturates — no block of that alignment fits with a header.)
-    if layout.size() > (isize::MAX as usize).saturating_sub(2 * align) {
+    // most `size + 2·align − 1`: one comparison rules out every overflow —
+    // a sum past `isize::MAX` has its top bit set. (The sum cannot wrap: a
+    // layout of non-zero size has `size ≤ isize::MAX − align + 1` and
+    // `align ≤ 2^62`, so it is below 2^63 + 2^62. It is an add and a sign
+    // test, where a saturating subtraction took five instructions.)
+    if layout.size().wrapping_add(2 * align) > isize::MAX as usize {
         return None;
     }
     // SAFETY: `align` is a power of two (a layout's alignment, or 8) and
@@ -717,13 +719,17 @@ impl<A> Accounted<A> {
             return std::ptr::null_mut();
         };
         let header_value = acc.map_or(std::ptr::null(), AccountKey::as_ptr);
+        // Counted before the inner call (taken back if it fails): after it,
+        // the thread state is not touched again, so no register holds its
+        // address across the call.
+        let h = header(layout.align());
+        STATE.with(|t| t.headers.set(t.headers.get() + h as i64));
         let base = inner(ext);
         if base.is_null() {
+            STATE.with(|t| t.headers.set(t.headers.get() - h as i64));
             self.uncharge(header_value, size);
             return base;
         }
-        let h = header(layout.align());
-        STATE.with(|t| t.headers.set(t.headers.get() + h as i64));
         // SAFETY: the block has `header + size` bytes; the user part starts
         // at `base + header`, aligned to `layout.align()`.
         unsafe {
