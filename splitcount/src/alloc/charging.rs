@@ -175,12 +175,21 @@ pub unsafe trait InnerFootprint: GlobalAlloc {
     ///
     /// A `Some(n)` must equal `footprint(block, layout)` for every block
     /// this allocator returns for `layout`. Keep it to a few instructions
-    /// without calls: answer `None` where it would take more.
+    /// without calls: answer `None` where it would take more. Set
+    /// [`InnerFootprint::FOOTPRINT_FROM_LAYOUT`] with it, or it is not
+    /// asked.
     #[inline]
     fn layout_footprint(&self, layout: Layout) -> Option<usize> {
         let _ = layout;
         None
     }
+
+    /// Whether [`InnerFootprint::layout_footprint`] can answer: `false`
+    /// (the default) and the free reads the footprint with `footprint`
+    /// inline; `true` and it asks `layout_footprint` first and leaves
+    /// `footprint` to a function of its own (one more jump when it answers
+    /// `None`).
+    const FOOTPRINT_FROM_LAYOUT: bool = false;
 }
 
 /// `block`'s footprint: the allocator's answer from the layout where it
@@ -190,10 +199,10 @@ pub unsafe trait InnerFootprint: GlobalAlloc {
 /// `block` is live and was returned by `inner` for `layout`.
 #[inline(always)]
 unsafe fn footprint_of<A: InnerFootprint>(inner: &A, block: *mut u8, layout: Layout) -> usize {
-    match inner.layout_footprint(layout) {
-        Some(n) => n,
+    match A::FOOTPRINT_FROM_LAYOUT.then(|| inner.layout_footprint(layout)) {
+        Some(Some(n)) => n,
         // SAFETY: forwarded contract.
-        None => unsafe { inner.footprint(block, layout) },
+        _ => unsafe { inner.footprint(block, layout) },
     }
 }
 
@@ -236,6 +245,8 @@ unsafe impl InnerFootprint for tikv_jemallocator::Jemalloc {
         let _ = block;
         jemalloc_size_class(layout)
     }
+
+    const FOOTPRINT_FROM_LAYOUT: bool = true;
 
     #[inline(always)]
     fn layout_footprint(&self, layout: Layout) -> Option<usize> {
@@ -292,7 +303,7 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
         // realloc) charged. An unaccounted block (null) charged nothing.
         let n = if acc.is_null() {
             0
-        } else {
+        } else if A::FOOTPRINT_FROM_LAYOUT {
             match self.inner.layout_footprint(ext) {
                 Some(n) => n as u64,
                 // Measured from the block in a function of its own, reached
@@ -301,6 +312,9 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
                 // SAFETY: as below.
                 None => return unsafe { self.dealloc_measured(acc, block, ext, h) },
             }
+        } else {
+            // SAFETY: live, from `inner` with `ext`.
+            unsafe { self.inner.footprint(block, ext) as u64 }
         };
         // SAFETY: the block was allocated by `inner` with `ext`.
         unsafe { self.uncharge_and_free(acc, n, block, ext, h) }
