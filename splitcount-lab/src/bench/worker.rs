@@ -59,6 +59,11 @@ pub const BLOCKS: usize = 250_000;
 /// The environment variable that asks a worker for [`Hello::block_bytes`].
 pub const BLOCK_RSS_ENV: &str = "SPLITCOUNT_LAB_BLOCK_RSS";
 
+/// The environment variable that tells a worker to skip
+/// [`Hello::box_bytes`] (a worker started again for a new round: the first
+/// one measured it).
+pub const NO_BOXES_ENV: &str = "SPLITCOUNT_LAB_NO_BOXES";
+
 /// How many boxes [`Hello::box_bytes`] holds.
 pub const BOXES: usize = 1_000_000;
 
@@ -199,9 +204,12 @@ pub fn serve(
     };
     let doc = workloads::json_document(workloads::JSON_BYTES);
     let io = |e: std::io::Error| format!("alloc worker: {e}");
-    let box_bytes = {
-        let _scope = groups[0].enter();
-        box_bytes()
+    let box_bytes = match std::env::var_os(NO_BOXES_ENV) {
+        Some(_) => None,
+        None => {
+            let _scope = groups[0].enter();
+            box_bytes()
+        }
     };
     let hello = Hello {
         allocator: alloc_switch::current(),

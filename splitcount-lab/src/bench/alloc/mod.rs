@@ -14,12 +14,21 @@
 //! `small-system`, and `small-footprint`, whose baseline is
 //! `small-accounted` (the same wrapper charging requested sizes: the ratio
 //! is what asking glibc for each block's usable size costs).
+//!
+//! **A fresh worker every round.** Each allocator's worker is replaced once
+//! it has run its cases of a round ([`Rotating`]). A process can be slow
+//! for its whole life — where its heap's pages landed, a huge page or not —
+//! and a worker kept for the whole run would carry that into every round
+//! of its cases (one run read jemalloc alone at 25.9 ns a pair where every
+//! other run read 12–19). With a fresh pair of processes per round it is
+//! one round's noise, which the median of the rounds' ratios discounts.
 
 pub mod workloads;
 
 use super::worker::{self, Request, Worker};
 use super::{Bench, Entry};
 use crate::alloc_switch::Allocator;
+use crate::timing::slice::SliceRun;
 use crate::timing::{measure, Plan};
 use std::cell::RefCell;
 use std::path::Path;
@@ -74,9 +83,15 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> 
             ))
         })
         .collect::<Result<Vec<(Allocator, Vec<f64>)>, String>>()?;
+    // The cases each worker runs in a round: after that many slices, a
+    // new round begins (the warm-up included: each case runs once in it).
+    let per_round: usize = Workload::ALL
+        .iter()
+        .map(|w| w.thread_counts(threads).len())
+        .sum();
     let workers = ALLOCATORS
         .iter()
-        .map(|&a| Ok((a, RefCell::new(Worker::start(exe, a)?))))
+        .map(|&a| Ok((a, RefCell::new(Rotating::start(exe, a, per_round)?))))
         .collect::<Result<Vec<_>, String>>()?;
     let mut entries = Vec::new();
     for workload in Workload::ALL {
@@ -94,7 +109,7 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> 
     let boxes: Vec<String> = workers
         .iter()
         .map(|(a, w)| {
-            let bytes = w.borrow().hello.as_ref().and_then(|h| h.box_bytes);
+            let bytes = w.borrow().first.as_ref().and_then(|h| h.box_bytes);
             match bytes {
                 Some(b) => format!("{} {b:.1} B", a.name()),
                 None => format!("{} unknown", a.name()),
@@ -111,6 +126,51 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> 
     ));
     bench.legend.extend(block_rss_legend(&blocks));
     Ok(bench)
+}
+
+/// An allocator's worker, replaced by a fresh one every `per_round`
+/// slices: one round of its cases per process (see the module docs).
+struct Rotating<'a> {
+    exe: &'a Path,
+    allocator: Allocator,
+    /// `None` only between the old worker's end and the new one's start.
+    worker: Option<Worker>,
+    /// What the first worker said (its box figure; later ones skip it).
+    first: Option<worker::Hello>,
+    per_round: usize,
+    /// Slices the current worker has run.
+    ran: usize,
+}
+
+impl<'a> Rotating<'a> {
+    fn start(exe: &'a Path, allocator: Allocator, per_round: usize) -> Result<Self, String> {
+        let mut worker = Worker::start(exe, allocator)?;
+        Ok(Rotating {
+            exe,
+            allocator,
+            first: worker.hello.take(),
+            worker: Some(worker),
+            per_round: per_round.max(1),
+            ran: 0,
+        })
+    }
+
+    fn run(&mut self, request: &Request) -> Result<SliceRun, String> {
+        if self.ran == self.per_round {
+            let skip = [(worker::NO_BOXES_ENV, std::ffi::OsStr::new("1"))];
+            // The old worker goes (its `Drop` reaps it) before the new one
+            // starts: never two of them at once.
+            self.worker = None;
+            self.worker = Some(Worker::start_with_env(self.exe, self.allocator, &skip)?);
+            self.ran = 0;
+        }
+        self.ran += 1;
+        let name = self.allocator.name();
+        self.worker
+            .as_mut()
+            .ok_or_else(|| format!("the {name} worker did not start again"))?
+            .run(request)
+    }
 }
 
 /// The allocator an accounted one wraps (itself for one alone).
