@@ -16,7 +16,7 @@
 //! is what asking glibc for each block's usable size costs).
 //!
 //! **A fresh worker every round.** Each allocator's worker is replaced once
-//! it has run its cases of a round ([`Rotating`]). A process can be slow
+//! it has run its cases of a round (`Rotating`). A process can be slow
 //! for its whole life — where its heap's pages landed, a huge page or not —
 //! and a worker kept for the whole run would carry that into every round
 //! of its cases (one run read jemalloc alone at 25.9 ns a pair where every
@@ -137,9 +137,36 @@ struct Rotating<'a> {
     worker: Option<Worker>,
     /// What the first worker said (its box figure; later ones skip it).
     first: Option<worker::Hello>,
+    rounds: RoundCounter,
+}
+
+/// Counts one worker's slices: every `per_round` of them, a round of its
+/// cases is over and the next slice wants a fresh worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RoundCounter {
     per_round: usize,
     /// Slices the current worker has run.
     ran: usize,
+}
+
+impl RoundCounter {
+    fn new(per_round: usize) -> RoundCounter {
+        RoundCounter {
+            per_round: per_round.max(1),
+            ran: 0,
+        }
+    }
+
+    /// Count a slice about to run; whether it starts a new round (and so
+    /// needs a fresh worker).
+    fn next_starts_a_round(&mut self) -> bool {
+        let fresh = self.ran == self.per_round;
+        if fresh {
+            self.ran = 0;
+        }
+        self.ran += 1;
+        fresh
+    }
 }
 
 impl<'a> Rotating<'a> {
@@ -150,21 +177,18 @@ impl<'a> Rotating<'a> {
             allocator,
             first: worker.hello.take(),
             worker: Some(worker),
-            per_round: per_round.max(1),
-            ran: 0,
+            rounds: RoundCounter::new(per_round),
         })
     }
 
     fn run(&mut self, request: &Request) -> Result<SliceRun, String> {
-        if self.ran == self.per_round {
+        if self.rounds.next_starts_a_round() || self.worker.is_none() {
             let skip = [(worker::NO_BOXES_ENV, std::ffi::OsStr::new("1"))];
             // The old worker goes (its `Drop` reaps it) before the new one
             // starts: never two of them at once.
             self.worker = None;
             self.worker = Some(Worker::start_with_env(self.exe, self.allocator, &skip)?);
-            self.ran = 0;
         }
-        self.ran += 1;
         let name = self.allocator.name();
         self.worker
             .as_mut()
@@ -258,6 +282,21 @@ mod tests {
         assert!((mean - 0.25).abs() < 1e-9 && (worst - 0.5).abs() < 1e-9 && at == 24);
         assert!(rss_growth(&[1.0], &[], &[8]).is_none());
         assert!(rss_growth(&[1.0], &[0.0], &[8]).is_none());
+    }
+
+    /// With 3 cases per round (the warm-up is a round too), slices 4, 7,
+    /// 10 … start on a fresh worker, and no other does.
+    #[test]
+    fn a_worker_is_replaced_once_it_ran_its_cases_of_a_round() {
+        let mut rounds = RoundCounter::new(3);
+        let fresh: Vec<bool> = (0..10).map(|_| rounds.next_starts_a_round()).collect();
+        assert_eq!(
+            fresh,
+            [false, false, false, true, false, false, true, false, false, true]
+        );
+        let mut one = RoundCounter::new(0);
+        let fresh: Vec<bool> = (0..3).map(|_| one.next_starts_a_round()).collect();
+        assert_eq!(fresh, [false, true, true], "at least one case per round");
     }
 
     #[test]
