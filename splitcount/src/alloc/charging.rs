@@ -250,10 +250,8 @@ unsafe impl InnerFootprint for tikv_jemallocator::Jemalloc {
 
     #[inline(always)]
     fn layout_footprint(&self, layout: Layout) -> Option<usize> {
-        (jemalloc_flags(layout) == 0
-            && layout.size() <= size_class::INLINE_MAX
-            && JEMALLOC_CLASSES.agrees())
-        .then(|| size_class::jemalloc(layout.size()))
+        (in_jemalloc_table(layout) && JEMALLOC_CLASSES.agrees())
+            .then(|| size_class::jemalloc(layout.size()))
     }
 }
 
@@ -452,13 +450,19 @@ fn jemalloc_size_class(layout: Layout) -> usize {
     // but 0 (the checked sizes start at 1; a layout the wrapper extended
     // by its header is never empty).
     let nallocx = |size, flags| unsafe { tikv_jemalloc_sys::nallocx(size, flags) };
-    let flags = jemalloc_flags(layout);
-    if flags == 0
-        && layout.size() <= size_class::INLINE_MAX
+    if in_jemalloc_table(layout)
         && JEMALLOC_CLASSES.holds(|s| nallocx(s, 0) == size_class::jemalloc(s))
     {
         size_class::jemalloc(layout.size())
     } else {
-        nallocx(layout.size(), flags)
+        nallocx(layout.size(), jemalloc_flags(layout))
     }
+}
+
+/// Whether the inline table serves `layout` (once it is checked): a small
+/// block without alignment flags.
+#[cfg(feature = "jemalloc")]
+#[inline(always)]
+fn in_jemalloc_table(layout: Layout) -> bool {
+    jemalloc_flags(layout) == 0 && layout.size() <= size_class::INLINE_MAX
 }

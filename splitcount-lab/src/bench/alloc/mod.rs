@@ -133,7 +133,7 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> 
 struct Rotating<'a> {
     exe: &'a Path,
     allocator: Allocator,
-    /// `None` only between the old worker's end and the new one's start.
+    /// `None` between a round's end and the next slice (or a failed start).
     worker: Option<Worker>,
     /// What the first worker said (its box figure; later ones skip it).
     first: Option<worker::Hello>,
@@ -182,18 +182,19 @@ impl<'a> Rotating<'a> {
     }
 
     fn run(&mut self, request: &Request) -> Result<SliceRun, String> {
-        if self.rounds.next_starts_a_round() || self.worker.is_none() {
-            let skip = [(worker::NO_BOXES_ENV, std::ffi::OsStr::new("1"))];
+        if self.rounds.next_starts_a_round() {
             // The old worker goes (its `Drop` reaps it) before the new one
             // starts: never two of them at once.
             self.worker = None;
-            self.worker = Some(Worker::start_with_env(self.exe, self.allocator, &skip)?);
         }
-        let name = self.allocator.name();
-        self.worker
-            .as_mut()
-            .ok_or_else(|| format!("the {name} worker did not start again"))?
-            .run(request)
+        let worker = match &mut self.worker {
+            Some(w) => w,
+            slot @ None => {
+                let skip = [(worker::NO_BOXES_ENV, std::ffi::OsStr::new("1"))];
+                slot.insert(Worker::start_with_env(self.exe, self.allocator, &skip)?)
+            }
+        };
+        worker.run(request)
     }
 }
 
