@@ -89,26 +89,71 @@ static COOKIE: AtomicU64 = AtomicU64::new(0);
 fn cookie() -> u64 {
     // Relaxed: every thread computes the same value from AT_RANDOM.
     match COOKIE.load(Ordering::Relaxed) {
-        0 => {
-            // SAFETY: AT_RANDOM is the address of 16 random bytes that live
-            // for the whole process (or 0 without it).
-            let random = unsafe { libc::getauxval(libc::AT_RANDOM) } as *const u64;
-            let c = if random.is_null() {
-                0x9e37_79b9_7f4a_7c15
-            } else {
-                // SAFETY: 16 readable bytes; read unaligned to be safe.
-                (unsafe { random.read_unaligned() }) | 1
-            };
-            COOKIE.store(c, Ordering::Relaxed);
-            c
-        }
+        0 => first_cookie(),
         c => c,
     }
+}
+
+/// [`cookie`] the first time (out of line: the fast paths inline only the
+/// load).
+#[cold]
+#[inline(never)]
+fn first_cookie() -> u64 {
+    // SAFETY: AT_RANDOM is the address of 16 random bytes that live for the
+    // whole process (or 0 without it).
+    let random = unsafe { libc::getauxval(libc::AT_RANDOM) } as *const u64;
+    let c = if random.is_null() {
+        0x9e37_79b9_7f4a_7c15
+    } else {
+        // SAFETY: 16 readable bytes; read unaligned to be safe.
+        (unsafe { random.read_unaligned() }) | 1
+    };
+    COOKIE.store(c, Ordering::Relaxed);
+    c
 }
 
 #[inline]
 fn tag(user: *mut u8, k: u32) -> u64 {
     cookie() ^ (user as u64) ^ ((k as u64) << 56)
+}
+
+/// The account in the header of `user` when `user` is a block of ours
+/// with a header from `heap` — [`Block::find`]'s common case, inline, for
+/// the fast path (a trailer, a block of the other heap, a block not ours:
+/// `None`; ask `Block::find`).
+///
+/// # Safety
+/// As [`Block::find`].
+#[inline(always)]
+pub(crate) unsafe fn header_account(user: *mut u8, heap: Heap) -> Option<*const u8> {
+    if (user as usize) < 4096 || (user as usize) % HEADER != 0 {
+        return None;
+    }
+    let k = match heap {
+        Heap::Glibc => HEADER_K,
+        Heap::Inner => INNER_HEADER_K,
+    };
+    let words = user.cast::<u64>().wrapping_sub(2);
+    // SAFETY: every glibc block and ours has 16 readable bytes before it.
+    if unsafe { words.read() } != tag(user, k) {
+        return None;
+    }
+    // SAFETY: ours: the word after the tag is the account.
+    Some(unsafe { words.add(1).read() } as *const u8)
+}
+
+/// Give back the block at `user` that [`header_account`] found, its tag
+/// cleared first.
+///
+/// # Safety
+/// [`header_account`] found `user` in `heap`; the block is not used again.
+#[inline(always)]
+pub(crate) unsafe fn free_with_header(user: *mut u8, heap: Heap) {
+    // SAFETY: the caller's contract: a live block of ours with a header.
+    unsafe {
+        user.cast::<u64>().sub(2).write(0);
+        heap.free(user.sub(HEADER));
+    }
 }
 
 /// One of our blocks, found from its user pointer.
@@ -139,6 +184,7 @@ impl Block {
     /// # Safety
     /// `base` is a live block of `heap` of at least [`HEADER`] bytes,
     /// 16-aligned.
+    #[inline(always)]
     pub(crate) unsafe fn write(base: *mut u8, account: *const u8, heap: Heap) -> *mut u8 {
         let k = match heap {
             Heap::Glibc => HEADER_K,
@@ -277,6 +323,7 @@ impl Block {
     ///
     /// # Safety
     /// The block is live; it is not used after.
+    #[inline(always)]
     pub(crate) unsafe fn free(self) {
         self.clear_tag();
         // SAFETY: the heap's block.

@@ -42,11 +42,13 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod code_pages;
+mod fast;
 mod header;
 mod heap;
 mod libc_heap;
 mod report;
 mod settings;
+mod static_tls;
 mod untagged;
 
 /// The C API, exported by this library too: a preloaded program reaches
@@ -142,6 +144,7 @@ fn init() -> bool {
     }
     // Allocations meanwhile (this thread's too) see INITIALIZING: they
     // pass unaccounted.
+    static_tls::claim();
     let state = (|| {
         let why = match std::panic::catch_unwind(setup) {
             Ok(Ok(())) => return READY,
@@ -160,6 +163,9 @@ fn init() -> bool {
     })();
     // Release: publishes everything `setup` wrote.
     STATE.store(state, Ordering::Release);
+    if state == READY && !charging_footprints() {
+        fast::enable(Heap::current(), untagged::on());
+    }
     // The set-up's code is not run again: let its pages go.
     code_pages::shed();
     state == READY
@@ -274,7 +280,7 @@ pub(crate) fn set_errno(e: i32) {
 
 /// Where a block's tag and account go.
 #[derive(Clone, Copy)]
-enum Place {
+pub(crate) enum Place {
     /// In front: [`HEADER`] bytes.
     Header,
     /// In the block's last 16 usable bytes (over-aligned blocks).
@@ -288,7 +294,7 @@ enum Place {
 /// # Safety
 /// `base` is null or a live block of `heap` with room for `place`: at
 /// least [`HEADER`] bytes, or a trailer, 32-aligned and glibc's.
-unsafe fn finish(base: *mut u8, place: Place, heap: Heap) -> *mut c_void {
+pub(crate) unsafe fn finish(base: *mut u8, place: Place, heap: Heap) -> *mut c_void {
     if base.is_null() {
         return std::ptr::null_mut();
     }
@@ -350,7 +356,7 @@ pub(crate) unsafe fn charged_size(heap: Heap, base: *mut u8, overhead: usize) ->
 }
 
 /// The total of `n` and a header, if it is a size glibc can serve.
-fn with_header(n: usize, header: usize) -> Option<usize> {
+pub(crate) fn with_header(n: usize, header: usize) -> Option<usize> {
     n.checked_add(header).filter(|&t| t <= isize::MAX as usize)
 }
 
@@ -360,17 +366,39 @@ fn with_header(n: usize, header: usize) -> Option<usize> {
 /// The C contract of `malloc`.
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    let fast = fast::mode();
+    if fast & fast::ON != 0 {
+        // SAFETY: the caller's contract; the mode's answer.
+        return unsafe { fast::malloc(fast, size) };
+    }
+    // SAFETY: the caller's contract.
+    unsafe { malloc_general(size) }
+}
+
+/// `malloc` when the fast path does not apply (before the set-up ended,
+/// footprint charging).
+///
+/// # Safety
+/// As `malloc(3)`.
+#[inline(never)]
+unsafe fn malloc_general(size: usize) -> *mut c_void {
     if untagged::on() {
         // SAFETY: the caller's contract.
         return unsafe { untagged::malloc(size) };
     }
     let Some(total) = with_header(size, HEADER) else {
-        set_errno(libc::ENOMEM);
-        return std::ptr::null_mut();
+        return enomem();
     };
     let heap = Heap::current();
     // SAFETY: the heap's allocator; a block of `total` bytes, 16-aligned.
     unsafe { finish(heap.malloc(total), Place::Header, heap) }
+}
+
+/// NULL with `errno = ENOMEM`.
+#[cold]
+pub(crate) fn enomem() -> *mut c_void {
+    set_errno(libc::ENOMEM);
+    std::ptr::null_mut()
 }
 
 /// `calloc(3)`, charged to the calling thread's group.
@@ -406,24 +434,47 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
     if ptr.is_null() {
         return;
     }
+    let fast = fast::mode();
+    if fast & fast::ON != 0 {
+        // SAFETY: the caller's contract; the mode's answer.
+        return unsafe { fast::free(fast, ptr.cast()) };
+    }
+    // SAFETY: the caller's contract.
+    unsafe { free_general(ptr) }
+}
+
+/// `free` of a block (not null) outside the fast path.
+///
+/// # Safety
+/// As `free(3)`, `ptr` not null.
+#[inline(never)]
+pub(crate) unsafe fn free_general(ptr: *mut c_void) {
     if untagged::on() {
         // SAFETY: a pointer the program got from an allocation function.
         return unsafe { untagged::free(ptr.cast()) };
     }
     // SAFETY: a pointer the program got from an allocation function.
     match unsafe { Block::find(ptr.cast()) } {
-        Some(block) => {
-            // SAFETY: ours and live.
-            let charged = unsafe { block.charged() };
-            let account = block.account;
-            // SAFETY: ours; the header is cleared so that the memory never
-            // looks like one of our blocks again (see `header`).
-            unsafe { block.free() };
-            uncharge(account, charged);
-        }
+        // SAFETY: ours and live.
+        Some(block) => unsafe { free_block(block) },
         // SAFETY: not ours: glibc's.
         None => unsafe { libc_heap::free(ptr.cast()) },
     }
+}
+
+/// Free one of our blocks and uncharge its account.
+///
+/// # Safety
+/// The block is ours and live; not used again.
+#[inline]
+pub(crate) unsafe fn free_block(block: Block) {
+    // SAFETY: ours and live.
+    let charged = unsafe { block.charged() };
+    let account = block.account;
+    // SAFETY: ours; the header is cleared so that the memory never looks
+    // like one of our blocks again (see `header`).
+    unsafe { block.free() };
+    uncharge(account, charged);
 }
 
 /// `realloc(3)`: growth is charged to the block's own account (the group

@@ -127,18 +127,24 @@ fn remember(p: *mut u8, heap: Heap) {
 /// The heap of `p` if it is a remembered block (`forget`: and forget it).
 #[inline]
 fn early(p: *mut u8, forget: bool) -> Option<Heap> {
+    if !may_be_early(p) {
+        return None;
+    }
+    early_slow(p, forget)
+}
+
+/// Whether `p` may be a block remembered during the set-up (then
+/// [`free`] must look): false for nearly every block.
+#[inline(always)]
+pub(crate) fn may_be_early(p: *mut u8) -> bool {
     // Relaxed: `p` is live, so its own increment of the count (made before
     // it was handed out, which happened before this call) is not undone:
     // the count read here is at least 1 when `p` is remembered; the bounds
     // only widen, and were widened for `p` before it was handed out.
     let p_at = p as usize;
-    if EARLY_LIVE.load(Ordering::Relaxed) == 0
-        || p_at < EARLY_LOW.load(Ordering::Relaxed)
-        || p_at > EARLY_HIGH.load(Ordering::Relaxed)
-    {
-        return None;
-    }
-    early_slow(p, forget)
+    EARLY_LIVE.load(Ordering::Relaxed) != 0
+        && p_at >= EARLY_LOW.load(Ordering::Relaxed)
+        && p_at <= EARLY_HIGH.load(Ordering::Relaxed)
 }
 
 #[cold]
@@ -189,7 +195,7 @@ fn uncharge(n: usize) {
 /// # Safety
 /// `p` is null or a new block of `heap`'s.
 #[inline]
-unsafe fn finish(p: *mut u8, heap: Heap, state: State) -> *mut c_void {
+pub(crate) unsafe fn finish(p: *mut u8, heap: Heap, state: State) -> *mut c_void {
     if p.is_null() {
         // glibc and jemalloc set it; mimalloc does not for every size.
         crate::set_errno(libc::ENOMEM);
@@ -415,9 +421,15 @@ mod tests {
         assert_eq!(early(a, false), Some(Heap::Glibc));
         assert_eq!(early(b, false), Some(Heap::Inner));
         assert_eq!(early(0x3000 as *mut u8, false), None);
+        // The fast path's test: a remembered block is never passed over;
+        // an address outside the remembered ones is, without the scan.
+        assert!(may_be_early(a) && may_be_early(b));
+        assert!(!may_be_early(0x3000 as *mut u8) && !may_be_early(0x800 as *mut u8));
         assert_eq!(early(a, true), Some(Heap::Glibc));
         assert_eq!(early(a, false), None);
         assert_eq!(early(b, true), Some(Heap::Inner));
         assert_eq!(EARLY_LIVE.load(Ordering::Relaxed), 0);
+        // None live: nothing may be early, whatever the bounds say.
+        assert!(!may_be_early(b));
     }
 }

@@ -126,6 +126,8 @@ pub use reconcile::{Reconciliation, ResidentPart};
 pub use reserve::{drain_thread, MAX_THREAD_RESERVE, RESERVE_BATCH};
 pub use scope::AllocScope;
 pub(crate) use scope::{current, enter_held, without_accounting};
+#[doc(hidden)]
+pub use thread::use_static_tls;
 pub(crate) use trim::group_removed;
 pub use trim::{TrimPolicy, Trimmed, DEFAULT_TRIM_INTERVAL};
 #[doc(hidden)]

@@ -74,25 +74,169 @@ impl ThreadState {
     }
 }
 
-thread_local! {
-    /// This thread's allocator state. `const`-initialized and without a
-    /// destructor: readable before `main`, during thread-local destruction,
-    /// and without allocating.
-    pub(crate) static STATE: ThreadState = const {
-        ThreadState {
-            owner: Cell::new(0),
-            charge: Cell::new(std::ptr::null()),
-            scope: Cell::new(std::ptr::null()),
-            root: Cell::new(std::ptr::null()),
-            in_hook: Cell::new(false),
-            exiting: Cell::new(false),
-            armed: Cell::new(false),
-            grace: Cell::new(0),
-            reserve: Reserve::EMPTY,
-            headers: Cell::new(0),
-        }
+impl ThreadState {
+    /// A new thread's state.
+    #[allow(clippy::declare_interior_mutable_const)]
+    const INITIAL: ThreadState = ThreadState {
+        owner: Cell::new(0),
+        charge: Cell::new(std::ptr::null()),
+        scope: Cell::new(std::ptr::null()),
+        root: Cell::new(std::ptr::null()),
+        in_hook: Cell::new(false),
+        exiting: Cell::new(false),
+        armed: Cell::new(false),
+        grace: Cell::new(0),
+        reserve: Reserve::EMPTY,
+        headers: Cell::new(0),
     };
+}
 
+/// This thread's allocator state: [`StateKey::with`] as a `thread_local!`'s.
+pub(crate) static STATE: StateKey = StateKey;
+
+/// The handle on this thread's [`ThreadState`]: a `const`-initialized
+/// `thread_local!` without a destructor — readable before `main`, during
+/// thread-local destruction, and without allocating.
+///
+/// **In a shared library loaded at start-up** (the `LD_PRELOAD` library),
+/// Rust builds thread-locals general-dynamic: every access calls
+/// `__tls_get_addr`, and stable Rust has no switch for the TLS model.
+/// Built with the feature `static-tls`, the state can be reached the way
+/// the initial-exec model does instead — the thread pointer plus an offset
+/// that is the same in every thread — once the library says its TLS block
+/// is static ([`use_static_tls`]). Until then, and in every build without
+/// the feature, the `thread_local!` answers; both name the same memory.
+pub(crate) struct StateKey;
+
+/// What [`StateKey::try_with`] answers when the state cannot be read (never,
+/// for a state without a destructor; kept for the callers' fallbacks).
+#[derive(Debug)]
+pub(crate) struct NoState;
+
+impl StateKey {
+    /// Run `f` on this thread's state.
+    #[inline(always)]
+    pub(crate) fn with<R>(&'static self, f: impl FnOnce(&ThreadState) -> R) -> R {
+        f(this_thread())
+    }
+
+    /// Run `f` on this thread's state; `Err` if it cannot be read.
+    #[inline(always)]
+    pub(crate) fn try_with<R>(
+        &'static self,
+        f: impl FnOnce(&ThreadState) -> R,
+    ) -> Result<R, NoState> {
+        Ok(f(this_thread()))
+    }
+}
+
+thread_local! {
+    static THREAD_STATE: ThreadState = const { ThreadState::INITIAL };
+}
+
+/// This thread's state, from the `thread_local!`.
+#[inline(always)]
+fn from_thread_local() -> &'static ThreadState {
+    // SAFETY: a `const` thread-local without a destructor is valid for as
+    // long as its thread runs, and the reference never leaves the thread
+    // (`ThreadState` is not `Sync`; callers use it inside `with`).
+    THREAD_STATE.with(|t| unsafe { &*(t as *const ThreadState) })
+}
+
+/// Without the feature (or off Linux x86-64 with glibc): the
+/// `thread_local!` always.
+#[cfg(not(all(
+    feature = "static-tls",
+    target_os = "linux",
+    target_arch = "x86_64",
+    target_env = "gnu",
+    not(loom),
+    not(miri)
+)))]
+mod static_tls {
+    use super::{from_thread_local, ThreadState};
+
+    #[inline(always)]
+    pub(super) fn this_thread() -> &'static ThreadState {
+        from_thread_local()
+    }
+
+    /// Nothing to learn.
+    pub(super) unsafe fn learn() {}
+}
+
+#[cfg(all(
+    feature = "static-tls",
+    target_os = "linux",
+    target_arch = "x86_64",
+    target_env = "gnu",
+    not(loom),
+    not(miri)
+))]
+mod static_tls {
+    use super::{from_thread_local, ThreadState};
+    use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
+
+    /// The state's offset from the thread pointer, the same in every
+    /// thread; 0: not known (the `thread_local!` answers).
+    static TP_OFFSET: AtomicIsize = AtomicIsize::new(0);
+
+    /// The thread pointer (`fs:0` holds it on x86-64 Linux).
+    #[inline(always)]
+    fn thread_pointer() -> isize {
+        let tp: isize;
+        // SAFETY: reads this thread's TCB self-pointer; writes only `tp`.
+        unsafe {
+            std::arch::asm!(
+                "mov {tp}, qword ptr fs:[0]",
+                tp = out(reg) tp,
+                options(pure, readonly, nostack, preserves_flags),
+            );
+        }
+        tp
+    }
+
+    #[inline(always)]
+    pub(super) fn this_thread() -> &'static ThreadState {
+        // Relaxed: set once, to the address the `thread_local!` gives as
+        // well; a thread that reads 0 asks the `thread_local!` instead.
+        let offset = TP_OFFSET.load(Relaxed);
+        if offset != 0 {
+            // SAFETY: `use_static_tls`'s contract: the state is at this
+            // offset from every thread's pointer, in memory that lives as
+            // long as the thread (a `const` thread-local without a
+            // destructor); the reference never leaves the thread.
+            return unsafe { &*(thread_pointer().wrapping_add(offset) as *const ThreadState) };
+        }
+        from_thread_local()
+    }
+
+    /// See [`super::use_static_tls`].
+    pub(super) unsafe fn learn() {
+        let at = from_thread_local() as *const ThreadState as isize;
+        TP_OFFSET.store(at.wrapping_sub(thread_pointer()), Relaxed);
+    }
+}
+
+use static_tls::this_thread;
+
+/// Reach the allocator's per-thread state through the thread pointer from
+/// now on (feature `static-tls`; without it, or off Linux x86-64 with
+/// glibc, nothing happens): the offset is learned on the calling thread.
+///
+/// # Safety
+/// The thread-local storage of the module this crate is linked into (the
+/// executable, or the shared library) is in the static TLS block — the
+/// module was loaded at start-up, or is marked `DF_STATIC_TLS` (an
+/// initial-exec access of its own): then every thread, present and future,
+/// has it at the same offset from its thread pointer.
+#[doc(hidden)]
+pub unsafe fn use_static_tls() {
+    // SAFETY: forwarded.
+    unsafe { static_tls::learn() };
+}
+
+thread_local! {
     /// Armed by the first slow path: at thread exit, returns the reserve.
     static EXIT: ExitGuard = const { ExitGuard };
 }
@@ -127,4 +271,69 @@ pub(crate) fn arm_exit_guard(t: &ThreadState) {
     let _ = EXIT.try_with(|_| ());
     t.in_hook.set(was);
     t.refresh();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `t` is as a new thread's state is.
+    fn is_initial(t: &ThreadState) -> bool {
+        t.owner.get() == 0
+            && t.charge.get().is_null()
+            && t.scope.get().is_null()
+            && t.root.get().is_null()
+            && !t.in_hook.get()
+            && !t.exiting.get()
+            && !t.armed.get()
+            && t.grace.get() == 0
+            && t.reserve.account.get().is_null()
+            && t.reserve.bytes.get() == 0
+            && t.headers.get() == 0
+    }
+
+    /// An executable's TLS is static: once told, every thread — this one,
+    /// and one started after — finds its own state through the thread
+    /// pointer, at the address the `thread_local!` gives. (Telling it here
+    /// moves every test of this binary onto that path, which is valid for
+    /// an executable. Elsewhere than Linux x86-64 with glibc the call does
+    /// nothing, and the same holds.)
+    #[cfg(feature = "static-tls")]
+    #[test]
+    fn through_the_thread_pointer_each_thread_finds_its_own_state() {
+        // SAFETY: a test executable's TLS is in the static block.
+        unsafe { use_static_tls() };
+        let same = || std::ptr::eq(this_thread(), from_thread_local());
+        assert!(same());
+        let (other, its_own) = std::thread::spawn(move || {
+            STATE.with(|t| t.grace.set(5));
+            (same(), this_thread() as *const ThreadState as usize)
+        })
+        .join()
+        .unwrap();
+        assert!(
+            other,
+            "a thread started after the call finds the same memory"
+        );
+        assert_ne!(its_own, this_thread() as *const ThreadState as usize);
+        assert_eq!(
+            STATE.with(|t| t.grace.get()),
+            0,
+            "the other thread's write is its own"
+        );
+    }
+
+    #[test]
+    fn each_thread_has_its_own_state_from_its_start() {
+        STATE.with(|t| t.grace.set(7));
+        let other = std::thread::spawn(|| STATE.with(is_initial))
+            .join()
+            .unwrap();
+        assert!(other, "a new thread starts from the initial state");
+        assert_eq!(
+            STATE.with(|t| t.grace.replace(0)),
+            7,
+            "this thread's is its own"
+        );
+    }
 }

@@ -575,7 +575,7 @@ impl<A, C: Charging> Accounted<A, C> {
 /// [`MAX_THREAD_RESERVE`](super::MAX_THREAD_RESERVE) — one compare and a
 /// store in the thread-local state. Whether the reserve took them.
 #[inline(always)]
-fn uncharge_hit(acc: *const u8, n: u64) -> bool {
+pub(super) fn uncharge_hit(acc: *const u8, n: u64) -> bool {
     STATE.with(|t| {
         let bytes = t.reserve.bytes.get() + n;
         let kept =

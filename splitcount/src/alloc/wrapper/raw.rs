@@ -15,6 +15,7 @@
 //! they are not counted in [`Accounted::reconcile`]'s headers.)
 
 use super::Accounted;
+use crate::alloc::thread::STATE;
 use crate::alloc::{current, enter_held, without_accounting};
 use crate::group::{AccountKey, Group};
 
@@ -95,6 +96,57 @@ impl<A> Accounted<A> {
     #[doc(hidden)]
     pub fn unaccounted<R>(&self, f: impl FnOnce() -> R) -> R {
         without_accounting(f)
+    }
+
+    /// [`Accounted::charge_raw`]'s common case alone, for a caller's own
+    /// fast path: take `n` bytes from the thread's reserve when the thread
+    /// is in a scope of this allocator (the fallback entered by an earlier
+    /// `charge_raw` counts) whose account the reserve holds `n` bytes of,
+    /// not inside a hook. The account charged, or null, having changed
+    /// nothing: then call [`Accounted::charge_raw`]. Two loads, three
+    /// compares and a store; no call.
+    ///
+    /// When `only` is not null, the charge is taken only for that account.
+    ///
+    /// # Safety
+    /// None beyond [`Accounted::charge_raw`]'s: the account returned is
+    /// kept alive by the bytes charged to it.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn take_reserved_raw(&self, n: u64, only: *const u8) -> *const u8 {
+        let me = self as *const Self as usize;
+        STATE.with(|t| {
+            let acc = t.charge.get();
+            let bytes = t.reserve.bytes.get();
+            // `charge` is null inside a hook and before the thread's first
+            // slow path; `scope` equal to it means a scope is entered (the
+            // thread does not charge the root, which `charge_raw` would not
+            // charge either).
+            let hit = t.owner.get() == me
+                && t.reserve.account.get() == acc
+                && t.scope.get() == acc
+                && (only.is_null() || only == acc)
+                && bytes >= n;
+            if hit {
+                t.reserve.bytes.set(bytes - n);
+                acc
+            } else {
+                std::ptr::null()
+            }
+        })
+    }
+
+    /// [`Accounted::uncharge_raw`]'s common case alone: give `n` bytes of
+    /// `account` back to the thread's reserve when it holds that account
+    /// and has room. Whether it did; if not, nothing changed: call
+    /// [`Accounted::uncharge_raw`].
+    ///
+    /// # Safety
+    /// As [`Accounted::uncharge_raw`].
+    #[doc(hidden)]
+    #[inline(always)]
+    pub unsafe fn give_reserved_raw(&self, account: *const u8, n: u64) -> bool {
+        super::uncharge_hit(account, n)
     }
 
     /// Uncharge `n` bytes of a block charged to `account` (freed, or

@@ -1,0 +1,197 @@
+//! `malloc` and `free` in their common case, in one straight line.
+//!
+//! Once the accounting is ready, most calls find everything settled: the
+//! mode (tags or not), the heap, the charging (usable sizes), and the
+//! thread's reserve holding bytes of the account it charges. This module
+//! reads one byte, [`FAST`], that says all the settled part at once, and
+//! then does only what the block needs:
+//!
+//! ```text
+//!  malloc(size)                              free(p)
+//!  ───────────                               ───────
+//!  FAST → on, heap, tags?                    FAST → on, heap, tags?
+//!  base = heap.malloc(size [+ 16])           [tagged] tag check → account
+//!  n = heap.usable(base) [− 16]              [untagged] not a set-up block
+//!  reserve: take n bytes (thread-local)      n = heap.usable(base) [− 16]
+//!  [tagged] write tag and account            reserve: give n bytes back
+//!  return                                    [tagged] clear the tag
+//!                                            tail call heap.free(base)
+//! ```
+//!
+//! Anything else — a reserve that misses, a NULL from the heap, a block
+//! with a trailer or not ours, a block made during the set-up — goes to
+//! the general path with nothing changed by the fast one (a block already
+//! made is handed to the general path's `finish`, which charges it as it
+//! would have). What is charged and when is the general path's, to the
+//! byte: the fast path is the general path's common case written out
+//! without its dispatch (mode, state, heap and charging loads, the
+//! fallback scope's check, the miss branches inline).
+//!
+//! Not fast: `SPLITCOUNT_PRELOAD_CHARGE=footprint` (its sizes take a
+//! look at the heap's own sizes), and everything before the set-up ended.
+
+use crate::header::{self, Block, HEADER};
+use crate::heap::Heap;
+use crate::{untagged, ACCOUNTED};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// The fast path's switch: 0 until the set-up has ended with the
+/// accounting ready and usable-size charging; then [`ON`], with [`INNER`]
+/// for an inner allocator and [`UNTAGGED`] for blocks without tags.
+static FAST: AtomicU8 = AtomicU8::new(0);
+
+/// The fast path applies.
+pub(crate) const ON: u8 = 1;
+/// Blocks come from the inner allocator (jemalloc, mimalloc), not glibc.
+const INNER: u8 = 2;
+/// Blocks carry no tag (`SPLITCOUNT_PRELOAD_TAGS=off`).
+const UNTAGGED: u8 = 4;
+
+/// Turn the fast path on, for blocks of `heap` with or without tags. Call
+/// once, after the accounting is marked ready.
+pub(crate) fn enable(heap: Heap, untagged: bool) {
+    let mut mode = ON;
+    if heap == Heap::Inner {
+        mode |= INNER;
+    }
+    if untagged {
+        mode |= UNTAGGED;
+    }
+    // Release: a thread that reads the mode sees the set-up's writes (the
+    // attached allocator, `/preload`'s account), as after READY.
+    FAST.store(mode, Ordering::Release);
+}
+
+/// The switch: [`ON`] set when the fast path applies.
+#[inline(always)]
+pub(crate) fn mode() -> u8 {
+    // Acquire: pairs with `enable` (a plain load on x86).
+    FAST.load(Ordering::Acquire)
+}
+
+#[inline(always)]
+fn heap(mode: u8) -> Heap {
+    if mode & INNER != 0 {
+        Heap::Inner
+    } else {
+        Heap::Glibc
+    }
+}
+
+/// `malloc` when [`mode`] is on.
+///
+/// # Safety
+/// As `malloc(3)`; `mode` is [`mode`]'s answer, with [`ON`].
+#[inline(always)]
+pub(crate) unsafe fn malloc(mode: u8, size: usize) -> *mut c_void {
+    // The tagged case is a function of its own (`extern "C"`: it cannot
+    // unwind, so the call is a tail call): inline, its registers would be
+    // saved on the untagged path too.
+    if mode & UNTAGGED != 0 {
+        // SAFETY: forwarded.
+        unsafe { malloc_untagged(heap(mode), size) }
+    } else {
+        // SAFETY: forwarded.
+        unsafe { malloc_tagged(heap(mode), size) }
+    }
+}
+
+/// `free` when [`mode`] is on.
+///
+/// # Safety
+/// As `free(3)`, `p` not null; `mode` as for [`malloc`].
+#[inline(always)]
+pub(crate) unsafe fn free(mode: u8, p: *mut u8) {
+    if mode & UNTAGGED != 0 {
+        // SAFETY: forwarded.
+        unsafe { free_untagged(heap(mode), p) }
+    } else {
+        // SAFETY: forwarded.
+        unsafe { free_tagged(heap(mode), p) }
+    }
+}
+
+/// # Safety
+/// As `malloc(3)`.
+#[inline(always)]
+unsafe fn malloc_untagged(heap: Heap, size: usize) -> *mut c_void {
+    if size > isize::MAX as usize {
+        return crate::enomem();
+    }
+    // SAFETY: the heap's allocator.
+    let p = unsafe { heap.malloc(size) };
+    if !p.is_null() {
+        // SAFETY: a live block of the heap.
+        let n = unsafe { heap.usable(p) };
+        if !ACCOUNTED
+            .take_reserved_raw(n as u64, crate::default_account())
+            .is_null()
+        {
+            return p.cast();
+        }
+    }
+    // SAFETY: null or a new block of the heap's, made while ready.
+    unsafe { untagged::finish(p, heap, crate::STATE_READY) }
+}
+
+/// # Safety
+/// As `malloc(3)`.
+#[inline(never)]
+#[allow(improper_ctypes_definitions)] // called from Rust only
+unsafe extern "C" fn malloc_tagged(heap: Heap, size: usize) -> *mut c_void {
+    let Some(total) = crate::with_header(size, HEADER) else {
+        return crate::enomem();
+    };
+    // SAFETY: the heap's allocator; a block of `total` bytes, 16-aligned.
+    let base = unsafe { heap.malloc(total) };
+    if !base.is_null() {
+        // SAFETY: a live block of the heap, of at least `HEADER` bytes.
+        let n = unsafe { heap.usable(base) } - HEADER;
+        let account = ACCOUNTED.take_reserved_raw(n as u64, std::ptr::null());
+        if !account.is_null() {
+            // SAFETY: a new block of the heap's with room for the header.
+            return unsafe { Block::write(base, account, heap) }.cast();
+        }
+    }
+    // SAFETY: null or a new block of the heap's, with room for the header.
+    unsafe { crate::finish(base, crate::Place::Header, heap) }
+}
+
+/// # Safety
+/// As `free(3)`, `p` not null.
+#[inline(always)]
+unsafe fn free_untagged(heap: Heap, p: *mut u8) {
+    if !untagged::may_be_early(p) {
+        // SAFETY: a live block of the heap's, made when the accounting was
+        // ready (any earlier one is remembered), so charged this much.
+        let n = unsafe { heap.usable(p) };
+        // SAFETY: the block held `n` bytes of `/preload`.
+        if unsafe { ACCOUNTED.give_reserved_raw(crate::default_account(), n as u64) } {
+            // SAFETY: as above; not used again.
+            return unsafe { heap.free(p) };
+        }
+    }
+    // SAFETY: as `free`; nothing was changed above.
+    unsafe { untagged::free(p) }
+}
+
+/// # Safety
+/// As `free(3)`, `p` not null.
+#[inline(never)]
+#[allow(improper_ctypes_definitions)] // called from Rust only
+unsafe extern "C" fn free_tagged(heap: Heap, p: *mut u8) {
+    // SAFETY: a pointer the program got from an allocation function.
+    if let Some(account) = unsafe { header::header_account(p, heap) } {
+        // SAFETY: ours and live, its base `HEADER` bytes before `p`
+        // (usable-size charging: what it was charged).
+        let n = unsafe { heap.usable(p.sub(HEADER)) } - HEADER;
+        // SAFETY: the block held `n` bytes of its account.
+        if unsafe { ACCOUNTED.give_reserved_raw(account, n as u64) } {
+            // SAFETY: found by `header_account`; not used again.
+            return unsafe { header::free_with_header(p, heap) };
+        }
+    }
+    // SAFETY: as `free`; nothing was changed above.
+    unsafe { crate::free_general(p.cast()) }
+}
