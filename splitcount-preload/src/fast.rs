@@ -122,8 +122,8 @@ unsafe fn malloc_untagged(heap: Heap, size: usize) -> *mut c_void {
     // SAFETY: the heap's allocator.
     let p = unsafe { heap.malloc(size) };
     if !p.is_null() {
-        // SAFETY: a live block of the heap.
-        let n = unsafe { heap.usable(p) };
+        // SAFETY: a live block the heap just made for `size` bytes.
+        let n = unsafe { heap.usable_of_new(p, size) };
         if !ACCOUNTED
             .take_reserved_raw(n as u64, crate::default_account())
             .is_null()
@@ -146,8 +146,9 @@ unsafe extern "C" fn malloc_tagged(heap: Heap, size: usize) -> *mut c_void {
     // SAFETY: the heap's allocator; a block of `total` bytes, 16-aligned.
     let base = unsafe { heap.malloc(total) };
     if !base.is_null() {
-        // SAFETY: a live block of the heap, of at least `HEADER` bytes.
-        let n = unsafe { heap.usable(base) } - HEADER;
+        // SAFETY: a live block the heap just made for `total` bytes (at
+        // least `HEADER`).
+        let n = unsafe { heap.usable_of_new(base, total) } - HEADER;
         let account = ACCOUNTED.take_reserved_raw(n as u64, std::ptr::null());
         if !account.is_null() {
             // SAFETY: a new block of the heap's with room for the header.

@@ -22,7 +22,7 @@
 
 use crate::libc_heap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 /// A heap a block can come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +99,36 @@ static WHICH: AtomicUsize = AtomicUsize::new(0);
 /// (jemalloc's `aligned_alloc(align, size)`, mimalloc's
 /// `mi_malloc_aligned(size, align)`: the arguments the other way round).
 static FNS: [AtomicUsize; 8] = [const { AtomicUsize::new(0) }; 8];
+/// The largest request [`CLASSES`] answers.
+const CLASS_TABLE_MAX: usize = 1024;
+
+/// jemalloc's size class of every request up to [`CLASS_TABLE_MAX`] bytes,
+/// by `(size + 7) / 8` (jemalloc's classes are multiples of 8, so a
+/// request has the class of the next multiple of 8), from jemalloc's own
+/// `nallocx` at set-up — "the real size of the allocation that would
+/// result from the equivalent `mallocx()`", i.e. the usable size of the
+/// block `malloc(size)` returns. The fast path's `malloc` reads it for the
+/// block it just made instead of asking `malloc_usable_size`, which walks
+/// jemalloc's radix tree (40 instructions a call). 0: not known (not
+/// jemalloc, or not set up); `free` still asks, and gets the same size.
+static CLASSES: [AtomicU32; CLASS_TABLE_MAX / 8 + 1] =
+    [const { AtomicU32::new(0) }; CLASS_TABLE_MAX / 8 + 1];
+
+/// Fill [`CLASSES`] from jemalloc's `nallocx` (looked up). Allocates
+/// nothing.
+fn learn_jemalloc_classes() {
+    // SAFETY: jemalloc's nallocx, looked up by `set_up`; it allocates
+    // nothing (size 0 is undefined for it: left out, its entry stays 0).
+    let nallocx = unsafe { std::mem::transmute::<usize, GoodSizeFn>(f(GOOD_SIZE)) };
+    for (i, class) in CLASSES.iter().enumerate().skip(1) {
+        // SAFETY: as above.
+        let n = unsafe { nallocx(i * 8, 0) };
+        if let Ok(n) = u32::try_from(n) {
+            class.store(n, Ordering::Relaxed);
+        }
+    }
+}
+
 const MALLOC: usize = 0;
 const CALLOC: usize = 1;
 const REALLOC: usize = 2;
@@ -185,6 +215,9 @@ pub(crate) fn set_up(inner: Inner) -> Result<(), String> {
         FNS[i].store(sym, Ordering::Relaxed);
     }
     WHICH.store(inner as usize, Ordering::Relaxed);
+    if inner == Inner::Jemalloc {
+        learn_jemalloc_classes();
+    }
     // Let the allocator initialize itself now, while the program's
     // allocations (its own, if it makes any) still go to glibc.
     // SAFETY: the allocator's malloc and free, looked up above.
@@ -318,6 +351,26 @@ impl Heap {
             // SAFETY: the inner allocator's free, on its block.
             Heap::Inner => unsafe { std::mem::transmute::<usize, FreeFn>(f(FREE))(ptr.cast()) },
         }
+    }
+
+    /// The usable size of `p`, a block this heap just made for a request
+    /// of `size` bytes: jemalloc's size class from [`CLASSES`] when known,
+    /// else [`Heap::usable`] — the same number.
+    ///
+    /// # Safety
+    /// As [`Heap::usable`]; `p` came from `malloc(size)` of this heap.
+    #[inline(always)]
+    pub(crate) unsafe fn usable_of_new(self, p: *mut u8, size: usize) -> usize {
+        if self == Heap::Inner && size <= CLASS_TABLE_MAX {
+            // Relaxed: filled before the inner heap was switched on
+            // (`ON`'s Release), which the caller's heap came from.
+            let class = CLASSES[(size + 7) >> 3].load(Ordering::Relaxed);
+            if class != 0 {
+                return class as usize;
+            }
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.usable(p) }
     }
 
     /// The usable size of a live block of this heap.
