@@ -103,8 +103,8 @@ impl<A> Accounted<A> {
     /// is in a scope of this allocator (the fallback entered by an earlier
     /// `charge_raw` counts) whose account the reserve holds `n` bytes of,
     /// not inside a hook. The account charged, or null, having changed
-    /// nothing: then call [`Accounted::charge_raw`]. Two loads, three
-    /// compares and a store; no call.
+    /// nothing: then call [`Accounted::charge_raw`]. Five loads from the
+    /// thread's state, their compares and a store; no call.
     ///
     /// When `only` is not null, the charge is taken only for that account.
     ///
