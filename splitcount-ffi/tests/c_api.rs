@@ -106,3 +106,28 @@ fn the_fast_add_is_exact_under_migrations_and_signals() {
         run(&exe, &format!("fast_add_test: {expect},"));
     }
 }
+
+/// A program can load the shared library after start-up (`dlopen`, as
+/// Python's `ctypes` or a JVM do). It has no initial-exec thread-locals
+/// (`DF_STATIC_TLS`), which glibc could only place in its small static TLS
+/// surplus — this library's 2 KB of thread-locals would not fit. Built in
+/// the workspace, where the lab turns on `splitcount`'s `jemalloc` feature
+/// for every member, no copy of jemalloc (whose thread state is
+/// initial-exec) may be linked in either.
+#[test]
+fn the_shared_library_loads_with_dlopen_after_start_up() {
+    let lib = deps_dir().join("libsplitcount_ffi.so");
+    let path = std::ffi::CString::new(lib.display().to_string()).unwrap();
+    // SAFETY: a NUL-terminated path; the handle is closed below.
+    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        // SAFETY: dlerror's message, valid until the next dl call.
+        let why = unsafe { std::ffi::CStr::from_ptr(libc::dlerror()) };
+        panic!("dlopen {}: {}", lib.display(), why.to_string_lossy());
+    }
+    // SAFETY: a live handle and a NUL-terminated name.
+    let create = unsafe { libc::dlsym(handle, c"splitcount_counter_create".as_ptr()) };
+    assert!(!create.is_null(), "the C API is exported");
+    // SAFETY: the handle from above, closed once.
+    unsafe { libc::dlclose(handle) };
+}

@@ -238,12 +238,13 @@ unsafe impl InnerFootprint for System {
 // reads what its allocation charged; a class is at least the size.
 #[cfg(feature = "jemalloc")]
 unsafe impl InnerFootprint for tikv_jemallocator::Jemalloc {
-    // Out of line: the rare path (the table not yet checked, large or
-    // over-aligned blocks), a call to jemalloc anyway.
-    #[inline(never)]
+    // The rare path (the table not yet checked, large or over-aligned
+    // blocks), a call to jemalloc anyway: out of line, in the crate that
+    // uses it (see `jemalloc_size_class_out_of_line`).
+    #[inline]
     unsafe fn footprint(&self, block: *mut u8, layout: Layout) -> usize {
         let _ = block;
-        jemalloc_size_class(layout)
+        jemalloc_size_class_out_of_line(self, layout)
     }
 
     const FOOTPRINT_FROM_LAYOUT: bool = true;
@@ -461,6 +462,20 @@ fn jemalloc_size_class(layout: Layout) -> usize {
 
 /// Whether the inline table serves `layout` (once it is checked): a small
 /// block without alignment flags.
+/// [`jemalloc_size_class`] out of line. Generic only so that it is made in
+/// the crate that uses it, as `footprint` (`#[inline]`) is: nothing in
+/// this crate's own object code then calls jemalloc, and a library built
+/// with the feature on that never uses `Jemalloc` — the C ABI library and
+/// the preload, built in one workspace with the lab, which turns the
+/// feature on — links no copy of jemalloc (whose constructor would run,
+/// and whose initial-exec TLS would keep the library from being loaded
+/// with `dlopen`).
+#[cfg(feature = "jemalloc")]
+#[inline(never)]
+fn jemalloc_size_class_out_of_line<A>(_inner: &A, layout: Layout) -> usize {
+    jemalloc_size_class(layout)
+}
+
 #[cfg(feature = "jemalloc")]
 #[inline(always)]
 fn in_jemalloc_table(layout: Layout) -> bool {
