@@ -467,7 +467,7 @@ pub(crate) unsafe fn free_general(ptr: *mut c_void) {
 /// # Safety
 /// The block is ours and live; not used again.
 #[inline]
-pub(crate) unsafe fn free_block(block: Block) {
+unsafe fn free_block(block: Block) {
     // SAFETY: ours and live.
     let charged = unsafe { block.charged() };
     let account = block.account;

@@ -223,13 +223,6 @@ fn fits(size: usize) -> bool {
     crate::with_header(size, 0).is_some()
 }
 
-/// NULL with `errno = ENOMEM`.
-#[cold]
-fn too_large() -> *mut c_void {
-    crate::set_errno(libc::ENOMEM);
-    std::ptr::null_mut()
-}
-
 /// A new block from the current heap, made by `make` (NULL: none), for a
 /// request of `size` bytes: refused past `PTRDIFF_MAX`, then charged,
 /// remembered or left as it is by [`finish`].
@@ -239,7 +232,7 @@ fn too_large() -> *mut c_void {
 #[inline]
 unsafe fn allocate(size: usize, make: impl FnOnce(Heap) -> *mut u8) -> *mut c_void {
     if !fits(size) {
-        return too_large();
+        return crate::enomem();
     }
     // The state first: setting up may switch the heap.
     let state = crate::state();
@@ -308,7 +301,7 @@ pub(crate) unsafe fn free(p: *mut u8) {
 /// `p` is a live block this library handed out (not null).
 pub(crate) unsafe fn realloc(p: *mut u8, size: usize) -> *mut c_void {
     if !fits(size) {
-        return too_large();
+        return crate::enomem();
     }
     if let Some(heap) = early(p, false) {
         // SAFETY: the remembered block, moved to a block of its own.
