@@ -21,6 +21,33 @@ pub const DEFAULT_CPUS: &str = "2,64,256,1024,4096";
 /// The target: bytes per CPU per tree counter, everything included.
 pub const TREE_TARGET: f64 = 12.0;
 
+/// The report's figures for the target: a tree's bytes per CPU at 64, 128,
+/// 256 and 4096 CPUs (the names of `Measured::scalars`).
+pub const TREE_64: &str = "tree_bytes_per_cpu_at_64";
+/// See [`TREE_64`].
+pub const TREE_128: &str = "tree_bytes_per_cpu_at_128";
+/// See [`TREE_64`].
+pub const TREE_256: &str = "tree_bytes_per_cpu_at_256";
+/// See [`TREE_64`].
+pub const TREE_4096: &str = "tree_bytes_per_cpu_at_4096";
+
+/// The target's figures from `rows`, as `(name, bytes per CPU)`.
+pub fn tree_figures(rows: &[Row]) -> Vec<(&'static str, f64)> {
+    [
+        (TREE_64, 64),
+        (TREE_128, 128),
+        (TREE_256, 256),
+        (TREE_4096, 4096),
+    ]
+    .into_iter()
+    .filter_map(|(name, cpus)| {
+        rows.iter()
+            .find(|r| r.design == "tree" && r.cpus == cpus)
+            .map(|r| (name, r.bytes_per_cpu))
+    })
+    .collect()
+}
+
 /// The cache line a padded item took.
 const PADDED_LINE: usize = 128;
 

@@ -16,6 +16,7 @@
 //! test checks the README holds exactly that.
 
 use crate::bench::{charge, counters, fault, groups, noisy, percpu, requests, stats};
+use crate::footprint;
 use crate::timing::{Figure, Measured};
 use serde::Serialize;
 
@@ -573,6 +574,50 @@ pub const TARGETS: &[Target] = &[
         on_siblings: None,
     },
     Target {
+        name: "footprint: tree at 64 CPUs",
+        suite: "footprint",
+        measure: Measure::Scalar {
+            name: footprint::TREE_64,
+            threads: 0,
+            unit: "B per CPU",
+        },
+        bound: Bound::AtMost(footprint::TREE_TARGET),
+        on_siblings: None,
+    },
+    Target {
+        name: "footprint: tree at 128 CPUs",
+        suite: "footprint",
+        measure: Measure::Scalar {
+            name: footprint::TREE_128,
+            threads: 0,
+            unit: "B per CPU",
+        },
+        bound: Bound::AtMost(footprint::TREE_TARGET),
+        on_siblings: None,
+    },
+    Target {
+        name: "footprint: tree at 256 CPUs",
+        suite: "footprint",
+        measure: Measure::Scalar {
+            name: footprint::TREE_256,
+            threads: 0,
+            unit: "B per CPU",
+        },
+        bound: Bound::AtMost(footprint::TREE_TARGET),
+        on_siblings: None,
+    },
+    Target {
+        name: "footprint: tree at 4096 CPUs",
+        suite: "footprint",
+        measure: Measure::Scalar {
+            name: footprint::TREE_4096,
+            threads: 0,
+            unit: "B per CPU",
+        },
+        bound: Bound::AtMost(footprint::TREE_TARGET),
+        on_siblings: None,
+    },
+    Target {
         name: "groups: retained per removed group",
         suite: "groups",
         measure: Measure::Scalar {
@@ -655,6 +700,12 @@ impl Target {
                 number(b.value()),
                 threads(t)
             ),
+            // Threads 0: a figure computed, not timed (a layout's bytes).
+            Measure::Scalar {
+                name,
+                threads: 0,
+                unit,
+            } => format!("{name} {} {} {unit}", b.sign(), number(b.value())),
             Measure::Scalar {
                 name,
                 threads: t,
@@ -753,7 +804,9 @@ impl Target {
                 } else if f.left_out > 0 {
                     notes.push(format!("{} poor-overlap round(s) left out", f.left_out));
                 }
-                if f.once {
+                if f.once && self.threads() == 0 {
+                    notes.push("computed from the layout, not timed".to_owned());
+                } else if f.once {
                     notes.push("measured once, after the rounds".to_owned());
                 } else if !f.spread.stable() {
                     notes.push(format!(
@@ -1009,6 +1062,15 @@ mod tests {
             .map(|c| c.to_string())
             .collect(),
             "noisy" => noisy::record_cases(),
+            "footprint" => [
+                footprint::TREE_64,
+                footprint::TREE_128,
+                footprint::TREE_256,
+                footprint::TREE_4096,
+            ]
+            .iter()
+            .map(|c| c.to_string())
+            .collect(),
             other => panic!("no targets expected in {other}"),
         };
         names

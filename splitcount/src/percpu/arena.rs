@@ -5,14 +5,14 @@
 
 use super::chunk::{Chunk, REGION_SLOTS};
 use super::path::{self, AddPath, ArenaOptions, SlotIndex};
+use super::row::Row;
 use super::stripe::{Stripe, StripeAlloc, StripeKind};
 use crate::cpu::{self, Machine};
 use crate::sync::{
     lock, Arc, AtomicI64, Mutex,
-    Ordering::{AcqRel, Acquire, Relaxed},
+    Ordering::{AcqRel, Relaxed},
 };
 use std::fmt;
-use std::ptr::NonNull;
 
 /// Why an arena operation was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -222,6 +222,82 @@ impl Arena {
     /// Reserve `len` contiguous slots at the same offset in every CPU's
     /// region, all zero. Freed slots are reused before new chunks are mapped.
     pub fn alloc(&self, len: usize) -> Result<PerCpu, ArenaError> {
+        let (at, row) = self.alloc_range(len)?;
+        #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+        let rseq_field = self.rseq_field().unwrap_or(0);
+        Ok(PerCpu {
+            arena: self.clone(),
+            row,
+            chunk_index: at.chunk,
+            start: at.start,
+            len,
+            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+            rseq_field,
+        })
+    }
+
+    /// One slot in every CPU's region, all zero, as a bare [`Row`]: the
+    /// owner keeps this arena alive while it uses the row and gives it back
+    /// with [`Arena::free_row`].
+    pub(crate) fn alloc_row(&self) -> Result<Row, ArenaError> {
+        Ok(self.alloc_range(1)?.1)
+    }
+
+    /// Give back a row from [`Arena::alloc_row`], zeroed where written.
+    ///
+    /// # Safety
+    /// `row` came from this arena's `alloc_row`, is given back once, and no
+    /// reference into it remains.
+    pub(crate) unsafe fn free_row(&self, row: Row) {
+        // SAFETY: the row's one slot, in every region (the caller's
+        // contract).
+        unsafe { row.zero(1) };
+        let mut a = lock(&self.inner.alloc);
+        let at = row.slot0() as usize;
+        let size = std::mem::size_of::<AtomicI64>();
+        let found = a.chunks.iter().enumerate().find_map(|(chunk, c)| {
+            // SAFETY: region 0, slot 0 of a live chunk.
+            let base = unsafe { c.slot(0, 0) } as *const AtomicI64 as usize;
+            (base..base + REGION_SLOTS * size)
+                .contains(&at)
+                .then(|| (chunk, (at - base) / size))
+        });
+        match found {
+            Some((chunk, start)) => a.release(Free {
+                chunk,
+                start,
+                len: 1,
+            }),
+            None => debug_assert!(false, "a row of another arena"),
+        }
+    }
+
+    /// The byte offset of the id field (`cpu_id` or `mm_cid`) in an rseq
+    /// area, for an rseq arena; `None` for an atomic one.
+    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+    pub(crate) fn rseq_field(&self) -> Option<usize> {
+        match (self.inner.rseq, self.inner.index) {
+            (false, _) => None,
+            (true, SlotIndex::CpuId) => Some(cpu::CPU_ID_OFFSET),
+            (true, SlotIndex::MmCid) => Some(cpu::MM_CID_OFFSET),
+        }
+    }
+
+    /// Whether updates may name a CPU other than the caller's: false in
+    /// rseq arenas, whose per-CPU copies belong to critical sections
+    /// running on their CPU.
+    #[inline]
+    pub(crate) fn remote_writes_allowed(&self) -> bool {
+        !self.inner.rseq
+    }
+
+    /// Whether `other` is this arena (a clone of it).
+    pub(crate) fn same(&self, other: &Arena) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// `len` contiguous free slots, zero in every region, and their row.
+    fn alloc_range(&self, len: usize) -> Result<(Free, Row), ArenaError> {
         if len == 0 {
             return Err(ArenaError::ZeroLength);
         }
@@ -271,67 +347,36 @@ impl Arena {
             }
         };
         a.used += len;
-        let chunk = NonNull::from(&*a.chunks[at.chunk]);
-        #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-        let (rseq_field, row) = {
-            let field = match (self.inner.rseq, self.inner.index) {
-                (false, _) => 0,
-                (true, SlotIndex::CpuId) => cpu::CPU_ID_OFFSET,
-                (true, SlotIndex::MmCid) => cpu::MM_CID_OFFSET,
-            };
-            // SAFETY: the chunk is alive (the arena owns it); region 0
-            // exists and `at.start < REGION_SLOTS`.
-            (field, unsafe { chunk.as_ref().slot(0, at.start) }.as_ptr())
-        };
-        #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-        let fs_offset = match rseq_field {
-            0 => NO_FS_OFFSET,
-            _ => cpu::glibc_fs_offset().unwrap_or(NO_FS_OFFSET),
-        };
-        Ok(PerCpu {
-            arena: self.clone(),
-            chunk,
-            chunk_index: at.chunk,
-            start: at.start,
-            len,
-            regions: self.inner.regions,
-            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-            rseq_field,
-            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-            row,
-            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-            fs_offset,
-            #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-            fast_fs_offset: if rseq_field == cpu::CPU_ID_OFFSET {
-                fs_offset
-            } else {
-                NO_FS_OFFSET
-            },
-        })
+        // SAFETY: the chunk is alive (the arena owns it and never moves
+        // it); region 0 exists and `at.start < REGION_SLOTS`.
+        let slot0 = unsafe { a.chunks[at.chunk].slot(0, at.start) };
+        Ok((at, Row::new(slot0, self)))
     }
 
-    /// A zeroed stripe of `kind`: one slot at the same index in regions
-    /// `0, 2^s, 2·2^s, …` of a chunk of stripes of that kind, for the shared
-    /// items of a counter (see `stripe.rs`). Freed with
-    /// [`Arena::free_stripe`] (same kind) by its owner, which must keep the
-    /// arena alive while it uses the stripe.
-    pub(crate) fn alloc_stripe(&self, kind: StripeKind) -> Result<Stripe, ArenaError> {
+    /// A zeroed set of stripes, one of each of `kinds`: one slot at the
+    /// same index in regions `0, 2^s, 2·2^s, …` of each member's part of a
+    /// chunk of sets of those kinds, for the shared items of a counter (see
+    /// `stripe.rs`). The set is one pointer: member `m`'s region `r` is
+    /// [`Stripe::member`]`(m, regions, r)`. Freed with
+    /// [`Arena::free_stripes`] (same kinds) by its owner, which must keep
+    /// the arena alive while it uses the set.
+    pub(crate) fn alloc_stripes(&self, kinds: &[StripeKind]) -> Result<Stripe, ArenaError> {
         let inner = &self.inner;
         lock(&inner.stripes)
-            .alloc(inner.regions, &inner.machine, kind)
+            .alloc(inner.regions, &inner.machine, kinds)
             .ok_or(ArenaError::OutOfMemory {
-                bytes: (inner.regions + 1).saturating_mul(super::REGION_BYTES),
+                bytes: (inner.regions * kinds.len().max(1) + 1).saturating_mul(super::REGION_BYTES),
             })
     }
 
-    /// Free a stripe.
+    /// Free a set of stripes.
     ///
     /// # Safety
-    /// `stripe` came from this arena's [`Arena::alloc_stripe`] with `kind`,
-    /// is freed once, and no reference into it remains.
-    pub(crate) unsafe fn free_stripe(&self, stripe: Stripe, kind: StripeKind) {
+    /// `stripe` came from this arena's [`Arena::alloc_stripes`] with
+    /// `kinds`, is freed once, and no reference into it remains.
+    pub(crate) unsafe fn free_stripes(&self, stripe: Stripe, kinds: &[StripeKind]) {
         // SAFETY: forwarded.
-        unsafe { lock(&self.inner.stripes).free(self.inner.regions, stripe, kind) }
+        unsafe { lock(&self.inner.stripes).free(self.inner.regions, stripe, kinds) }
     }
 
     /// Slots that counters' shared items (tree items, root accumulators)
@@ -401,37 +446,19 @@ impl Allocator {
 /// overflow; the layers above bound their values.
 pub struct PerCpu {
     arena: Arena,
-    /// Points into `arena`, which this handle keeps alive.
-    chunk: NonNull<Chunk>,
+    /// Where the slots lie, and the hot path's data.
+    row: Row,
     chunk_index: usize,
     start: usize,
     len: usize,
-    /// Per-CPU regions; region `regions` is the overflow copy.
-    regions: usize,
     /// For rseq arenas, the byte offset of the id field (`cpu_id` or
-    /// `mm_cid`) in the rseq area; 0 for atomic arenas. Kept here, with
-    /// `row`, so the hot path reads only this handle.
+    /// `mm_cid`) in the rseq area; 0 for atomic arenas. Kept here, beside
+    /// `row`, so the spilling step reads only this handle.
     #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
     rseq_field: usize,
-    /// Address of slot 0 in region 0 (region `r` is `r · 4096` bytes on).
-    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-    row: *mut i64,
-    /// glibc's `__rseq_offset` when the areas are glibc's (every thread's
-    /// at `fs:[offset]`), else [`NO_FS_OFFSET`]: the hot path then needs no
-    /// global load to find the thread's area.
-    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-    fs_offset: isize,
-    /// `fs_offset` in an rseq arena indexed by CPU id — the common case,
-    /// decided by this one field — else [`NO_FS_OFFSET`].
-    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-    fast_fs_offset: isize,
 }
 
-/// [`PerCpu::fs_offset`] when the areas are not glibc's.
-#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-const NO_FS_OFFSET: isize = isize::MIN;
-
-// SAFETY: `chunk` points to atomics owned by the arena that `self.arena`
+// SAFETY: `row` points to atomics owned by the arena that `self.arena`
 // keeps alive; all access through it is atomic.
 unsafe impl Send for PerCpu {}
 // SAFETY: as above; `&PerCpu` only exposes atomic operations.
@@ -453,7 +480,7 @@ impl PerCpu {
     /// of a concurrency-id arena), not counting the overflow copy.
     #[inline]
     pub fn cpus(&self) -> usize {
-        self.regions
+        self.row.regions()
     }
 
     /// The machine whose CPUs the copies belong to.
@@ -477,25 +504,24 @@ impl PerCpu {
     /// handle (`self.cpus()`, a CPU id checked against it).
     #[inline(always)]
     pub(crate) unsafe fn slot(&self, region: usize, index: usize) -> &AtomicI64 {
-        debug_assert!(region <= self.regions && index < self.len);
-        // SAFETY: the arena (kept alive by `self.arena`) owns the chunk; the
-        // chunk has `self.regions + 1` regions and `self.start + index <
-        // self.start + self.len <= REGION_SLOTS` (the caller's bounds).
-        unsafe { self.chunk.as_ref().slot(region, self.start + index) }
+        debug_assert!(index < self.len);
+        // SAFETY: the arena (kept alive by `self.arena`) owns the chunk;
+        // `region` and `index` within this allocation (the caller's bounds).
+        unsafe { self.row.slot(region, index) }
     }
 
     /// Slot `index` of region `region`, or `None` out of range.
     #[inline]
     fn slot_checked(&self, region: usize, index: usize) -> Option<&AtomicI64> {
         // SAFETY: both bounds checked just before.
-        (region <= self.regions && index < self.len).then(|| unsafe { self.slot(region, index) })
+        (region <= self.cpus() && index < self.len).then(|| unsafe { self.slot(region, index) })
     }
 
     fn check(&self, cpu: usize, index: usize) -> Result<(), ArenaError> {
-        if cpu >= self.regions {
+        if cpu >= self.cpus() {
             return Err(ArenaError::NoSuchCpu {
                 cpu,
-                cpus: self.regions,
+                cpus: self.cpus(),
             });
         }
         if index >= self.len {
@@ -512,7 +538,7 @@ impl PerCpu {
     /// whose per-CPU copies belong to critical sections running on their CPU.
     #[inline]
     pub(crate) fn remote_writes_allowed(&self) -> bool {
-        !self.arena.inner.rseq
+        self.arena.remote_writes_allowed()
     }
 
     /// Add `delta` to slot `index` of the current CPU's copy and return the
@@ -525,7 +551,7 @@ impl PerCpu {
         Ok(match unsafe { self.add_current(index, delta) } {
             Some((_, new)) => new,
             // SAFETY: the overflow region, and `index` checked above.
-            None => unsafe { self.atomic_add(self.regions, index, delta) },
+            None => unsafe { self.atomic_add(self.cpus(), index, delta) },
         })
     }
 
@@ -539,7 +565,7 @@ impl PerCpu {
         let region = if self.remote_writes_allowed() {
             cpu
         } else {
-            self.regions
+            self.cpus()
         };
         // SAFETY: `cpu < regions` and `index < len` checked above.
         Ok(unsafe { self.atomic_add(region, index, delta) })
@@ -551,45 +577,9 @@ impl PerCpu {
     /// As for [`PerCpu::slot`]: `region <= self.cpus()`, `index < self.len()`.
     #[inline(always)]
     pub(crate) unsafe fn atomic_add(&self, region: usize, index: usize, delta: i64) -> i64 {
-        // Relaxed: a slot is a pure counter; readers sum slots and need no
-        // ordering with other memory.
+        debug_assert!(index < self.len);
         // SAFETY: forwarded from the caller.
-        unsafe { self.slot(region, index) }
-            .fetch_add(delta, Relaxed)
-            .wrapping_add(delta)
-    }
-
-    /// The region "this CPU" owns for the atomic path, if it has one.
-    #[inline(always)]
-    fn current_region(&self) -> Option<usize> {
-        let machine = self.machine();
-        let region = match self.arena.inner.index {
-            SlotIndex::MmCid if !machine.is_simulated() => match cpu::mm_cid() {
-                Some(cid) => cid as usize,
-                None => machine.current_cpu(),
-            },
-            _ => machine.current_cpu(),
-        };
-        (region < self.regions).then_some(region)
-    }
-
-    /// Where slot `index`'s copies lie for a critical section written
-    /// outside Rust (the C ABI's inline add): `(address of the copy of
-    /// CPU 0, CPUs, glibc's __rseq_offset)` — CPU `c`'s copy is `c · 4096`
-    /// bytes on — when every write to this arena's copies is an rseq
-    /// sequence on glibc's area indexed by CPU id, the case the hot path
-    /// itself takes straight-line (see `add_current`); else `None`.
-    pub(crate) fn inline_add_layout(&self, index: usize) -> Option<(*mut i64, usize, isize)> {
-        #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-        if self.fast_fs_offset != NO_FS_OFFSET && index < self.len {
-            return Some((
-                self.row.wrapping_add(index),
-                self.regions,
-                self.fast_fs_offset,
-            ));
-        }
-        let _ = index;
-        None
+        unsafe { self.row.atomic_add(region, index, delta) }
     }
 
     /// Add `delta` to slot `index` of the current CPU's own copy and return
@@ -601,82 +591,8 @@ impl PerCpu {
     /// `index < self.len()`.
     #[inline(always)]
     pub(crate) unsafe fn add_current(&self, index: usize, delta: i64) -> Option<(usize, i64)> {
-        // The common case first, straight-line: glibc's area, indexed by
-        // CPU id, addressed through the thread pointer.
-        #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-        if self.fast_fs_offset != NO_FS_OFFSET {
-            // SAFETY: `fast_fs_offset` is glibc's `__rseq_offset` in an
-            // arena indexed by CPU id; the slot's region-0 address (`index`
-            // from the caller) and `regions` describe this chunk; in an
-            // rseq arena every write to a CPU's own copy is such a
-            // sequence.
-            let (cpu, new) = unsafe {
-                super::rseq_ops::add_return_fs::<false>(
-                    self.fast_fs_offset,
-                    self.row.wrapping_add(index),
-                    self.regions,
-                    delta,
-                )
-            };
-            return (cpu < self.regions).then_some((cpu, new));
-        }
-        // SAFETY: forwarded.
-        unsafe { self.add_current_slow(index, delta) }
-    }
-
-    /// [`PerCpu::add_current`] outside its common case, out of line so that
-    /// callers inline only the common case (a caller's frame then saves no
-    /// registers for paths it rarely takes).
-    ///
-    /// # Safety
-    /// `index < self.len()`.
-    #[cold]
-    #[inline(never)]
-    unsafe fn add_current_slow(&self, index: usize, delta: i64) -> Option<(usize, i64)> {
-        #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-        if self.rseq_field != 0 {
-            // SAFETY: forwarded.
-            return unsafe { self.add_current_rseq(index, delta) };
-        }
-        let region = self.current_region()?;
-        // SAFETY: `current_region` is below the regions; `index` from the
-        // caller.
-        Some((region, unsafe { self.atomic_add(region, index, delta) }))
-    }
-
-    /// [`PerCpu::add_current`] in an rseq arena outside its common case:
-    /// concurrency ids, or an area splitcount registered.
-    ///
-    /// # Safety
-    /// `index < self.len()`.
-    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
-    #[inline(never)]
-    unsafe fn add_current_rseq(&self, index: usize, delta: i64) -> Option<(usize, i64)> {
-        {
-            let slot0 = self.row.wrapping_add(index);
-            if self.fs_offset != NO_FS_OFFSET {
-                // SAFETY: `fs_offset` is glibc's `__rseq_offset`; the rest
-                // as in `add_current`.
-                let (cpu, new) = unsafe {
-                    super::rseq_ops::add_return_fs::<true>(
-                        self.fs_offset,
-                        slot0,
-                        self.regions,
-                        delta,
-                    )
-                };
-                return (cpu < self.regions).then_some((cpu, new));
-            }
-            let area = cpu::rseq_area()?;
-            // SAFETY: `area` is this thread's area (the sequence checks that
-            // it is registered); the slot's region-0 address (`index` from
-            // the caller) and `regions` describe this chunk; in an rseq arena
-            // every write to a CPU's own copy is such a sequence.
-            let (cpu, new) = unsafe {
-                super::rseq_ops::add_return(area, self.rseq_field, slot0, self.regions, delta)
-            };
-            (cpu < self.regions).then_some((cpu, new))
-        }
+        // SAFETY: `index` from the caller; the row is this arena's.
+        unsafe { self.row.add_current(index, delta, || &self.arena) }
     }
 
     /// The kernel's `percpu_counter` step on the current CPU's copy: add
@@ -713,8 +629,8 @@ impl PerCpu {
                 add_spill(
                     area,
                     self.rseq_field,
-                    self.row.wrapping_add(index),
-                    self.regions,
+                    self.row.ptr(index),
+                    self.cpus(),
                     delta,
                     batch,
                     armed,
@@ -737,7 +653,7 @@ impl PerCpu {
             }
             return;
         }
-        match self.current_region() {
+        match self.row.current_region(&self.arena) {
             // SAFETY: `current_region` is below the regions; `index` from the
             // caller.
             Some(region) => unsafe { self.atomic_add_spill(region, index, delta, batch, target) },
@@ -779,11 +695,8 @@ impl PerCpu {
     /// `index < self.len()`.
     #[inline]
     pub(crate) unsafe fn sum_acquire(&self, index: usize) -> i64 {
-        (0..=self.regions).fold(0i64, |acc, region| {
-            // SAFETY: every region up to the overflow one; `index` from the
-            // caller.
-            acc.wrapping_add(unsafe { self.slot(region, index) }.load(Acquire))
-        })
+        // SAFETY: forwarded.
+        unsafe { self.row.sum_acquire(index) }
     }
 
     /// Slot `index` of CPU `cpu`'s own copy, or `None` if either is out of
@@ -795,7 +708,7 @@ impl PerCpu {
 
     /// Slot `index` of the shared overflow copy, or `None` if out of range.
     pub fn overflow(&self, index: usize) -> Option<i64> {
-        Some(self.slot_checked(self.regions, index)?.load(Relaxed))
+        Some(self.slot_checked(self.cpus(), index)?.load(Relaxed))
     }
 
     /// Sum of slot `index` over every copy, the overflow copy included
@@ -813,30 +726,17 @@ impl PerCpu {
     /// `index < self.len()`.
     #[inline]
     pub(crate) unsafe fn sum_unchecked(&self, index: usize) -> i64 {
-        (0..=self.regions).fold(0i64, |acc, region| {
-            // SAFETY: every region up to the overflow one; `index` from the
-            // caller.
-            acc.wrapping_add(unsafe { self.slot(region, index) }.load(Relaxed))
-        })
+        // SAFETY: forwarded.
+        unsafe { self.row.sum(index) }
     }
 }
 
 impl Drop for PerCpu {
     fn drop(&mut self) {
-        // Nobody else can hold `&self` now, so no add races with the zeroing;
-        // the lock orders these stores before the next owner's first access.
-        // Only non-zero slots are written: reading a page no CPU ever touched
-        // maps the shared zero page, while writing it would back it with
-        // memory (a tree on 65,536 simulated CPUs cost 254 MiB to drop).
-        for cpu in 0..=self.regions {
-            for i in 0..self.len {
-                // SAFETY: every region and every slot of this allocation.
-                let slot = unsafe { self.slot(cpu, i) };
-                if slot.load(Relaxed) != 0 {
-                    slot.store(0, Relaxed);
-                }
-            }
-        }
+        // SAFETY: every slot of this allocation; nobody else can hold
+        // `&self` now, so no add races with the zeroing, and the lock orders
+        // it before the next owner's first access.
+        unsafe { self.row.zero(self.len) };
         lock(&self.arena.inner.alloc).release(Free {
             chunk: self.chunk_index,
             start: self.start,
@@ -851,7 +751,7 @@ impl fmt::Debug for PerCpu {
             .field("chunk", &self.chunk_index)
             .field("start", &self.start)
             .field("len", &self.len)
-            .field("regions", &self.regions)
+            .field("regions", &self.cpus())
             .finish()
     }
 }

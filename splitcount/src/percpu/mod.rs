@@ -32,6 +32,7 @@
 mod arena;
 mod chunk;
 mod path;
+mod row;
 #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
 mod rseq_ops;
 mod stripe;
@@ -40,4 +41,5 @@ pub(crate) use arena::SpillTarget;
 pub use arena::{Arena, ArenaError, PerCpu};
 pub use chunk::{REGION_BYTES, REGION_SLOTS};
 pub use path::{default_add_path, rseq_available, AddPath, ArenaOptions, SlotIndex};
+pub(crate) use row::Row;
 pub(crate) use stripe::{Stripe, StripeKind};

@@ -75,7 +75,8 @@ unsafe impl Send for Stripe {}
 unsafe impl Sync for Stripe {}
 
 impl Stripe {
-    /// The slot in region `region`.
+    /// The slot in region `region` (of the set's chunk: member `m`'s
+    /// region `r` is region `m · regions + r`, see [`Stripe::member`]).
     ///
     /// # Safety
     /// The arena that allocated the stripe is alive, the stripe was not
@@ -86,17 +87,24 @@ impl Stripe {
         // one allocation; `region` is inside it (the caller's contract).
         unsafe { &*self.0.as_ptr().add(region * REGION_SLOTS) }
     }
+
+    /// The region of the set's chunk where member `member`'s region
+    /// `region` lies, on an arena of `regions` regions.
+    #[inline(always)]
+    pub(crate) fn member(member: usize, regions: usize, region: usize) -> usize {
+        member * regions.max(1) + region
+    }
 }
 
-/// The stripes of one kind.
+/// The stripe sets of one list of kinds.
 #[derive(Default)]
 struct Kind {
-    /// Indices (into [`StripeAlloc::chunks`]) of this kind's chunks.
+    /// Indices (into [`StripeAlloc::chunks`]) of these sets' chunks.
     chunks: Vec<usize>,
-    /// Stripes ever given out: the next new one is at `(next / REGION_SLOTS,
-    /// next % REGION_SLOTS)` of this kind's chunks.
+    /// Sets ever given out: the next new one is at `(next / REGION_SLOTS,
+    /// next % REGION_SLOTS)` of these chunks.
     next: usize,
-    /// Freed stripes (chunk index, slot index), reused first.
+    /// Freed sets (chunk index, slot index), reused first.
     free: Vec<(usize, usize)>,
 }
 
@@ -106,65 +114,83 @@ pub(crate) struct StripeAlloc {
     /// Stripe chunks; a chunk never moves nor goes before the arena does.
     #[allow(clippy::vec_box)]
     chunks: Vec<Box<Chunk>>,
-    kinds: BTreeMap<StripeKind, Kind>,
+    kinds: BTreeMap<Box<[StripeKind]>, Kind>,
     /// Slots in use: each live stripe counts the regions its kind uses.
     pub(crate) slots: usize,
 }
 
+/// The slots a set of `kinds` uses, on `regions` regions.
+fn set_slots(regions: usize, kinds: &[StripeKind]) -> usize {
+    kinds.iter().map(|k| k.regions_used(regions)).sum()
+}
+
 impl StripeAlloc {
-    /// A zeroed stripe of `kind`; `None` if no chunk can be mapped.
+    /// A zeroed set of stripes, one of each of `kinds` (see
+    /// [`Stripe::member`]); `None` if no chunk can be mapped.
     pub(crate) fn alloc(
         &mut self,
         regions: usize,
         machine: &Machine,
-        kind: StripeKind,
+        kinds: &[StripeKind],
     ) -> Option<Stripe> {
-        let entry = self.kinds.entry(kind).or_default();
+        let regions = regions.max(1);
+        let entry = match self.kinds.get_mut(kinds) {
+            Some(entry) => entry,
+            None => self.kinds.entry(kinds.into()).or_default(),
+        };
         let (chunk, index) = match entry.free.pop() {
             Some(at) => at,
             None => {
                 let (nth, index) = (entry.next / REGION_SLOTS, entry.next % REGION_SLOTS);
                 if nth == entry.chunks.len() {
+                    let members = regions.checked_mul(kinds.len().max(1))?;
                     self.chunks
-                        .push(Box::new(Chunk::new(regions, machine, false)?));
+                        .push(Box::new(Chunk::new(members, machine, false)?));
                     entry.chunks.push(self.chunks.len() - 1);
                 }
                 entry.next += 1;
                 (entry.chunks[nth], index)
             }
         };
-        self.slots += kind.regions_used(regions);
+        self.slots += set_slots(regions, kinds);
         // SAFETY: region 0 and `index` below `REGION_SLOTS` of a live chunk.
         let slot = unsafe { self.chunks[chunk].slot(0, index) };
         Some(Stripe(NonNull::from(slot)))
     }
 
-    /// Free a stripe of `kind`, zeroing the slots it wrote (an untouched
-    /// page stays unbacked).
+    /// Free a set of stripes of `kinds`, zeroing the slots it wrote (an
+    /// untouched page stays unbacked).
     ///
     /// # Safety
-    /// `stripe` came from [`StripeAlloc::alloc`] with `kind`, is freed once,
-    /// and no reference into it remains.
-    pub(crate) unsafe fn free(&mut self, regions: usize, stripe: Stripe, kind: StripeKind) {
-        for region in kind.used(regions) {
-            // SAFETY: the stripe is ours until it is on a free list, and
-            // its kind uses `region`.
-            let slot = unsafe { stripe.at(region) };
-            // Relaxed: no one else holds the stripe now; the arena's lock
-            // orders this store before its next owner's first access.
-            if slot.load(Relaxed) != 0 {
-                slot.store(0, Relaxed);
+    /// `stripe` came from [`StripeAlloc::alloc`] with `regions` and `kinds`,
+    /// is freed once, and no reference into it remains.
+    pub(crate) unsafe fn free(&mut self, regions: usize, stripe: Stripe, kinds: &[StripeKind]) {
+        let regions = regions.max(1);
+        for (m, kind) in kinds.iter().enumerate() {
+            for region in kind.used(regions) {
+                // SAFETY: the set is ours until it is on a free list, and
+                // member `m`'s kind uses `region`.
+                let slot = unsafe { stripe.at(m * regions + region) };
+                // Relaxed: no one else holds the stripe now; the arena's
+                // lock orders this store before its next owner's first
+                // access.
+                if slot.load(Relaxed) != 0 {
+                    slot.store(0, Relaxed);
+                }
             }
         }
         let addr = stripe.0.as_ptr() as usize;
         let size = std::mem::size_of::<AtomicI64>();
-        let entry = self.kinds.entry(kind).or_default();
+        let Some(entry) = self.kinds.get_mut(kinds) else {
+            debug_assert!(false, "a stripe set of kinds never allocated");
+            return;
+        };
         for &c in &entry.chunks {
             // SAFETY: region 0, slot 0 of a live chunk.
             let base = unsafe { self.chunks[c].slot(0, 0) } as *const AtomicI64 as usize;
             if (base..base + REGION_SLOTS * size).contains(&addr) {
                 entry.free.push((c, (addr - base) / size));
-                self.slots -= kind.regions_used(regions);
+                self.slots -= set_slots(regions, kinds);
                 return;
             }
         }

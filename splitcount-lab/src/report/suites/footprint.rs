@@ -4,8 +4,10 @@
 use super::{with_case, Outcome, Settings};
 use crate::footprint::{self, Row};
 use crate::report::plots::{self, Axis, Chart, Series, Style};
+use crate::timing::{Measured, Plan};
 use indicatif::ProgressBar;
 use serde_json::json;
+use std::time::Duration;
 
 /// CPU counts the suite draws.
 const CPUS: [usize; 7] = [2, 16, 64, 128, 256, 1024, 4096];
@@ -23,8 +25,22 @@ pub fn run(_: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
             .collect::<Result<_, _>>()?,
         tables: vec![footprint::table(&rows)],
         plots: vec![plot(&rows)?],
-        verdicts: Vec::new(),
+        verdicts: verdicts(&rows),
     })
+}
+
+/// The tree's bytes per CPU against the target, at each CPU count it names.
+fn verdicts(rows: &[Row]) -> Vec<crate::report::targets::Verdict> {
+    let plan = Plan {
+        rounds: 1,
+        slice: Duration::ZERO,
+    };
+    let mut m = Measured::new("footprint", plan, Vec::new());
+    m.scalars = footprint::tree_figures(rows)
+        .into_iter()
+        .map(|(name, v)| (name.to_owned(), 0, v))
+        .collect();
+    crate::report::targets::verdicts("footprint", &m)
 }
 
 fn plot(rows: &[Row]) -> Result<String, String> {
@@ -64,4 +80,22 @@ fn plot(rows: &[Row]) -> Result<String, String> {
             format!("target: tree ≤ {} B/CPU", footprint::TREE_TARGET),
         ],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::targets::Status;
+
+    #[test]
+    fn the_tree_target_has_a_computed_verdict_at_each_cpu_count() {
+        let rows = footprint::run(&CPUS).unwrap();
+        let v = verdicts(&rows);
+        assert_eq!(v.len(), 4);
+        for v in &v {
+            assert_eq!(v.status, Status::Met, "{v:?}");
+            assert!(v.median.unwrap() <= footprint::TREE_TARGET, "{v:?}");
+            assert!(v.note.contains("computed"), "{v:?}");
+        }
+    }
 }
