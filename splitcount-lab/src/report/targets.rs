@@ -497,7 +497,7 @@ pub const TARGETS: &[Target] = &[
         "tree",
         counters::BARE_RSEQ,
         1,
-        1.3,
+        1.1,
     ),
     cost(
         "PerCpu::add vs bare rseq add",
