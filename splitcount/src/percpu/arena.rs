@@ -7,7 +7,9 @@ use super::chunk::{Chunk, REGION_SLOTS};
 use super::path::{self, AddPath, ArenaOptions, SlotIndex};
 use super::row::Row;
 use super::stripe::{Stripe, StripeAlloc, StripeKind};
-use crate::cpu::{self, Machine};
+#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+use crate::cpu;
+use crate::cpu::Machine;
 use crate::sync::{
     lock, Arc, AtomicI64, Mutex,
     Ordering::{AcqRel, Relaxed},
@@ -292,6 +294,7 @@ impl Arena {
     }
 
     /// Whether `other` is this arena (a clone of it).
+    #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn same(&self, other: &Arena) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
@@ -349,7 +352,7 @@ impl Arena {
         a.used += len;
         // SAFETY: the chunk is alive (the arena owns it and never moves
         // it); region 0 exists and `at.start < REGION_SLOTS`.
-        let slot0 = unsafe { a.chunks[at.chunk].slot(0, at.start) };
+        let slot0 = unsafe { a.chunks[at.chunk].slot_ptr(0, at.start) };
         Ok((at, Row::new(slot0, self)))
     }
 
@@ -879,6 +882,52 @@ mod tests {
         m.set_current_cpu(11).unwrap();
         assert_eq!(p.add(0, 4).unwrap(), 4);
         assert_eq!(p.get(11, 0), Some(4));
+    }
+
+    /// A tree's parts: a bare row and a stripe set, reached from one
+    /// pointer each across regions and members (run under Miri, which
+    /// checks the pointers may reach that far), given back zeroed.
+    #[test]
+    fn a_row_and_a_stripe_set_reach_every_region_and_go_back_zeroed() {
+        let a = sim(4);
+        let row = a.alloc_row().unwrap();
+        for region in 0..=4 {
+            // SAFETY: every region of a live one-slot row.
+            unsafe { row.atomic_add(region, 0, region as i64 + 1) };
+        }
+        // SAFETY: as above.
+        assert_eq!(unsafe { row.sum(0) }, 15);
+        let kinds = [
+            StripeKind {
+                stride: 1,
+                order: 0,
+            },
+            StripeKind {
+                stride: u32::MAX,
+                order: 2,
+            },
+        ];
+        let set = a.alloc_stripes(&kinds).unwrap();
+        // SAFETY (both): regions the members' kinds use, of a live set.
+        unsafe { set.at(Stripe::member(0, 4, 2)) }.fetch_add(5, Relaxed);
+        unsafe { set.at(Stripe::member(1, 4, 0)) }.fetch_add(7, Relaxed);
+        assert_eq!(a.stripe_slots_in_use(), 2 + 1);
+        // SAFETY: allocated here with these kinds, freed once, unused after.
+        unsafe {
+            a.free_stripes(set, &kinds);
+            a.free_row(row);
+        }
+        assert_eq!((a.slots_in_use(), a.stripe_slots_in_use()), (0, 0));
+        let (row, again) = (a.alloc_row().unwrap(), a.alloc_stripes(&kinds).unwrap());
+        assert_eq!(again, set, "reused");
+        // SAFETY: as above.
+        unsafe {
+            assert_eq!(row.sum(0), 0);
+            assert_eq!(again.at(Stripe::member(0, 4, 2)).load(Relaxed), 0);
+            assert_eq!(again.at(Stripe::member(1, 4, 0)).load(Relaxed), 0);
+            a.free_stripes(again, &kinds);
+            a.free_row(row);
+        }
     }
 
     #[test]

@@ -92,6 +92,35 @@ impl Chunk {
         })
     }
 
+    /// A pointer to slot `index` of region `region` that may reach every
+    /// slot of the chunk (its provenance is the chunk's, not one slot's):
+    /// what a [`super::Row`] or a stripe keeps and offsets by regions.
+    ///
+    /// # Safety
+    /// As for [`Chunk::slot`].
+    #[inline(always)]
+    pub(crate) unsafe fn slot_ptr(
+        &self,
+        region: usize,
+        index: usize,
+    ) -> std::ptr::NonNull<AtomicI64> {
+        debug_assert!(region < self.regions && index < REGION_SLOTS);
+        let at = region * REGION_SLOTS + index;
+        #[cfg(all(unix, not(loom)))]
+        {
+            // SAFETY: `at` is inside the mapping (the caller's bounds); no
+            // reference is made, so the pointer keeps the mapping's
+            // provenance.
+            unsafe { self.base.add(at) }
+        }
+        #[cfg(any(not(unix), loom))]
+        {
+            // SAFETY: `at` is inside the slice (the caller's bounds); the
+            // slice's pointer covers all of it.
+            unsafe { std::ptr::NonNull::new_unchecked(self.slots.as_ptr().add(at).cast_mut()) }
+        }
+    }
+
     /// The slot `index` of region `region`.
     ///
     /// # Safety

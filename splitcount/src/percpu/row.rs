@@ -52,8 +52,9 @@ unsafe impl Send for Row {}
 unsafe impl Sync for Row {}
 
 impl Row {
-    /// The row whose region-0 slot is `slot0`, in `arena`.
-    pub(super) fn new(slot0: &AtomicI64, arena: &Arena) -> Row {
+    /// The row whose region-0 slot is `slot0`, in `arena`; `slot0` must
+    /// reach the whole chunk (`Chunk::slot_ptr`), not the one slot.
+    pub(super) fn new(slot0: NonNull<AtomicI64>, arena: &Arena) -> Row {
         #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
         let fast_fs_offset = match (arena.add_path(), arena.slot_index()) {
             (super::AddPath::Rseq, SlotIndex::CpuId) => cpu::glibc_fs_offset()
@@ -63,7 +64,7 @@ impl Row {
             _ => NO_FS_OFFSET,
         };
         Row {
-            slot0: NonNull::from(slot0),
+            slot0,
             // `Arena::with_options` keeps the regions within the machine's
             // CPUs, which `Machine` keeps below 2³².
             regions: arena.regions() as u32,
@@ -87,6 +88,7 @@ impl Row {
     /// Slot `index`'s region-0 address, for a critical section (region `r`
     /// is `r · REGION_BYTES` on).
     #[inline(always)]
+    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
     pub(crate) fn ptr(&self, index: usize) -> *mut i64 {
         self.slot0.as_ptr().wrapping_add(index).cast()
     }

@@ -154,8 +154,9 @@ impl StripeAlloc {
         };
         self.slots += set_slots(regions, kinds);
         // SAFETY: region 0 and `index` below `REGION_SLOTS` of a live chunk.
-        let slot = unsafe { self.chunks[chunk].slot(0, index) };
-        Some(Stripe(NonNull::from(slot)))
+        // The pointer keeps the chunk's provenance: the set's members and
+        // regions are reached from it.
+        Some(Stripe(unsafe { self.chunks[chunk].slot_ptr(0, index) }))
     }
 
     /// Free a set of stripes of `kinds`, zeroing the slots it wrote (an
