@@ -11,8 +11,14 @@
 //! `k` in a chunk of its own kind, and the counter keeps item `i` in region
 //! `i·2^s` at index `k`. Stripes of the same stride (and the same order of
 //! CPUs) share chunks, so the line at region `r` holds the items of sixteen
-//! counters that the **same** CPUs write. An item costs 8 bytes; the counter
-//! keeps one pointer per level, and finds an item with a shift and an add.
+//! counters that the **same** CPUs write. An item costs 8 bytes.
+//!
+//! A counter takes its stripes together, as a **set** of several kinds (a
+//! tree: one per level, the root's, the bias's): a chunk of sets of one list
+//! of kinds has `members × regions` regions, member `m` in regions
+//! `m·regions …`, and the set is one pointer — member `m`'s region `r` is
+//! region [`Stripe::member`]`(m, regions, r)` from it. Sets of the same list
+//! of kinds share chunks, sixteen counters to a line as above.
 //!
 //! ```text
 //!  a chunk of stride 2 (items covering 4 positions), 3 trees A B C:
@@ -30,7 +36,7 @@
 //! skips are never touched and cost no memory), kept apart from the arena's
 //! uniform allocations and never bound to NUMA nodes region by region: the
 //! kernel places a page where it is first written, by the CPUs of its
-//! items. Freed stripes are zeroed where written and reused first.
+//! items. Freed sets are zeroed where written and reused first.
 
 use super::chunk::{Chunk, REGION_SLOTS};
 use crate::cpu::Machine;
@@ -64,7 +70,7 @@ impl StripeKind {
 }
 
 /// A stripe: the address of its slot in region 0. Plain data: the owner
-/// frees it ([`super::Arena::free_stripe`]).
+/// frees it ([`super::Arena::free_stripes`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Stripe(NonNull<AtomicI64>);
 
