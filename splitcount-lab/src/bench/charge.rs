@@ -21,9 +21,11 @@
 //! - `{4,8}-tenants-{1-slot,7-slots}`: each thread serves 4 or 8 tenants
 //!   in turn, op by op (a server multiplexing requests), with a CPU stock of
 //!   1 slot (the kernel before 6.16) or 7 (the kernel's since). With 4
-//!   tenants, 7 slots keep every tenant's units and 1 slot misses on every
-//!   op; with 8 tenants, more than the slots, round-robin eviction makes
-//!   both miss.
+//!   tenants, 7 slots keep every tenant's units; with more tenants than
+//!   slots, the kernel's round-robin eviction would miss on every op — the
+//!   stock's admission filter keeps the keys in the slots hitting and lets
+//!   the tenants left out charge the usage counters directly (3 ops in 4
+//!   with 1 slot and 4 tenants, 1 in 8 with 7 slots and 8 tenants).
 //! - `8-tenants`, `32-tenants`: the same with the default stock — 63 slots
 //!   and a budget of 7 batches per CPU: 8 tenants each keep a batch's worth
 //!   (56 units: the budget's share), 32 keep 14 units each and refill once

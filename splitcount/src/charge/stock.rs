@@ -15,10 +15,10 @@
 //!
 //! ```text
 //!  CPU n, one 1 KiB block:
-//!  ┌──────┬────────┬──────┬─────────┬──────────────────────┬─────┬─────────┐
-//!  │ lock │ victim │ used │ granted │ slot 0: key │ units │ … │ slot 62 │
-//!  │ 4 B  │ 2 B    │ 2 B  │ 8 B     │ 8 B         │ 4 B + quota 4 B │       │
-//!  └──────┴────────┴──────┴─────────┴──────────────────────┴─────┴─────────┘
+//!  ┌──────┬────────┬────────┬──────┬─────────┬───────────────────────────────┬─────┬─────────┐
+//!  │ lock │ victim │ misses │ used │ granted │ slot 0: key, units, quota     │  …  │ slot 62 │
+//!  │ 4 B  │ 1 B    │ 1 B    │ 2 B  │ 8 B     │ 8 B + 4 B + 4 B               │     │         │
+//!  └──────┴────────┴────────┴──────┴─────────┴───────────────────────────────┴─────┴─────────┘
 //! ```
 //!
 //! **The budget.** A CPU stocks at most `budget` units in all (default
@@ -31,6 +31,19 @@
 //! `budget · CPUs` whatever the number of groups. With more than [`WINDOW`]
 //! slots a key lives in a window of them that a hash of its word picks, so
 //! a hit scans at most [`WINDOW`] keys.
+//!
+//! **Admission.** A key that misses and finds every slot of its window
+//! taken evicts one (round-robin) only once per [`ADMIT_EVERY`] such
+//! misses on that CPU; the other misses charge — or return — exactly their
+//! units on the usage counter, stocking nothing. Round-robin eviction alone
+//! turns a cyclic pattern one key longer than the slots (8 tenants served
+//! in turn over 7 slots, 2 over 1) into a miss on every charge, each an
+//! eviction's uncharge and a batch's refill on every level of two
+//! hierarchies; with the filter the keys in the slots keep hitting, the
+//! one left out pays one direct charge per op, and the slot it takes now
+//! and then is handed on the same way. A new working set still displaces
+//! an idle one: every miss counts, so after at most `ADMIT_EVERY` misses
+//! per slot the old keys are gone.
 //!
 //! **Locking.** Threads that share a CPU can preempt each other, so each
 //! CPU's block has a try-lock. The hot path never waits: if the lock is
@@ -57,7 +70,7 @@
 use super::stock_rseq;
 use super::usage::UsageCounter;
 use crate::sync::{
-    Arc, AtomicU16, AtomicU32, AtomicU64, AtomicUsize,
+    Arc, AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
 
@@ -76,6 +89,11 @@ pub const DEFAULT_BUDGET_BATCHES: u64 = 7;
 /// sequences scan the window only; in a block of at most this many slots
 /// every key may use every slot.
 pub const WINDOW: usize = 16;
+
+/// When a key misses and every slot of its window is taken, one such miss
+/// in this many (per CPU) evicts a slot for it; the others charge the
+/// usage counter directly (see `Block::admits`).
+pub const ADMIT_EVERY: u8 = 8;
 
 /// The largest batch: units are kept as `u32`.
 pub const MAX_STOCK_BATCH: u64 = u32::MAX as u64;
@@ -263,7 +281,10 @@ struct Block {
     /// but 0 as busy.
     lock: AtomicU32,
     /// The next slot of a window to evict (under the lock).
-    victim: AtomicU16,
+    victim: AtomicU8,
+    /// Misses of keys that found their window full, modulo
+    /// [`ADMIT_EVERY`] (under the lock): see [`Block::admits`].
+    misses: AtomicU8,
     /// Slots with a key (under the lock; read without it as a hint).
     used: AtomicU16,
     /// The sum of the slots' quotas (under the lock; read without it by a
@@ -288,7 +309,8 @@ impl Block {
     fn new() -> Block {
         Block {
             lock: AtomicU32::new(0),
-            victim: AtomicU16::new(0),
+            victim: AtomicU8::new(0),
+            misses: AtomicU8::new(0),
             used: AtomicU16::new(0),
             granted: AtomicU64::new(0),
             slots: std::array::from_fn(|_| Slot::default()),
@@ -341,6 +363,26 @@ impl Block {
     /// The slot holding the key whose word is `raw`, within `window`.
     fn find(&self, window: (usize, usize), raw: usize) -> Option<usize> {
         (window.0..window.1).find(|&i| self.key(i) == raw)
+    }
+
+    /// Whether a key that is not in `window` may take a slot there: yes if
+    /// one is empty; if all are taken, only one miss in [`ADMIT_EVERY`]
+    /// (counted per block, under the lock) evicts a victim — the others
+    /// bypass the stock. Round-robin eviction of a cyclic pattern one key
+    /// longer than the window (8 tenants in turn over 7 slots) would
+    /// otherwise evict on every charge, each eviction an uncharge and a
+    /// refill on every level of two hierarchies; with the filter the keys
+    /// in the slots keep hitting and the one left out pays a direct
+    /// charge, and a new working set still replaces an old one after at
+    /// most `ADMIT_EVERY` misses per slot.
+    fn admits(&self, (start, end): (usize, usize)) -> bool {
+        if (start..end).any(|i| self.key(i) == 0) {
+            return true;
+        }
+        // Relaxed: under the lock.
+        let m = (self.misses.load(Relaxed) + 1) % ADMIT_EVERY;
+        self.misses.store(m, Relaxed);
+        m == 0
     }
 
     /// [`Block::find`] without the lock.
@@ -842,7 +884,8 @@ impl<K: StockKey> Stock<K> {
 
     /// [`Stock::consume_with`], and on a miss the units to charge at once
     /// ([`Stock::refill`]: the key's quota and what its block has left to
-    /// grant; a batch when busy).
+    /// grant; a batch when busy; 0 — charge only what is needed, stock
+    /// nothing — for a key the block does not admit, [`Block::admits`]).
     #[inline]
     pub(crate) fn take_with(
         &self,
@@ -875,7 +918,7 @@ impl<K: StockKey> Stock<K> {
                     granted,
                     used,
                 } => (Consumed::Miss, self.refill(Some((quota, granted, used)))),
-                Found::Step(Step::Miss) => (Consumed::Miss, self.refill(None)),
+                Found::Step(Step::Miss) => (Consumed::Miss, self.admit_absent(cpu(), key)),
                 Found::Step(Step::Slow) => self.consume_locked(cpu(), key, n),
                 // A sealed block (after a failed fence) is used under its
                 // lock; a held one is bypassed.
@@ -884,6 +927,27 @@ impl<K: StockKey> Stock<K> {
             };
         }
         self.consume_locked(cpu(), key, n)
+    }
+
+    /// The refill of a key that has no slot on CPU `cpu`: a batch if the
+    /// block admits it ([`Block::admits`]: a slot is free, or this miss
+    /// evicts one), else 0 — charge exactly what is needed, nothing to
+    /// stock. A busy block is not waited for: it answers a batch, as for a
+    /// key it admits. (Lock mode decides under the lock it already holds,
+    /// in `consume_locked`.)
+    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+    #[cold]
+    fn admit_absent(&self, cpu: usize, key: &K) -> u64 {
+        let Some(locked) = self.try_lock_here(cpu) else {
+            return self.refill(None);
+        };
+        let window = self.window(key.as_raw());
+        let b = locked.block;
+        if b.find(window, key.as_raw()).is_some() || b.admits(window) {
+            self.refill(None)
+        } else {
+            0
+        }
     }
 
     #[cold]
@@ -909,7 +973,14 @@ impl<K: StockKey> Stock<K> {
                 ),
                 None,
             ),
-            None => ((Consumed::Miss, self.refill(None)), None),
+            None => {
+                let refill = if b.admits(self.window(key.as_raw())) {
+                    self.refill(None)
+                } else {
+                    0
+                };
+                ((Consumed::Miss, refill), None)
+            }
         };
         drop(locked);
         if let Some(raw) = emptied {
@@ -930,7 +1001,8 @@ impl<K: StockKey> Stock<K> {
 
     /// Keep `n` charged units for `key` in CPU `cpu`'s stock: added to its
     /// slot, or into an empty slot, or into a victim's (round-robin, the
-    /// victim's units returned as leftovers). A slot above the batch
+    /// victim's units returned as leftovers; a refill's key was admitted by
+    /// its miss, so this stash does not filter). A slot above the batch
     /// returns its excess. If the lock is busy, all `n` come back.
     pub fn stash(&self, cpu: usize, key: &K, n: u64) -> Leftovers<K> {
         self.stash_with(|| cpu, key, n)
@@ -1023,12 +1095,19 @@ impl<K: StockKey> Stock<K> {
         let i = match b.find(window, raw) {
             Some(i) => i,
             None => {
+                // Returned units of a key left out bypass the stock unless
+                // the filter admits it; a refill's key was admitted by its
+                // miss (`admit_absent`), which charged a batch for the slot.
+                if matches!(how, Stashed::Returned) && !b.admits(window) {
+                    left.push(key.clone(), n);
+                    return;
+                }
                 let (start, end) = window;
                 let empty = (start..end).find(|&i| b.key(i) == 0);
                 let i = empty.unwrap_or_else(|| {
                     // Relaxed: under the lock.
                     let v = b.victim.load(Relaxed) as usize % (end - start);
-                    b.victim.store(((v + 1) % (end - start)) as u16, Relaxed);
+                    b.victim.store(((v + 1) % (end - start)) as u8, Relaxed);
                     start + v
                 });
                 key.counter().note_stock_slot(true);

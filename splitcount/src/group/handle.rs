@@ -536,6 +536,17 @@ impl Group {
         if taken == Consumed::Hit {
             return Ok(());
         }
+        // The stock left the group out (every slot of this CPU is another
+        // group's, and its admission filter kept them): just `n`, on the
+        // counters, with no `Arc` traffic; the slow path if refused.
+        if refill == 0 && n <= MAX_REQUEST {
+            if let Ok(crossed) = node.usage.try_charge_quiet(n) {
+                if crossed {
+                    self.shared.pressure(node, reclaim::direct);
+                }
+                return Ok(());
+            }
+        }
         // A batch, or the group's share of this CPU's budget.
         if n < refill {
             if let Ok(crossed) = node.usage.try_charge_quiet(refill) {

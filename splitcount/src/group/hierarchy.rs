@@ -63,7 +63,12 @@ impl HierarchyConfig {
         self
     }
 
-    /// Groups per CPU stock.
+    /// Groups per CPU stock (1 to [`crate::raw::MAX_STOCK_SLOTS`], the
+    /// default). When more groups than that charge on one CPU, the ones
+    /// without a slot charge the usage counters directly, and one of their
+    /// misses in [`crate::raw::ADMIT_EVERY`] takes a slot from another
+    /// group: the groups in the slots keep hitting rather than evicting
+    /// each other on every charge.
     pub fn stock_slots(mut self, slots: usize) -> Self {
         self.stock_slots = slots;
         self
