@@ -95,6 +95,37 @@ fn eight_tenants_take_turns_over_seven_slots(h: &Hierarchy) {
 }
 
 #[test]
+fn thirty_two_tenants_that_give_back_what_they_take_share_the_budget() {
+    // Each charge is given back at once (a request that allocates and
+    // frees): a tenant's units never run down, so the budget has to come
+    // back from the first tenants' slots as units, not only as quotas.
+    let h = one_cpu_with_slots(63);
+    let groups = tenants(&h, 32);
+    let turn = |rounds: usize| {
+        let mut misses = 0;
+        for _ in 0..rounds {
+            for g in &groups {
+                let before = g.usage();
+                g.charge(1).unwrap();
+                if g.usage() != before {
+                    misses += 1;
+                }
+                g.uncharge(1);
+            }
+        }
+        misses
+    };
+    turn(64);
+    let misses = turn(1000);
+    assert!(misses <= 32, "{misses} misses in 32,000 charges");
+    assert!(h.stocked_on_cpu(0) <= 7 * 64);
+    h.drain_stocks();
+    for g in &groups {
+        assert_eq!((g.usage(), g.stocked()), (0, 0));
+    }
+}
+
+#[test]
 fn with_one_tenant_more_than_slots_the_others_keep_hitting() {
     let h = one_cpu_with_slots(7);
     eight_tenants_take_turns_over_seven_slots(&h);

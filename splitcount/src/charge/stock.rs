@@ -175,13 +175,13 @@ pub enum Consumed {
 #[derive(Debug)]
 #[must_use = "leftovers finish their uncharge when dropped; `uncharge` says how many units"]
 pub struct Leftovers<K: StockKey = Arc<UsageCounter>> {
-    items: [Option<(K, u64)>; 2],
+    items: [Option<(K, u64)>; 3],
 }
 
 impl<K: StockKey> Default for Leftovers<K> {
     fn default() -> Self {
         Leftovers {
-            items: [None, None],
+            items: [None, None, None],
         }
     }
 }
@@ -201,8 +201,9 @@ impl<K: StockKey> Leftovers<K> {
         if let Some(slot) = self.items.iter_mut().find(|i| i.is_none()) {
             *slot = Some((key, units));
         } else {
-            // Both places are taken (never by the stock's own operations,
-            // which leave at most two): finish this one at once.
+            // Every place is taken (never by the stock's own operations,
+            // which leave at most three: a victim, a slot's units above
+            // its share, the excess of a return): finish this one at once.
             finish_return(key, units);
         }
     }
@@ -1150,7 +1151,7 @@ impl<K: StockKey> Stock<K> {
             }
         };
         let total = b.units(i).saturating_add(n);
-        self.grant(b, i, total.min(self.batch));
+        self.grant(b, i, total.min(self.batch), left);
         let quota = b.quota(i);
         // Returned units that overflow the slot drain it to half its quota
         // (the kernel's stock flushes a full stock whole rather than bypass
@@ -1181,12 +1182,16 @@ impl<K: StockKey> Stock<K> {
     /// Raise slot `i`'s quota towards `want` (≤ the batch) out of the
     /// budget, under the block's lock. When the budget has less left than
     /// needed, every other slot's quota first comes down to its fair share
-    /// (`budget / keys`, at most a batch) — but never below the units it
-    /// holds, so no unit moves: the budget is taken back from quotas that
-    /// their keys have used up, and a key that holds more than its share
-    /// keeps it until it spends it. The slot then gets what is left, up to
-    /// `want`: maybe less than its share until the others spend theirs.
-    fn grant(&self, b: &Block, i: usize, want: u64) {
+    /// (`budget / keys`, at most a batch), and units above the share come
+    /// back from one slot that holds them (to `left`, off its counter
+    /// now): a key that gives back what it takes — a request that charges
+    /// and frees — never spends its units, and a quota that could not fall
+    /// below them kept the budget from the keys that came later (25 of 32
+    /// tenants taking turns that way missed on every charge). One slot per
+    /// grant keeps the leftovers bounded; a later miss takes from the
+    /// next. The slot then gets what is left, up to `want`: maybe less
+    /// than its share until the others come down too.
+    fn grant(&self, b: &Block, i: usize, want: u64, left: &mut Leftovers<K>) {
         let quota = b.quota(i);
         if want <= quota {
             return;
@@ -1194,11 +1199,22 @@ impl<K: StockKey> Stock<K> {
         let need = want - quota;
         if self.budget.saturating_sub(b.granted()) < need {
             let share = (self.budget / b.used().max(1) as u64).clamp(1, self.batch);
+            let mut reclaimed = false;
             for j in (0..self.slots).filter(|&j| j != i && b.key(j) != 0) {
-                let q = b.quota(j);
-                if q > share {
-                    b.set_quota(j, share.max(b.units(j)));
+                if b.quota(j) <= share {
+                    continue;
                 }
+                let units = b.units(j);
+                if units > share && !reclaimed {
+                    reclaimed = true;
+                    Self::untell(b, j, units - share);
+                    b.set_units(j, share);
+                    // SAFETY: under the lock the slot keeps its key alive;
+                    // borrowed (`ManuallyDrop`) to clone it, not owned.
+                    let k = std::mem::ManuallyDrop::new(unsafe { K::from_raw(b.key(j)) });
+                    left.push_taken((*k).clone(), units - share);
+                }
+                b.set_quota(j, share.max(b.units(j)));
             }
         }
         let free = self.budget.saturating_sub(b.granted());
