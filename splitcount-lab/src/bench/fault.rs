@@ -27,7 +27,11 @@
 //!   per-CPU stock, the kernel's charge coalescing);
 //! - `8-tenants`, `32-tenants`: each thread serves 8 or 32 groups in turn,
 //!   fault by fault (each fault charged to the next tenant), through the
-//!   stock with its default 7 slots per CPU.
+//!   default stock (63 slots and a budget of 7 batches per CPU).
+//!
+//! The root and the child share a hierarchy; the tenants of each case have
+//! one of their own, so that no case starts from the keys another left in
+//! the stock's slots.
 //!
 //! Every thread maps its own memory, but the threads share one address
 //! space: their `mmap`/`munmap` take the same `mmap_lock` and `munmap`
@@ -123,12 +127,15 @@ fn charged<'a>(
 /// Measure every case at each thread count; records per fault.
 pub fn run(threads: &[usize], plan: &Plan) -> Result<Bench, String> {
     let most = threads.iter().copied().max().unwrap_or(1);
-    let (h, bench) = hierarchy(7)?;
+    let default = || hierarchy(splitcount::raw::MAX_STOCK_SLOTS);
+    let (h, bench) = default()?;
     let root = vec![h.root(); most];
     let child = groups(&bench, "process", 1)?;
     let child: Vec<Group> = vec![child[0].clone(); most];
-    let eight = groups(&bench, "t8-", most * 8)?;
-    let many = groups(&bench, "t32-", most * 32)?;
+    let (_h8, eight) = default()?;
+    let eight = groups(&eight, "t8-", most * 8)?;
+    let (_h32, many) = default()?;
+    let many = groups(&many, "t32-", most * 32)?;
 
     let mut entries = Vec::new();
     for &t in threads {
