@@ -1182,15 +1182,16 @@ impl<K: StockKey> Stock<K> {
     /// Raise slot `i`'s quota towards `want` (≤ the batch) out of the
     /// budget, under the block's lock. When the budget has less left than
     /// needed, every other slot's quota first comes down to its fair share
-    /// (`budget / keys`, at most a batch), and units above the share come
-    /// back from one slot that holds them (to `left`, off its counter
-    /// now): a key that gives back what it takes — a request that charges
-    /// and frees — never spends its units, and a quota that could not fall
-    /// below them kept the budget from the keys that came later (25 of 32
-    /// tenants taking turns that way missed on every charge). One slot per
-    /// grant keeps the leftovers bounded; a later miss takes from the
-    /// next. The slot then gets what is left, up to `want`: maybe less
-    /// than its share until the others come down too.
+    /// (`budget / keys`, at most a batch) but not below the units it
+    /// holds; if that is not enough, the units above the share come back
+    /// from one slot that holds them (to `left`, off its counter now). A
+    /// key that gives back what it takes — a request that charges and
+    /// frees — never spends its units: when quotas only came down as units
+    /// ran out, the first keys kept the budget from those that came later
+    /// (25 of 32 tenants taking turns that way missed on every charge).
+    /// One slot per grant keeps the leftovers bounded; a later miss takes
+    /// from the next. The slot then gets what is left, up to `want`: maybe
+    /// less than its share until the others come down too.
     fn grant(&self, b: &Block, i: usize, want: u64, left: &mut Leftovers<K>) {
         let quota = b.quota(i);
         if want <= quota {
@@ -1199,22 +1200,22 @@ impl<K: StockKey> Stock<K> {
         let need = want - quota;
         if self.budget.saturating_sub(b.granted()) < need {
             let share = (self.budget / b.used().max(1) as u64).clamp(1, self.batch);
-            let mut reclaimed = false;
-            for j in (0..self.slots).filter(|&j| j != i && b.key(j) != 0) {
-                if b.quota(j) <= share {
-                    continue;
+            let others = || (0..self.slots).filter(move |&j| j != i && b.key(j) != 0);
+            for j in others() {
+                if b.quota(j) > share {
+                    b.set_quota(j, share.max(b.units(j)));
                 }
-                let units = b.units(j);
-                if units > share && !reclaimed {
-                    reclaimed = true;
-                    Self::untell(b, j, units - share);
-                    b.set_units(j, share);
-                    // SAFETY: under the lock the slot keeps its key alive;
-                    // borrowed (`ManuallyDrop`) to clone it, not owned.
-                    let k = std::mem::ManuallyDrop::new(unsafe { K::from_raw(b.key(j)) });
-                    left.push_taken((*k).clone(), units - share);
-                }
-                b.set_quota(j, share.max(b.units(j)));
+            }
+            let still_short = self.budget.saturating_sub(b.granted()) < need;
+            if let Some(j) = others().find(|&j| still_short && b.units(j) > share) {
+                let excess = b.units(j) - share;
+                Self::untell(b, j, excess);
+                b.set_units(j, share);
+                b.set_quota(j, share);
+                // SAFETY: under the lock the slot keeps its key alive;
+                // borrowed (`ManuallyDrop`) to clone it, not owned.
+                let k = std::mem::ManuallyDrop::new(unsafe { K::from_raw(b.key(j)) });
+                left.push_taken((*k).clone(), excess);
             }
         }
         let free = self.budget.saturating_sub(b.granted());
@@ -1737,6 +1738,44 @@ mod tests {
         assert_eq!(s.stash(0, &x, 10).uncharge(), 10, "a was evicted");
         assert_eq!((a.usage(), b.usage(), x.usage()), (0, 10, 10));
         assert_eq!(s.stocked(&a), 0);
+    }
+
+    #[test]
+    fn a_grant_short_of_budget_takes_the_units_above_the_share_back() {
+        // Budget 128: a and b hold a batch each; c's stash finds the budget
+        // spent and the quotas at the units they hold, so 22 of a's units
+        // (above the share of 128 / 3 = 42) come back for it.
+        let s = Stock::<Arc<UsageCounter>>::new(1, 7, 64)
+            .unwrap()
+            .with_budget(128)
+            .unwrap();
+        let (a, b, c) = (
+            UsageCounter::root(),
+            UsageCounter::root(),
+            UsageCounter::root(),
+        );
+        for k in [&a, &b] {
+            k.charge(64);
+            assert_eq!(s.stash(0, k, 64).uncharge(), 0);
+        }
+        c.charge(10);
+        assert_eq!(
+            s.stash(0, &c, 10).uncharge(),
+            22,
+            "a's units above the share"
+        );
+        assert_eq!((a.usage(), s.stocked(&a)), (42, 42));
+        assert_eq!((b.usage(), s.stocked(&b)), (64, 64));
+        assert_eq!((c.usage(), s.stocked(&c)), (10, 10));
+        assert!(s.stocked_on(0) <= 128);
+        // a spends its units; d's stash is short again, and lowering a's
+        // quota (now above its units) to the share of 128 / 4 frees enough:
+        // no units move.
+        assert_eq!(s.consume(0, &a, 42), Consumed::Hit);
+        let d = UsageCounter::root();
+        d.charge(20);
+        assert_eq!(s.stash(0, &d, 20).uncharge(), 0, "no units taken back");
+        assert_eq!((s.stocked(&b), s.stocked(&d)), (64, 20));
     }
 
     #[test]
