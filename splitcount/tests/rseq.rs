@@ -127,6 +127,13 @@ fn hammer(options: ArenaOptions) {
         std::thread::spawn(move || {
             // SAFETY: pthread_self has no preconditions.
             let me = unsafe { libc::pthread_self() };
+            // The thread's first per-CPU add may register its rseq area
+            // (where glibc did not), which arms a TLS destructor — and glibc
+            // allocates for that: done in the handler while this thread was
+            // inside malloc, it deadlocked on malloc's lock (and every thread
+            // of the process that allocated after). Register before any
+            // signal can come.
+            t.slots.add(0, 0).unwrap();
             alive.lock().unwrap().push(me);
             let mut rng = Rng::new(seed);
             let mut sum = 0i64;

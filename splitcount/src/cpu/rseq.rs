@@ -227,6 +227,11 @@ mod imp {
         }
     }
 
+    /// Not async-signal-safe: arming the thread-local guard registers a
+    /// TLS destructor, for which glibc allocates. A thread's first per-CPU
+    /// operation (where glibc did not register rseq) must not be in a
+    /// signal handler that may interrupt `malloc`; once registered, the
+    /// sequences are signal-safe.
     #[cold]
     fn register_own() -> Option<*const u8> {
         // Arm the destructor first: if the thread is already tearing down its
