@@ -31,21 +31,24 @@ pub const TREE_256: &str = "tree_bytes_per_cpu_at_256";
 /// See [`TREE_64`].
 pub const TREE_4096: &str = "tree_bytes_per_cpu_at_4096";
 
+/// The target's figures and the CPU count each is measured at.
+pub const TREE_FIGURES: [(&str, usize); 4] = [
+    (TREE_64, 64),
+    (TREE_128, 128),
+    (TREE_256, 256),
+    (TREE_4096, 4096),
+];
+
 /// The target's figures from `rows`, as `(name, bytes per CPU)`.
 pub fn tree_figures(rows: &[Row]) -> Vec<(&'static str, f64)> {
-    [
-        (TREE_64, 64),
-        (TREE_128, 128),
-        (TREE_256, 256),
-        (TREE_4096, 4096),
-    ]
-    .into_iter()
-    .filter_map(|(name, cpus)| {
-        rows.iter()
-            .find(|r| r.design == "tree" && r.cpus == cpus)
-            .map(|r| (name, r.bytes_per_cpu))
-    })
-    .collect()
+    TREE_FIGURES
+        .into_iter()
+        .filter_map(|(name, cpus)| {
+            rows.iter()
+                .find(|r| r.design == "tree" && r.cpus == cpus)
+                .map(|r| (name, r.bytes_per_cpu))
+        })
+        .collect()
 }
 
 /// The cache line a padded item took.

@@ -36,6 +36,16 @@ fn one_cpu_with_slots(slots: usize) -> Hierarchy {
 /// Charge one unit to each tenant in turn, `rounds` times, on the current
 /// CPU; the number of charges that refilled the stock.
 fn take_turns(groups: &[Group], rounds: usize) -> usize {
+    turns(groups, rounds, false)
+}
+
+/// [`take_turns`], each charge given back at once (a request that
+/// allocates and frees).
+fn take_and_give_back_turns(groups: &[Group], rounds: usize) -> usize {
+    turns(groups, rounds, true)
+}
+
+fn turns(groups: &[Group], rounds: usize, give_back: bool) -> usize {
     let mut refills = 0;
     for _ in 0..rounds {
         for g in groups {
@@ -43,6 +53,9 @@ fn take_turns(groups: &[Group], rounds: usize) -> usize {
             g.charge(1).unwrap();
             if g.usage() != before {
                 refills += 1;
+            }
+            if give_back {
+                g.uncharge(1);
             }
         }
     }
@@ -101,22 +114,8 @@ fn thirty_two_tenants_that_give_back_what_they_take_share_the_budget() {
     // back from the first tenants' slots as units, not only as quotas.
     let h = one_cpu_with_slots(63);
     let groups = tenants(&h, 32);
-    let turn = |rounds: usize| {
-        let mut misses = 0;
-        for _ in 0..rounds {
-            for g in &groups {
-                let before = g.usage();
-                g.charge(1).unwrap();
-                if g.usage() != before {
-                    misses += 1;
-                }
-                g.uncharge(1);
-            }
-        }
-        misses
-    };
-    turn(64);
-    let misses = turn(1000);
+    take_and_give_back_turns(&groups, 64);
+    let misses = take_and_give_back_turns(&groups, 1000);
     assert!(misses <= 32, "{misses} misses in 32,000 charges");
     assert!(h.stocked_on_cpu(0) <= 7 * 64);
     h.drain_stocks();

@@ -1078,15 +1078,10 @@ mod tests {
             .map(|c| c.to_string())
             .collect(),
             "noisy" => noisy::record_cases(),
-            "footprint" => [
-                footprint::TREE_64,
-                footprint::TREE_128,
-                footprint::TREE_256,
-                footprint::TREE_4096,
-            ]
-            .iter()
-            .map(|c| c.to_string())
-            .collect(),
+            "footprint" => footprint::TREE_FIGURES
+                .iter()
+                .map(|(name, _)| name.to_string())
+                .collect(),
             other => panic!("no targets expected in {other}"),
         };
         names

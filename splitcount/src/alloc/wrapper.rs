@@ -464,7 +464,7 @@ impl<A, C: Charging> Accounted<A, C> {
         if n < refill {
             if let Ok(crossed) = acc.try_charge(refill) {
                 if !stock.stash_hit(&acc, refill - n, refill) {
-                    let _ = stock.stash_with(cpu, &acc, refill - n).uncharge();
+                    let _ = stock.stash_after_miss(cpu(), &acc, refill - n).uncharge();
                 }
                 return Ok(crossed);
             }
@@ -565,7 +565,7 @@ impl<A, C: Charging> Accounted<A, C> {
             return;
         }
         let _ = stock
-            .stash_returned_with(|| st.machine.current_cpu(), &acc, n)
+            .stash_returned_after_miss(st.machine.current_cpu(), &acc, n)
             .uncharge();
     }
 }

@@ -48,7 +48,11 @@
 //! **Locking.** Threads that share a CPU can preempt each other, so each
 //! CPU's block has a try-lock. The hot path never waits: if the lock is
 //! held, the caller bypasses the stock and charges the usage counter
-//! directly. Drainers (which may empty other CPUs' blocks) wait for each
+//! directly. A slow path (rseq mode) that finds its CPU's block held yields
+//! the CPU once before it bypasses: the holder is most often a thread of
+//! that CPU preempted inside its locked section, and until it runs again
+//! every other thread there would bypass the stock on every miss and
+//! return. Drainers (which may empty other CPUs' blocks) wait for each
 //! block's lock in turn; several drains may run at once, each holding one
 //! block at a time. A drain never gives up because another one is running:
 //! a charge that is refused after draining was refused with every stocked
@@ -500,6 +504,7 @@ struct Activity {
     remote_locks: AtomicU64,
     fences: AtomicU64,
     sealed: AtomicU64,
+    yields: AtomicU64,
 }
 
 /// What a stock's drains have cost the other CPUs, counted since the stock
@@ -524,6 +529,12 @@ pub struct StockActivity {
     /// (`membarrier` refused, e.g. by a seccomp sandbox entered after the
     /// stock was made; see [`Stock::uses_rseq`]). 0 on a healthy host.
     pub sealed: u64,
+    /// Times a thread found its CPU's block held by another thread and
+    /// yielded its CPU once to let the holder finish (rseq mode: the holder
+    /// is most often a thread of the same CPU preempted inside its locked
+    /// section, which would otherwise keep every thread of that CPU off the
+    /// stock until it runs again).
+    pub yields: u64,
 }
 
 /// A stock that cannot be built: each variant names the valid range.
@@ -756,7 +767,27 @@ impl<K: StockKey> Stock<K> {
             Mode::Rseq { offset } => {
                 // SAFETY: `offset` is glibc's `__rseq_offset`; the blocks
                 // are laid out as the sequences expect (`Block`).
-                match unsafe { stock_rseq::lock_local(offset, self.base(), self.cpus.len()) } {
+                let lock =
+                    || unsafe { stock_rseq::lock_local(offset, self.base(), self.cpus.len()) };
+                let mut locked = lock();
+                if locked == Err(stock_rseq::Step::Busy) && !self.fell_back() {
+                    // This CPU's block is held. Its holder is most often a
+                    // thread of this CPU preempted inside its locked section
+                    // (a slow path that runs with the lock and without
+                    // rseq's restart): until it runs again, every thread of
+                    // this CPU finds the block held — each of their misses,
+                    // refills and returns bypasses the stock for the rest of
+                    // the time slice (a consumer thread's frees, 20,000 in
+                    // a row, each went to the counters). Yield the CPU once:
+                    // the holder, runnable here, finishes and unlocks. Held
+                    // still (a drain on another CPU, a holder that migrated,
+                    // this very thread in a signal handler), the caller
+                    // bypasses the stock as before.
+                    self.activity.yields.fetch_add(1, Relaxed);
+                    std::thread::yield_now();
+                    locked = lock();
+                }
+                match locked {
                     Ok(cpu) => Some(Locked {
                         block: &self.cpus[cpu],
                         restore: 0,
@@ -866,6 +897,7 @@ impl<K: StockKey> Stock<K> {
             remote_locks: self.activity.remote_locks.load(Relaxed),
             fences: self.activity.fences.load(Relaxed),
             sealed: self.activity.sealed.load(Relaxed),
+            yields: self.activity.yields.load(Relaxed),
         }
     }
 
@@ -942,9 +974,19 @@ impl<K: StockKey> Stock<K> {
         let Some(locked) = self.try_lock_here(cpu) else {
             return self.refill(None);
         };
-        let window = self.window(key.as_raw());
         let b = locked.block;
-        if b.find(window, key.as_raw()).is_some() || b.admits(window) {
+        match b.find(self.window(key.as_raw()), key.as_raw()) {
+            // Stashed since the section missed: a refill as for any miss.
+            Some(_) => self.refill(None),
+            None => self.refill_absent(b, key),
+        }
+    }
+
+    /// The refill of a key that has no slot in the locked block `b`: a
+    /// batch if `b` admits it ([`Block::admits`]), else 0 (the key is left
+    /// out). The one admission decision of both modes' misses.
+    fn refill_absent(&self, b: &Block, key: &K) -> u64 {
+        if b.admits(self.window(key.as_raw())) {
             self.refill(None)
         } else {
             0
@@ -974,14 +1016,7 @@ impl<K: StockKey> Stock<K> {
                 ),
                 None,
             ),
-            None => {
-                let refill = if b.admits(self.window(key.as_raw())) {
-                    self.refill(None)
-                } else {
-                    0
-                };
-                ((Consumed::Miss, refill), None)
-            }
+            None => ((Consumed::Miss, self.refill_absent(b, key)), None),
         };
         drop(locked);
         if let Some(raw) = emptied {
@@ -1039,29 +1074,27 @@ impl<K: StockKey> Stock<K> {
     /// [`Stock::stash`] with the CPU found only where it is needed.
     #[inline]
     pub(crate) fn stash_with(&self, cpu: impl FnOnce() -> usize, key: &K, n: u64) -> Leftovers<K> {
-        self.stash_as(cpu, key, n, Stashed::Refill)
-    }
-
-    /// [`Stock::stash_with`] for units a caller returns (the allocator's
-    /// frees): a slot they overflow drains to half its quota
-    /// ([`Stashed::Returned`]).
-    #[inline]
-    pub(crate) fn stash_returned_with(
-        &self,
-        cpu: impl FnOnce() -> usize,
-        key: &K,
-        n: u64,
-    ) -> Leftovers<K> {
-        self.stash_as(cpu, key, n, Stashed::Returned)
-    }
-
-    /// The hit, else the locked stash of `how`.
-    #[inline]
-    fn stash_as(&self, cpu: impl FnOnce() -> usize, key: &K, n: u64, how: Stashed) -> Leftovers<K> {
         if n == 0 || self.stash_hit(key, n, self.batch) {
             return Leftovers::default();
         }
-        self.stash_slow(cpu(), key, n, how)
+        self.stash_slow(cpu(), key, n, Stashed::Refill)
+    }
+
+    /// [`Stock::stash_with`] after [`Stock::stash_hit`] failed: the locked
+    /// stash of a refill's surplus on CPU `cpu`, without trying the hit
+    /// again (a second rseq section and scan of the window on every miss).
+    #[inline]
+    pub(crate) fn stash_after_miss(&self, cpu: usize, key: &K, n: u64) -> Leftovers<K> {
+        self.stash_slow(cpu, key, n, Stashed::Refill)
+    }
+
+    /// [`Stock::stash_after_miss`] for units a caller returns (the
+    /// allocator's frees): a slot they overflow drains to half its quota,
+    /// and a key the block's filter leaves out is not stocked
+    /// ([`Stashed::Returned`]).
+    #[inline]
+    pub(crate) fn stash_returned_after_miss(&self, cpu: usize, key: &K, n: u64) -> Leftovers<K> {
+        self.stash_slow(cpu, key, n, Stashed::Returned)
     }
 
     #[cold]
@@ -1246,15 +1279,18 @@ impl<K: StockKey> Stock<K> {
         n: u64,
     ) -> Leftovers<K> {
         // The slot may grow to what the usage accounts for (and the batch):
-        // the bound `give_back_slow` checks, with the usage read first.
+        // the bound `give_back_after_miss` checks, with the usage read first.
         if n == 0 || self.stash_hit(key, n, key.counter().usage().min(self.batch)) {
             return Leftovers::default();
         }
-        self.give_back_slow(cpu(), key, n)
+        self.give_back_after_miss(cpu(), key, n)
     }
 
+    /// [`Stock::give_back_with`] after [`Stock::stash_hit`] (with the
+    /// usage as its cap) failed: the locked give-back on CPU `cpu`, without
+    /// trying the hit again.
     #[cold]
-    fn give_back_slow(&self, cpu: usize, key: &K, n: u64) -> Leftovers<K> {
+    pub(crate) fn give_back_after_miss(&self, cpu: usize, key: &K, n: u64) -> Leftovers<K> {
         let mut left = Leftovers::default();
         let Some(locked) = self.try_lock_here(cpu) else {
             left.push(key.clone(), n);

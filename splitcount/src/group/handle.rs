@@ -552,7 +552,7 @@ impl Group {
             if let Ok(crossed) = node.usage.try_charge_quiet(refill) {
                 if !stock.stash_hit(&node.usage, refill - n, refill) {
                     let _ = stock
-                        .stash_with(|| machine.current_cpu(), &node.usage, refill - n)
+                        .stash_after_miss(machine.current_cpu(), &node.usage, refill - n)
                         .uncharge();
                 }
                 if crossed {
@@ -683,7 +683,7 @@ impl Group {
         }
         let machine = &self.shared.config.machine;
         let _ = stock
-            .give_back_with(|| machine.current_cpu(), &node.usage, n)
+            .give_back_after_miss(machine.current_cpu(), &node.usage, n)
             .uncharge();
     }
 

@@ -492,6 +492,7 @@ impl Shared {
             a.remote_locks += b.remote_locks;
             a.fences += b.fences;
             a.sealed += b.sealed;
+            a.yields += b.yields;
         }
         a
     }
