@@ -1102,7 +1102,7 @@ fn programs_that_link_jemalloc_run_under_the_preload() {
     // serves, stores, and shuts down cleanly.
     let server = program("redis-server", "redis-server");
     let cli = program("redis-cli", "redis-tools");
-    let port = (20_000 + std::process::id() % 20_000).to_string();
+    let port = loopback_port(0).to_string();
     let mut redis = preloaded(&server, &[("SPLITCOUNT_PRELOAD_MAX", "256M")])
         .args([
             "--port",
@@ -1149,6 +1149,17 @@ fn programs_that_link_jemalloc_run_under_the_preload() {
     let _ = ask(&["shutdown", "nosave"]);
     let status = redis.wait().unwrap();
     assert!(status.success(), "redis-server exited with {status}");
+}
+
+/// Port `i` (0 to 9) of this test process's own ten on the loopback
+/// interface: below Linux's ephemeral range (32768 and up by default), so
+/// that no client connection of this or an earlier test — `redis-cli`,
+/// `redis-benchmark`, each on an ephemeral port — holds it (a port drawn
+/// from 21,000–41,005 once collided with one: "bind: Address already in
+/// use").
+fn loopback_port(i: u32) -> u32 {
+    assert!(i < 10);
+    10_000 + std::process::id() % 2_000 * 10 + i
 }
 
 /// Debian's `redis-server` under the preload on a loopback port, its log
@@ -1388,7 +1399,7 @@ fn redis_under_the_preload_agrees_with_its_own_count_and_stops_at_the_limit() {
     use std::os::unix::process::ExitStatusExt;
     let dir = deps_dir().join(format!("redis-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let port = 21_000 + std::process::id() % 20_000;
+    let port = loopback_port(1);
     // Redis links jemalloc itself, so `jemalloc` needs no tunable here: the
     // preload finds the copy redis loaded.
     for (i, inner) in ["glibc", "jemalloc", "mimalloc"].into_iter().enumerate() {

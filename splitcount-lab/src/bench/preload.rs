@@ -208,7 +208,9 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<(Bench, Setup),
     // this process's own.
     let servers = match &setup.preload {
         Some(preload) if threads.contains(&1) && super::redis::available() => {
-            let port = 30_000 + (std::process::id() % 10_000) as u16 * 2;
+            // Below Linux's ephemeral range (32768 and up by default):
+            // no client connection's port can be in the way.
+            let port = 20_000 + (std::process::id() % 6_000) as u16 * 2;
             Some([
                 super::redis::Server::start(port, &[])?,
                 super::redis::Server::start(port + 1, &[("LD_PRELOAD", preload.as_os_str())])?,
