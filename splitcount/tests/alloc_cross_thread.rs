@@ -87,12 +87,6 @@ fn frees_on_another_thread_reach_the_counters_in_batches() {
 #[test]
 fn frees_on_another_thread_stay_batched_beside_busy_tenants() {
     const BLOCKS: usize = 20_000;
-    if !memory().uses_rseq_stock() {
-        // Lock mode (no rseq, or `membarrier` refused) does not yield: its
-        // CPU ids may be stale and a holder may run on another CPU.
-        eprintln!("skipped: the stock is in lock mode on this host");
-        return;
-    }
     let cpu = common::online_cpu_ids()[0];
     let stop = Arc::new(AtomicBool::new(false));
     let others: Vec<Group> = (0..20).map(|i| fresh(&format!("busy{i}"))).collect();

@@ -48,11 +48,11 @@
 //! **Locking.** Threads that share a CPU can preempt each other, so each
 //! CPU's block has a try-lock. The hot path never waits: if the lock is
 //! held, the caller bypasses the stock and charges the usage counter
-//! directly. A slow path (rseq mode) that finds its CPU's block held yields
-//! the CPU once before it bypasses: the holder is most often a thread of
-//! that CPU preempted inside its locked section, and until it runs again
-//! every other thread there would bypass the stock on every miss and
-//! return. Drainers (which may empty other CPUs' blocks) wait for each
+//! directly. A stock of the host's CPUs that finds its CPU's block held
+//! on a slow path (in lock mode, on any operation) yields the CPU once
+//! before it bypasses: the holder is most often a thread of that CPU
+//! preempted inside its locked section, and until it runs again every
+//! other thread there would bypass the stock on every miss and return. Drainers (which may empty other CPUs' blocks) wait for each
 //! block's lock in turn; several drains may run at once, each holding one
 //! block at a time. A drain never gives up because another one is running:
 //! a charge that is refused after draining was refused with every stocked
@@ -491,6 +491,10 @@ pub struct Stock<K: StockKey = Arc<UsageCounter>> {
     /// Slots per window: `slots − starts + 1` (≥ [`WINDOW`]), or `slots`.
     window_len: usize,
     mode: Mode,
+    /// Made for the host's CPUs ([`Stock::for_host`]): a thread's CPU is
+    /// the block it uses, so a block found held on a slow path is yielded
+    /// to once (see [`Stock::try_lock_here`]).
+    host: bool,
     /// Counts of the cold paths that reach other CPUs' blocks: on a line of
     /// their own, so that a drain's count never invalidates the line every
     /// hit reads `mode`, `cpus` and `slots` from.
@@ -530,10 +534,10 @@ pub struct StockActivity {
     /// stock was made; see [`Stock::uses_rseq`]). 0 on a healthy host.
     pub sealed: u64,
     /// Times a thread found its CPU's block held by another thread and
-    /// yielded its CPU once to let the holder finish (rseq mode: the holder
-    /// is most often a thread of the same CPU preempted inside its locked
-    /// section, which would otherwise keep every thread of that CPU off the
-    /// stock until it runs again).
+    /// yielded its CPU once to let the holder finish (stocks of the host's
+    /// CPUs: the holder is most often a thread of the same CPU preempted
+    /// inside its locked section, which would otherwise keep every thread
+    /// of that CPU off the stock until it runs again).
     pub yields: u64,
 }
 
@@ -605,7 +609,7 @@ impl<K: StockKey> Stock<K> {
     /// whose every operation takes its block's lock. The CPU an operation
     /// names is the caller's choice (a simulated machine's, say).
     pub fn new(cpus: usize, slots: usize, batch: u64) -> Result<Stock<K>, StockError> {
-        Stock::with_mode(cpus, slots, batch, Mode::Locks)
+        Stock::with_mode(cpus, slots, batch, Mode::Locks, false)
     }
 
     /// Stocks for this machine's CPUs (`cpus` must be its CPU count) whose
@@ -615,7 +619,7 @@ impl<K: StockKey> Stock<K> {
     /// CPU an operation names is then ignored where a sequence runs: the
     /// thread's own CPU is used.
     pub fn for_host(cpus: usize, slots: usize, batch: u64) -> Result<Stock<K>, StockError> {
-        Stock::with_mode(cpus, slots, batch, host_mode(cpus))
+        Stock::with_mode(cpus, slots, batch, host_mode(cpus), true)
     }
 
     fn with_mode(
@@ -623,6 +627,7 @@ impl<K: StockKey> Stock<K> {
         slots: usize,
         batch: u64,
         mode: Mode,
+        host: bool,
     ) -> Result<Stock<K>, StockError> {
         if cpus == 0 {
             return Err(StockError::NoCpus);
@@ -649,6 +654,7 @@ impl<K: StockKey> Stock<K> {
             start_shift,
             window_len,
             mode,
+            host,
             activity: Default::default(),
             _keys: std::marker::PhantomData,
         };
@@ -753,14 +759,27 @@ impl<K: StockKey> Stock<K> {
     }
 
     /// The lock of the block of the CPU this operation works on: `cpu`'s
-    /// (lock mode, never waited for), or the calling thread's own CPU's
-    /// (rseq mode, taken as a critical section; never waited for). `None`
-    /// when busy — or, in rseq mode, when the thread cannot run sequences.
+    /// (lock mode), or the calling thread's own CPU's (rseq mode, taken as a
+    /// critical section). Never waited for: a stock of the host's CPUs
+    /// that finds the block held yields the CPU once and tries again.
+    /// `None` when busy — or, in rseq mode, when the thread cannot run
+    /// sequences.
     fn try_lock_here(&self, cpu: usize) -> Option<Locked<'_>> {
         match self.mode {
             Mode::Locks => {
                 let block = self.block(cpu);
-                let restore = block.try_lock()?;
+                let restore = match block.try_lock() {
+                    Some(restore) => restore,
+                    // As in rseq mode (below): on the host's CPUs the holder
+                    // of the caller's CPU's block is most likely a thread of
+                    // this CPU preempted while holding it. (A simulated
+                    // machine's CPUs are not where threads run: no yield.)
+                    None if self.host => {
+                        self.yield_to_holder();
+                        block.try_lock()?
+                    }
+                    None => return None,
+                };
                 Some(Locked { block, restore })
             }
             #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
@@ -783,8 +802,7 @@ impl<K: StockKey> Stock<K> {
                     // still (a drain on another CPU, a holder that migrated,
                     // this very thread in a signal handler), the caller
                     // bypasses the stock as before.
-                    self.activity.yields.fetch_add(1, Relaxed);
-                    std::thread::yield_now();
+                    self.yield_to_holder();
                     locked = lock();
                 }
                 match locked {
@@ -814,6 +832,14 @@ impl<K: StockKey> Stock<K> {
             self.fence(&mut locked, cpu);
         }
         locked
+    }
+
+    /// Give the CPU once to the thread holding this CPU's block (see
+    /// [`Stock::try_lock_here`]), counted.
+    #[cold]
+    fn yield_to_holder(&self) {
+        self.activity.yields.fetch_add(1, Relaxed);
+        crate::sync::thread::yield_now();
     }
 
     /// The lock of CPU `cpu`'s block, waiting for it, and whether the
