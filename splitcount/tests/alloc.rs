@@ -16,10 +16,6 @@ use std::alloc::System;
 
 accounted_heap!();
 
-fn fresh(name: &str) -> Group {
-    memory().root().child(name).unwrap()
-}
-
 /// A fresh group with a hard limit that refuses (the allocator returns
 /// null over it) instead of the default cooperative over-charge.
 fn refusing(name: &str, max: u64) -> Group {
@@ -27,12 +23,6 @@ fn refusing(name: &str, max: u64) -> Group {
     g.set_max(max).unwrap();
     g.set_enforcement(Enforcement::Refuse);
     g
-}
-
-/// Usage once the allocator's stocked bytes are returned.
-fn live_bytes(g: &Group) -> u64 {
-    ALLOC.drain();
-    g.usage()
 }
 
 #[test]

@@ -16,16 +16,6 @@ use std::sync::Arc;
 
 accounted_heap!();
 
-fn fresh(name: &str) -> Group {
-    memory().root().child(name).unwrap()
-}
-
-/// Usage once the allocator's stocked bytes are returned.
-fn live_bytes(g: &Group) -> u64 {
-    ALLOC.drain();
-    g.usage()
-}
-
 /// Make `blocks` boxes of 48 bytes in `g`, then free them on a new thread
 /// outside it (pinned to `cpu` if given), reading the group's usage after
 /// each free: how many times it moved.

@@ -28,10 +28,6 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     TURN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn fresh(name: &str) -> Group {
-    memory().root().child(name).unwrap()
-}
-
 /// A tenant with a 1 MiB limit, holding 2 MiB: breached.
 fn breached(name: &str, e: Enforcement) -> (Group, Vec<Box<[u8; 4096]>>) {
     let g = fresh(name);
@@ -44,12 +40,7 @@ fn breached(name: &str, e: Enforcement) -> (Group, Vec<Box<[u8; 4096]>>) {
 }
 
 fn since(before: StockActivity) -> StockActivity {
-    let now = memory().stock_activity();
-    let mut d = now;
-    d.drains -= before.drains;
-    d.remote_locks -= before.remote_locks;
-    d.fences -= before.fences;
-    d
+    memory().stock_activity().since(&before)
 }
 
 #[test]

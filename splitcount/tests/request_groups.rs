@@ -15,10 +15,6 @@ use std::sync::{Arc, Mutex};
 
 accounted_heap!();
 
-fn fresh(name: &str) -> Group {
-    memory().root().child(name).unwrap()
-}
-
 /// Usage once the stocks and this thread's reserve are returned.
 fn settled(g: &Group) -> u64 {
     memory().drain_stocks();

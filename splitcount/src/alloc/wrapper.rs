@@ -463,9 +463,9 @@ impl<A, C: Charging> Accounted<A, C> {
         // A batch, or the account's share of this CPU's budget.
         if n < refill {
             if let Ok(crossed) = acc.try_charge(refill) {
-                if !stock.stash_hit(&acc, refill - n, refill) {
-                    let _ = stock.stash_after_miss(cpu(), &acc, refill - n).uncharge();
-                }
+                let _ = stock
+                    .stash_surplus(cpu, &acc, refill - n, refill)
+                    .uncharge();
                 return Ok(crossed);
             }
         }

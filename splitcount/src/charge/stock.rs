@@ -467,7 +467,11 @@ const SEALED: u32 = 2;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     /// Every operation takes the block's lock (a compare-and-swap).
-    Locks,
+    /// `on_host`: made for the host's CPUs ([`Stock::for_host`]), where a
+    /// thread's CPU is the block it uses, so a block found held is yielded
+    /// to once (see [`Stock::try_lock_here`]); a simulated machine's CPUs
+    /// are not where threads run.
+    Locks { on_host: bool },
     /// Hits are rseq critical sections on the calling CPU's block, through
     /// glibc's area at `fs:[offset]`; lock holders fence the sequences.
     #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
@@ -491,10 +495,6 @@ pub struct Stock<K: StockKey = Arc<UsageCounter>> {
     /// Slots per window: `slots − starts + 1` (≥ [`WINDOW`]), or `slots`.
     window_len: usize,
     mode: Mode,
-    /// Made for the host's CPUs ([`Stock::for_host`]): a thread's CPU is
-    /// the block it uses, so a block found held on a slow path is yielded
-    /// to once (see [`Stock::try_lock_here`]).
-    host: bool,
     /// Counts of the cold paths that reach other CPUs' blocks: on a line of
     /// their own, so that a drain's count never invalidates the line every
     /// hit reads `mode`, `cpus` and `slots` from.
@@ -539,6 +539,31 @@ pub struct StockActivity {
     /// inside its locked section, which would otherwise keep every thread
     /// of that CPU off the stock until it runs again).
     pub yields: u64,
+}
+
+impl StockActivity {
+    /// What happened between `earlier` (a reading taken before) and this
+    /// reading: each count's difference. A count that went down (readings
+    /// of two different hierarchies, or in the wrong order) reads 0.
+    ///
+    /// ```
+    /// use splitcount::group::{Hierarchy, HierarchyConfig};
+    ///
+    /// let h = Hierarchy::new(HierarchyConfig::default()).unwrap();
+    /// let before = h.stock_activity();
+    /// h.drain_stocks();
+    /// let during = h.stock_activity().since(&before);
+    /// assert_eq!(during.drains, 1);
+    /// ```
+    pub fn since(&self, earlier: &StockActivity) -> StockActivity {
+        StockActivity {
+            drains: self.drains.saturating_sub(earlier.drains),
+            remote_locks: self.remote_locks.saturating_sub(earlier.remote_locks),
+            fences: self.fences.saturating_sub(earlier.fences),
+            sealed: self.sealed.saturating_sub(earlier.sealed),
+            yields: self.yields.saturating_sub(earlier.yields),
+        }
+    }
 }
 
 /// A stock that cannot be built: each variant names the valid range.
@@ -609,7 +634,7 @@ impl<K: StockKey> Stock<K> {
     /// whose every operation takes its block's lock. The CPU an operation
     /// names is the caller's choice (a simulated machine's, say).
     pub fn new(cpus: usize, slots: usize, batch: u64) -> Result<Stock<K>, StockError> {
-        Stock::with_mode(cpus, slots, batch, Mode::Locks, false)
+        Stock::with_mode(cpus, slots, batch, Mode::Locks { on_host: false })
     }
 
     /// Stocks for this machine's CPUs (`cpus` must be its CPU count) whose
@@ -619,7 +644,7 @@ impl<K: StockKey> Stock<K> {
     /// CPU an operation names is then ignored where a sequence runs: the
     /// thread's own CPU is used.
     pub fn for_host(cpus: usize, slots: usize, batch: u64) -> Result<Stock<K>, StockError> {
-        Stock::with_mode(cpus, slots, batch, host_mode(cpus), true)
+        Stock::with_mode(cpus, slots, batch, host_mode(cpus))
     }
 
     fn with_mode(
@@ -627,7 +652,6 @@ impl<K: StockKey> Stock<K> {
         slots: usize,
         batch: u64,
         mode: Mode,
-        host: bool,
     ) -> Result<Stock<K>, StockError> {
         if cpus == 0 {
             return Err(StockError::NoCpus);
@@ -654,7 +678,6 @@ impl<K: StockKey> Stock<K> {
             start_shift,
             window_len,
             mode,
-            host,
             activity: Default::default(),
             _keys: std::marker::PhantomData,
         };
@@ -739,7 +762,7 @@ impl<K: StockKey> Stock<K> {
     /// returns `false`, and [`StockActivity::sealed`] counts the blocks that
     /// now take their lock on every operation.
     pub fn uses_rseq(&self) -> bool {
-        self.mode != Mode::Locks && !self.fell_back()
+        !matches!(self.mode, Mode::Locks { .. }) && !self.fell_back()
     }
 
     /// Whether a fence failed and some block was sealed ([`Stock::seal`]):
@@ -766,7 +789,7 @@ impl<K: StockKey> Stock<K> {
     /// sequences.
     fn try_lock_here(&self, cpu: usize) -> Option<Locked<'_>> {
         match self.mode {
-            Mode::Locks => {
+            Mode::Locks { on_host } => {
                 let block = self.block(cpu);
                 let restore = match block.try_lock() {
                     Some(restore) => restore,
@@ -774,7 +797,7 @@ impl<K: StockKey> Stock<K> {
                     // of the caller's CPU's block is most likely a thread of
                     // this CPU preempted while holding it. (A simulated
                     // machine's CPUs are not where threads run: no yield.)
-                    None if self.host => {
+                    None if on_host => {
                         self.yield_to_holder();
                         block.try_lock()?
                     }
@@ -873,7 +896,7 @@ impl<K: StockKey> Stock<K> {
         };
         self.activity.remote_locks.fetch_add(1, Relaxed);
         // A sealed block needs no fence: no sequence commits to it.
-        let safe = self.mode == Mode::Locks || restore & SEALED != 0;
+        let safe = matches!(self.mode, Mode::Locks { .. }) || restore & SEALED != 0;
         (Locked { block, restore }, safe)
     }
 
@@ -1100,24 +1123,34 @@ impl<K: StockKey> Stock<K> {
     /// [`Stock::stash`] with the CPU found only where it is needed.
     #[inline]
     pub(crate) fn stash_with(&self, cpu: impl FnOnce() -> usize, key: &K, n: u64) -> Leftovers<K> {
-        if n == 0 || self.stash_hit(key, n, self.batch) {
+        if n == 0 {
+            return Leftovers::default();
+        }
+        self.stash_surplus(cpu, key, n, self.batch)
+    }
+
+    /// Keep the surplus `n` of a refill for `key`: the rseq hit, the slot
+    /// staying at or below `cap` (the refill's size), else the locked stash
+    /// on the CPU `cpu()` finds — which does not try the hit again (a second
+    /// rseq section and scan of the window on every miss).
+    #[inline]
+    pub(crate) fn stash_surplus(
+        &self,
+        cpu: impl FnOnce() -> usize,
+        key: &K,
+        n: u64,
+        cap: u64,
+    ) -> Leftovers<K> {
+        if self.stash_hit(key, n, cap) {
             return Leftovers::default();
         }
         self.stash_slow(cpu(), key, n, Stashed::Refill)
     }
 
-    /// [`Stock::stash_with`] after [`Stock::stash_hit`] failed: the locked
-    /// stash of a refill's surplus on CPU `cpu`, without trying the hit
-    /// again (a second rseq section and scan of the window on every miss).
-    #[inline]
-    pub(crate) fn stash_after_miss(&self, cpu: usize, key: &K, n: u64) -> Leftovers<K> {
-        self.stash_slow(cpu, key, n, Stashed::Refill)
-    }
-
-    /// [`Stock::stash_after_miss`] for units a caller returns (the
-    /// allocator's frees): a slot they overflow drains to half its quota,
-    /// and a key the block's filter leaves out is not stocked
-    /// ([`Stashed::Returned`]).
+    /// The locked stash of units a caller returns (the allocator's frees)
+    /// after [`Stock::stash_hit`] failed: a slot they overflow drains to
+    /// half its quota, and a key the block's filter leaves out is not
+    /// stocked ([`Stashed::Returned`]).
     #[inline]
     pub(crate) fn stash_returned_after_miss(&self, cpu: usize, key: &K, n: u64) -> Leftovers<K> {
         self.stash_slow(cpu, key, n, Stashed::Returned)
@@ -1553,7 +1586,7 @@ fn host_mode(cpus: usize) -> Mode {
         }
     }
     let _ = cpus;
-    Mode::Locks
+    Mode::Locks { on_host: true }
 }
 
 impl<K: StockKey> Drop for Stock<K> {

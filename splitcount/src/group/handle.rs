@@ -550,11 +550,9 @@ impl Group {
         // A batch, or the group's share of this CPU's budget.
         if n < refill {
             if let Ok(crossed) = node.usage.try_charge_quiet(refill) {
-                if !stock.stash_hit(&node.usage, refill - n, refill) {
-                    let _ = stock
-                        .stash_after_miss(machine.current_cpu(), &node.usage, refill - n)
-                        .uncharge();
-                }
+                let _ = stock
+                    .stash_surplus(|| machine.current_cpu(), &node.usage, refill - n, refill)
+                    .uncharge();
                 if crossed {
                     self.shared.pressure(node, reclaim::direct);
                 }

@@ -5,7 +5,9 @@
 
 /// Make `Accounted<System>` this test binary's global allocator (`ALLOC`)
 /// and define `memory()`: the hierarchy it is attached to, made on first
-/// use. Use it with `#[macro_use] mod common;`.
+/// use; `fresh(name)`: a new child of its root; `live_bytes(g)`: `g`'s
+/// usage once the allocator's stocked bytes are returned. Use it with
+/// `#[macro_use] mod common;`.
 #[allow(unused_macros)]
 macro_rules! accounted_heap {
     () => {
@@ -21,6 +23,19 @@ macro_rules! accounted_heap {
                 ALLOC.attach(&h).unwrap();
                 h
             })
+        }
+
+        /// A new child of the root, named `name`.
+        #[allow(dead_code)]
+        fn fresh(name: &str) -> splitcount::group::Group {
+            memory().root().child(name).unwrap()
+        }
+
+        /// `g`'s usage once the allocator's stocked bytes are returned.
+        #[allow(dead_code)]
+        fn live_bytes(g: &splitcount::group::Group) -> u64 {
+            ALLOC.drain();
+            g.usage()
         }
     };
 }
