@@ -43,7 +43,10 @@
 //! one left out pays one direct charge per op, and the slot it takes now
 //! and then is handed on the same way. A new working set still displaces
 //! an idle one: every miss counts, so after at most `ADMIT_EVERY` misses
-//! per slot the old keys are gone.
+//! per slot the old keys are gone. The filter decides without the block's
+//! lock (a scan of the window and a per-block count), so a key left out
+//! pays its direct charge or return and no lock; only an admitted key
+//! locks the block to take its slot.
 //!
 //! **Locking.** Threads that share a CPU can preempt each other, so each
 //! CPU's block has a try-lock. The hot path never waits: if the lock is
@@ -372,7 +375,7 @@ impl Block {
 
     /// Whether a key that is not in `window` may take a slot there: yes if
     /// one is empty; if all are taken, only one miss in [`ADMIT_EVERY`]
-    /// (counted per block, under the lock) evicts a victim — the others
+    /// (counted per block, without the lock) evicts a victim — the others
     /// bypass the stock. Round-robin eviction of a cyclic pattern one key
     /// longer than the window (8 tenants in turn over 7 slots) would
     /// otherwise evict on every charge, each eviction an uncharge and a
@@ -380,11 +383,21 @@ impl Block {
     /// in the slots keep hitting and the one left out pays a direct
     /// charge, and a new working set still replaces an old one after at
     /// most `ADMIT_EVERY` misses per slot.
-    fn admits(&self, (start, end): (usize, usize)) -> bool {
-        if (start..end).any(|i| self.key(i) == 0) {
-            return true;
-        }
-        // Relaxed: under the lock.
+    fn admits(&self, window: (usize, usize)) -> bool {
+        self.has_empty(window) || self.count_miss()
+    }
+
+    /// Whether a slot of `window` is empty.
+    fn has_empty(&self, (start, end): (usize, usize)) -> bool {
+        (start..end).any(|i| self.key(i) == 0)
+    }
+
+    /// Count a miss of a key left out of a full window: whether it is the
+    /// one in [`ADMIT_EVERY`] that may evict.
+    fn count_miss(&self) -> bool {
+        // Relaxed, and not one read-modify-write: a heuristic's count,
+        // kept without the lock by the miss paths (two threads of a CPU
+        // that interleave may count one miss where there were two).
         let m = (self.misses.load(Relaxed) + 1) % ADMIT_EVERY;
         self.misses.store(m, Relaxed);
         m == 0
@@ -453,8 +466,11 @@ enum Stashed {
     /// The surplus of a miss's refill: the slot keeps what fits its quota.
     Refill,
     /// Units a caller gives back (an uncharge, a free): if they overflow
-    /// the slot, it drains to half its quota.
-    Returned,
+    /// the slot, it drains to half its quota. A key without a slot takes an
+    /// empty one, or evicts only if `admitted` (the filter's decision,
+    /// made before the lock by `Stock::admit_returned`); otherwise its
+    /// units bypass the stock.
+    Returned { admitted: bool },
 }
 
 /// Lock word bit: the block's lock is held.
@@ -1014,24 +1030,36 @@ impl<K: StockKey> Stock<K> {
     /// The refill of a key that has no slot on CPU `cpu`: a batch if the
     /// block admits it ([`Block::admits`]: a slot is free, or this miss
     /// evicts one), else 0 — charge exactly what is needed, nothing to
-    /// stock. A busy block is not waited for: it answers a batch, as for a
-    /// key it admits. (Lock mode decides under the lock it already holds,
-    /// in `consume_locked`.)
+    /// stock. Decided without the block's lock: the filter is a heuristic
+    /// (a slot that changes hands meanwhile makes one answer stale, never
+    /// a count wrong: the refill's stash takes the lock and re-checks), and
+    /// a key left out — every miss of it, with more keys than slots — then
+    /// costs its direct charge and a scan, not a lock. (Lock mode decides
+    /// under the lock it already holds, in `consume_locked`.)
     #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
     #[cold]
     fn admit_absent(&self, cpu: usize, key: &K) -> u64 {
-        let Some(locked) = self.try_lock_here(cpu) else {
-            return self.refill(None);
-        };
-        let b = locked.block;
-        match b.find(self.window(key.as_raw()), key.as_raw()) {
-            // Stashed since the section missed: a refill as for any miss.
-            Some(_) => self.refill(None),
-            None => self.refill_absent(b, key),
-        }
+        self.refill_absent(self.block(cpu), key)
     }
 
-    /// The refill of a key that has no slot in the locked block `b`: a
+    /// Whether units of `key` returned on a miss go to CPU `cpu`'s block,
+    /// decided without its lock: `Some(false)` if the key holds a slot of
+    /// its window there or one is empty; `Some(true)` if every slot is
+    /// another key's and this is the miss in [`ADMIT_EVERY`] that may
+    /// evict one; `None` if the filter leaves the key out — the units
+    /// bypass the stock, and no lock is taken. Outside the lock the answer
+    /// is a hint: the locked stash re-checks the slots (a key gone since
+    /// takes an empty slot, or bypasses unless admitted).
+    fn admit_returned(&self, cpu: usize, key: &K) -> Option<bool> {
+        let b = self.block(cpu);
+        let window = self.window(key.as_raw());
+        if b.find_unlocked(window, key.as_raw()).is_some() || b.has_empty(window) {
+            return Some(false);
+        }
+        b.count_miss().then_some(true)
+    }
+
+    /// The refill of a key that has no slot in block `b`: a
     /// batch if `b` admits it ([`Block::admits`]), else 0 (the key is left
     /// out). The one admission decision of both modes' misses.
     fn refill_absent(&self, b: &Block, key: &K) -> u64 {
@@ -1153,7 +1181,12 @@ impl<K: StockKey> Stock<K> {
     /// stocked ([`Stashed::Returned`]).
     #[inline]
     pub(crate) fn stash_returned_after_miss(&self, cpu: usize, key: &K, n: u64) -> Leftovers<K> {
-        self.stash_slow(cpu, key, n, Stashed::Returned)
+        let Some(admitted) = self.admit_returned(cpu, key) else {
+            let mut left = Leftovers::default();
+            left.push(key.clone(), n);
+            return left;
+        };
+        self.stash_slow(cpu, key, n, Stashed::Returned { admitted })
     }
 
     #[cold]
@@ -1191,7 +1224,7 @@ impl<K: StockKey> Stock<K> {
                 // Returned units of a key left out bypass the stock unless
                 // the filter admits it; a refill's key was admitted by its
                 // miss (`admit_absent`), which charged a batch for the slot.
-                if matches!(how, Stashed::Returned) && !b.admits(window) {
+                if how == (Stashed::Returned { admitted: false }) && !b.has_empty(window) {
                     left.push(key.clone(), n);
                     return;
                 }
@@ -1252,7 +1285,7 @@ impl<K: StockKey> Stock<K> {
         // the usage counters once per half quota of units, not once per
         // return. A refill keeps what fits.
         let keep = match how {
-            Stashed::Returned if total > quota => quota / 2,
+            Stashed::Returned { .. } if total > quota => quota / 2,
             _ => total.min(quota),
         };
         if keep == 0 && !K::KEEP_EMPTY {
@@ -1351,6 +1384,18 @@ impl<K: StockKey> Stock<K> {
     #[cold]
     pub(crate) fn give_back_after_miss(&self, cpu: usize, key: &K, n: u64) -> Leftovers<K> {
         let mut left = Leftovers::default();
+        let Some(admitted) = self.admit_returned(cpu, key) else {
+            // Left out: no slot of this CPU holds the key (as seen without
+            // the lock), so the usage alone bounds what may come back.
+            let usage = key.counter().usage();
+            if usage < n {
+                key.counter().record_underflow();
+                left.push(key.clone(), usage);
+            } else {
+                left.push(key.clone(), n);
+            }
+            return left;
+        };
         let Some(locked) = self.try_lock_here(cpu) else {
             left.push(key.clone(), n);
             return left;
@@ -1368,7 +1413,7 @@ impl<K: StockKey> Stock<K> {
             key.counter().record_underflow();
             left.push(key.clone(), free);
         } else {
-            self.stash_locked(&locked, key, n, Stashed::Returned, &mut left);
+            self.stash_locked(&locked, key, n, Stashed::Returned { admitted }, &mut left);
         }
         left
     }
