@@ -97,6 +97,102 @@ fn scopes_nest_and_are_restored_on_unwind() {
     assert_eq!(live_bytes(&outer), outer_before);
 }
 
+/// Scopes dropped out of order — the outer guard before the inner one —
+/// still end with the thread back where it was before both: the inner
+/// scope stays current while it lives, and its end restores what was
+/// current before the outer one (it restored the outer group, whose scope
+/// had ended and whose reference was gone: every later allocation of the
+/// thread went to it).
+#[test]
+fn scopes_dropped_out_of_order_end_where_they_began() {
+    let a = fresh("out-of-order-a");
+    let b = fresh("out-of-order-b");
+    let before = Group::current().map(|g| g.path().to_string());
+    let in_a = a.enter();
+    let in_b = b.enter();
+    drop(in_a);
+    assert_eq!(
+        Group::current().unwrap().path(),
+        "/out-of-order-b",
+        "the inner scope lives on"
+    );
+    let v: Vec<u8> = Vec::with_capacity(100_000);
+    assert!(live_bytes(&b) >= 100_000);
+    drop(v);
+    drop(in_b);
+    assert_eq!(Group::current().map(|g| g.path().to_string()), before);
+    let (a_before, b_before) = (live_bytes(&a), live_bytes(&b));
+    let v: Vec<u8> = Vec::with_capacity(100_000);
+    assert_eq!((live_bytes(&a), live_bytes(&b)), (a_before, b_before));
+    drop(v);
+    // Three deep, the middle one first, then the outer, then the inner.
+    let (x, y, z) = (fresh("ooo-x"), fresh("ooo-y"), fresh("ooo-z"));
+    let gx = x.enter();
+    let gy = y.enter();
+    let gz = z.enter();
+    drop(gy);
+    assert_eq!(Group::current().unwrap().path(), "/ooo-z");
+    drop(gx);
+    assert_eq!(Group::current().unwrap().path(), "/ooo-z");
+    drop(gz);
+    assert_eq!(Group::current().map(|g| g.path().to_string()), before);
+    // In order after that, as always.
+    let gx = x.enter();
+    let gy = y.enter();
+    drop(gy);
+    assert_eq!(Group::current().unwrap().path(), "/ooo-x");
+    drop(gx);
+    assert_eq!(Group::current().map(|g| g.path().to_string()), before);
+}
+
+/// A block grown while a new one would pass unaccounted — in the reporting
+/// grace after a refusal, or while the thread panics — grows: charged to
+/// its group (whose usage returns to zero once everything is freed). It
+/// was refused: a `Vec` that grew while a panic printed its message failed,
+/// and with `RUST_BACKTRACE=1` the process hung in the allocation-failure
+/// hook, waiting for the backtrace lock the panicking thread held.
+#[test]
+fn blocks_grow_in_the_reporting_grace_and_while_panicking() {
+    let g = refusing("grow-in-grace", 64 << 10);
+    let g2 = g.clone();
+    // What the thread saw, checked once it is out of the group: a failed
+    // check inside, at the limit, would itself need memory to report.
+    let (in_grace, while_panicking) = std::thread::spawn(move || {
+        let _in = g2.enter();
+        let mut existing: Vec<u8> = Vec::with_capacity(8);
+        let mut held = Vec::new();
+        loop {
+            let mut v: Vec<u8> = Vec::new();
+            if v.try_reserve_exact(1024).is_err() {
+                break;
+            }
+            held.push(v);
+        }
+        let in_grace = existing.try_reserve_exact(4096).is_ok();
+        struct GrowOnDrop(Vec<u8>, std::rc::Rc<std::cell::Cell<bool>>);
+        impl Drop for GrowOnDrop {
+            fn drop(&mut self) {
+                self.1.set(self.0.try_reserve_exact(1 << 14).is_ok());
+            }
+        }
+        let grew = std::rc::Rc::new(std::cell::Cell::new(false));
+        let to_drop = GrowOnDrop(std::mem::take(&mut existing), grew.clone());
+        // Unwinding without the panic hook (no message to print).
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _grow = to_drop;
+            std::panic::resume_unwind(Box::new("over the limit"));
+        }));
+        drop(held);
+        (in_grace, caught.is_err() && grew.get())
+    })
+    .join()
+    .unwrap();
+    assert!(in_grace, "a block grows in the reporting grace");
+    assert!(while_panicking, "a block grows while its thread panics");
+    assert_eq!(live_bytes(&g), 0);
+    assert_eq!(g.events().underflow, 0);
+}
+
 #[test]
 fn frees_during_thread_teardown_are_accounted() {
     struct Holder(std::cell::RefCell<Vec<u8>>);

@@ -23,7 +23,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering::Relaxed};
 
 /// Header bytes of the blocks alive (flushed from each thread's
-/// [`HEADERS`] at its slow paths and exit): for [`super::Reconciliation`].
+/// header count (`ThreadState::headers`) at its slow paths and exit): for [`super::Reconciliation`].
 pub(crate) static HEADER_BYTES: AtomicI64 = AtomicI64::new(0);
 
 /// Threads whose reserve names an account (and may hold bytes).

@@ -3,6 +3,7 @@
 
 use super::thread::STATE;
 use crate::group::{AccountKey, Group};
+use std::cell::Cell;
 use std::marker::PhantomData;
 
 /// The calling thread's current account, if it entered a scope.
@@ -36,7 +37,7 @@ pub(crate) fn without_accounting<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// A [`crate::group::HookRunner`] that runs hooks with accounting off.
+/// A hook runner (`group::reclaim::HookRunner`) that runs hooks with accounting off.
 pub(crate) fn run_unaccounted(f: &mut dyn FnMut()) {
     without_accounting(f)
 }
@@ -80,11 +81,78 @@ impl Drop for HeldScope {
 /// While alive, the thread's allocations are charged to one group; dropping
 /// it (also during unwinding) restores the previous group. Not `Send`: it
 /// belongs to the thread that entered.
+///
+/// Guards dropped out of order (`drop(outer)` while `inner` lives) end
+/// where they began: the innermost live scope stays current, and when it
+/// ends the thread goes back past every scope that ended before it, to
+/// what was current before them. (Tracked for the first 63 nested scopes
+/// of a thread; deeper ones must end in order.)
 #[must_use = "the scope ends when the guard is dropped"]
 pub struct AllocScope {
     previous: *const u8,
     account: AccountKey,
+    /// 1 for a thread's outermost scope, and so on.
+    depth: u32,
     _not_send: PhantomData<*const ()>,
+}
+
+/// Depths below this have their out-of-order end tracked (see
+/// [`AllocScope`]).
+const TRACKED_DEPTH: usize = 64;
+
+/// A thread's nesting of [`AllocScope`]s: how deep it is, and which scopes
+/// ended while a scope inside them lived — with what each had found
+/// current, which is what the thread returns to past it. Touched only
+/// when a scope begins or ends, never by an allocation.
+struct Nesting {
+    depth: Cell<u32>,
+    /// Bit `d`: the scope at depth `d` (`1..TRACKED_DEPTH`) ended out of
+    /// order.
+    ended: Cell<u64>,
+    /// For such a scope, the account it had found current.
+    previous: [Cell<*const u8>; TRACKED_DEPTH],
+}
+
+thread_local! {
+    static NESTING: Nesting = const {
+        Nesting {
+            depth: Cell::new(0),
+            ended: Cell::new(0),
+            previous: [const { Cell::new(std::ptr::null()) }; TRACKED_DEPTH],
+        }
+    };
+}
+
+impl Nesting {
+    /// A scope begins: its depth.
+    fn begin(&self) -> u32 {
+        let depth = self.depth.get().saturating_add(1);
+        self.depth.set(depth);
+        depth
+    }
+
+    /// The scope at `depth`, which found `previous` current, ends: what to
+    /// make current, or `None` if a scope inside it lives on (it stays
+    /// current; this one's end is remembered for when it ends).
+    fn end(&self, depth: u32, previous: *const u8) -> Option<*const u8> {
+        let tracked = |d: u32| (d as usize) < TRACKED_DEPTH;
+        if depth < self.depth.get() && tracked(depth) {
+            self.ended.set(self.ended.get() | 1 << depth);
+            self.previous[depth as usize].set(previous);
+            return None;
+        }
+        // The innermost (or an untracked one, as if it were): back past
+        // every scope below it that already ended.
+        let mut restore = previous;
+        let mut d = depth.saturating_sub(1);
+        while d > 0 && tracked(d) && self.ended.get() & (1 << d) != 0 {
+            self.ended.set(self.ended.get() & !(1 << d));
+            restore = self.previous[d as usize].get();
+            d -= 1;
+        }
+        self.depth.set(d);
+        Some(restore)
+    }
 }
 
 impl std::fmt::Debug for AllocScope {
@@ -95,8 +163,13 @@ impl std::fmt::Debug for AllocScope {
 
 impl Drop for AllocScope {
     fn drop(&mut self) {
-        swap_scope(self.previous);
-        set_grace(0);
+        // `NESTING` has no destructor: reachable for as long as the thread
+        // runs, in its exit too.
+        let restore = NESTING.with(|n| n.end(self.depth, self.previous));
+        if let Some(previous) = restore {
+            swap_scope(previous);
+            set_grace(0);
+        }
         self.account.release(1);
     }
 }
@@ -120,9 +193,11 @@ impl Group {
         let account = self.account();
         account.retain(1);
         let previous = swap_scope(account.as_ptr());
+        let depth = NESTING.with(Nesting::begin);
         AllocScope {
             previous,
             account,
+            depth,
             _not_send: PhantomData,
         }
     }

@@ -408,14 +408,29 @@ impl<A, C: Charging> Accounted<A, C> {
     /// account in its header — the one its free will uncharge. Inside a
     /// hook the growth is still charged (and may be refused), only without
     /// running hooks again. Whether it was charged.
+    ///
+    /// Where a new block would pass unaccounted — the reporting grace after
+    /// a refusal, a panicking thread — the growth passes too, but charged:
+    /// the block's free will uncharge its whole size from `key`, so the
+    /// growth is forced onto the counters (past the limit, as the grace
+    /// lets a new block past it). Refusing it failed every `Vec` that grew
+    /// while a panic printed its message or backtrace: with
+    /// `RUST_BACKTRACE=1` the failure hook then waited for the backtrace
+    /// lock the panicking thread held, and the process hung.
     pub(super) fn charge_growth(&self, key: AccountKey, n: u64) -> bool {
         let Some(st) = self.attached() else {
             return false;
         };
         if in_hook() {
-            self.charge_bytes(st, key, n).is_ok()
-        } else {
-            self.charge_slow(st, key, n, false) == Ok(Some(key))
+            return self.charge_bytes(st, key, n).is_ok();
+        }
+        match self.charge_slow(st, key, n, false) {
+            Ok(Some(charged)) => charged == key,
+            Ok(None) => {
+                key.force_charge(n);
+                true
+            }
+            Err(()) => false,
         }
     }
 

@@ -96,7 +96,10 @@ use std::fmt;
 #[non_exhaustive]
 pub struct Events {
     /// Charges that hit this counter's `max`: refused, or let through over
-    /// it by a cooperative limit (the kernel's meaning).
+    /// it by a cooperative limit (the kernel's meaning). A count of charges,
+    /// not of allocations: the allocator charges a thread's small blocks
+    /// in batches (up to [`crate::alloc::RESERVE_BATCH`] bytes), so one
+    /// event may stand for many blocks let through.
     pub max: u64,
     /// Times a charge took this counter's usage above its `high` soft limit
     /// (from at or below it): one per crossing, not one per charge above.
