@@ -332,7 +332,7 @@ impl Block {
 
     /// `realloc` of one of our blocks. Growth is charged to the block's
     /// account before glibc moves anything: what is asked for plus the most
-    /// glibc may round it up by (a page and 64 bytes), the excess given
+    /// glibc may round it up by (under 64 bytes; a page more from 128 KiB on: [`crate::heap::Heap::most_usable`]), the excess given
     /// back once the new usable size is known — so a refusal leaves the
     /// block untouched, and usage never misses a byte of the new block.
     ///
@@ -386,9 +386,10 @@ impl Block {
         if new <= charged {
             crate::uncharge(account, charged - new);
         } else {
-            // Beyond the heap's rounding (`most_usable`): not reached. If a
-            // limit refused it, the free of this block counts an underflow.
-            crate::grow(account, new - charged);
+            // Beyond the heap's bound (`most_usable`): glibc mapped a block
+            // below 128 KiB (the program lowered its mmap threshold). The
+            // block is made: charged, past the limit if need be.
+            crate::grow_unrefused(account, new - charged);
         }
         // SAFETY: the new block, 16-aligned, with the header's room.
         unsafe { Block::write(base, account, self.heap) }.cast()

@@ -417,7 +417,8 @@ impl Heap {
     }
 
     /// The most bytes [`Heap::footprint`] can say of a block asked for with
-    /// `size` bytes (a bound: a page and 64 bytes over for glibc).
+    /// `size` bytes (a bound; for glibc 64 bytes over, a page more at
+    /// 128 KiB and above: see [`Heap::most_usable`]).
     pub(crate) fn most_footprint(self, size: usize) -> usize {
         self.most_usable(size).saturating_add(16)
     }
@@ -425,9 +426,23 @@ impl Heap {
     /// The most usable bytes a block asked for with `size` bytes can get:
     /// what `realloc` charges before the block moves (only where
     /// [`Heap::grows_in_place`]: for mimalloc's large blocks this is no
-    /// bound).
+    /// bound). glibc: a chunk of its arenas is the size with its size word,
+    /// rounded to 16 bytes, plus at most a neighbour's remainder too small
+    /// to split off (under 32 bytes): under 64 bytes over. A block it maps
+    /// (at or above its mmap threshold, never below 128 KiB unless the
+    /// program lowers it) is rounded to pages: a page more from 128 KiB on.
+    /// Below that a tight bound matters: growth near a limit is refused
+    /// when the bound does not fit (a page of headroom refused a 1 KiB
+    /// block's growth by 476 bytes with 3 KiB free). A mapped block below
+    /// 128 KiB goes past the bound; `realloc` then charges the excess
+    /// unrefused.
     pub(crate) fn most_usable(self, size: usize) -> usize {
-        let glibc = size.saturating_add(crate::page_size() + 64);
+        let rounding = if size < GLIBC_MMAP_THRESHOLD_MIN {
+            64
+        } else {
+            crate::page_size() + 64
+        };
+        let glibc = size.saturating_add(rounding);
         match (self, inner()) {
             (Heap::Glibc, _) | (_, Inner::Glibc) => glibc,
             // SAFETY: jemalloc's nallocx (no flags: the default alignment);
@@ -445,6 +460,11 @@ impl Heap {
         }
     }
 }
+
+/// glibc's smallest dynamic mmap threshold (`DEFAULT_MMAP_THRESHOLD_MIN`,
+/// 128 KiB): below it glibc maps a block only if the program lowered the
+/// threshold (`mallopt`, `GLIBC_TUNABLES=glibc.malloc.mmap_threshold`).
+const GLIBC_MMAP_THRESHOLD_MIN: usize = 128 << 10;
 
 /// The inner allocator's own figures for the exit report (`None` for
 /// glibc, whose figures the report has anyway): `key=value` pairs.
@@ -497,9 +517,13 @@ pub(crate) fn figures() -> Option<String> {
             unsafe {
                 std::mem::transmute::<usize, MiProcessInfoFn>(f(STATS))(a, b, c, d, e, g, h, i)
             };
+            // Its memory committed now and at most. Not its `current_rss`
+            // and `peak_rss`: on Linux mimalloc reports its commit as the
+            // current RSS, and the process's peak RSS (`getrusage`) as its
+            // peak — a "current" above the peak, neither mimalloc's own.
             Some(format!(
-                "mimalloc committed={} peak_committed={} rss={} peak_rss={}",
-                v[5], v[6], v[3], v[4]
+                "mimalloc committed={} peak_committed={}",
+                v[5], v[6]
             ))
         }
     }

@@ -145,6 +145,10 @@ fn init() -> bool {
     // Allocations meanwhile (this thread's too) see INITIALIZING: they
     // pass unaccounted.
     static_tls::claim();
+    // glibc's heap from libc.so.6 itself, before any block is made
+    // through it (an allocator preloaded after the preload may bind the
+    // names first: see `libc_heap::MALLOC`).
+    libc_heap::resolve();
     let state = (|| {
         let why = match std::panic::catch_unwind(setup) {
             Ok(Ok(())) => return READY,
@@ -178,6 +182,28 @@ fn setup() -> Result<(), String> {
     // instead would not be what the operator measured).
     if let Err(why) = heap::set_up(settings.inner) {
         report::stop(&[why]);
+    }
+    if let Some(owner) = malloc_is_not_ours() {
+        let (who, remedy) = match owner {
+            MallocOwner::Program(name) => (
+                format!("the program's own ({name} defines malloc: an allocator linked into it)"),
+                "run it with its allocator as a shared library, after the preload",
+            ),
+            MallocOwner::Library(name) => (
+                format!("{name}'s, found before the preload's"),
+                "put libsplitcount_preload.so first in LD_PRELOAD",
+            ),
+        };
+        let why = format!(
+            "malloc in this process is {who}: the program's allocations would not reach the \
+             preload, and nothing would be counted"
+        );
+        if settings.max.is_some() {
+            report::stop(&[format!(
+                "{why}, so SPLITCOUNT_PRELOAD_MAX would not hold: {remedy}"
+            )]);
+        }
+        report::say(&format!("splitcount-preload: {why}\n"));
     }
     FOOTPRINT.store(settings.footprint, Ordering::Relaxed);
     if !settings.tags {
@@ -221,6 +247,100 @@ fn setup() -> Result<(), String> {
     Ok(())
 }
 
+/// The fields of an ELF64 symbol table entry (`Elf64_Sym` of `<elf.h>`)
+/// that are read: its section index says whether it is defined.
+#[repr(C)]
+struct ElfSym {
+    st_name: u32,
+    st_info: u8,
+    st_other: u8,
+    st_shndx: u16,
+}
+
+/// `dladdr1`'s request for the matching symbol's table entry (`<dlfcn.h>`).
+const RTLD_DL_SYMENT: i32 = 1;
+
+/// The section index of an undefined symbol (`<elf.h>`).
+const SHN_UNDEF: u16 = 0;
+
+/// Who defines the process's `malloc` when the preload does not.
+enum MallocOwner {
+    /// The executable (an allocator linked into it), by its path.
+    Program(String),
+    /// A library searched before the preload, by its path.
+    Library(String),
+}
+
+/// `None` if the process's `malloc` — the first definition in the global
+/// lookup order, what every library and the program call — is this
+/// library's; otherwise who defines it. A library loaded ahead of the
+/// preload (`LD_PRELOAD="libjemalloc.so.2 <preload>"`), or an executable
+/// with an allocator linked in (which exports its `malloc` for the
+/// libraries it uses), takes every call, and the preload would count
+/// nothing.
+fn malloc_is_not_ours() -> Option<MallocOwner> {
+    // SAFETY: a lookup by name in the global scope; `dladdr` fills `info`
+    // for an address of a loaded object, its strings owned by the loader.
+    unsafe {
+        let found = libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr());
+        if found.is_null() {
+            return None;
+        }
+        // Compared by the object that holds it, not with `malloc as usize`:
+        // this library's own reference to its exported `malloc` may itself
+        // be resolved through the global scope (to the same answer).
+        let mut ours: libc::Dl_info = std::mem::zeroed();
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        let here = std::ptr::addr_of!(STATE).cast::<c_void>();
+        if libc::dladdr(here, &mut ours) == 0 || libc::dladdr(found, &mut info) == 0 {
+            return None;
+        }
+        if info.dli_fbase == ours.dli_fbase {
+            return None;
+        }
+        let name = if info.dli_fname.is_null() {
+            String::new()
+        } else {
+            std::ffi::CStr::from_ptr(info.dli_fname)
+                .to_string_lossy()
+                .into_owned()
+        };
+        // The executable: the object its program headers (`AT_PHDR`) lie in.
+        let mut main: libc::Dl_info = std::mem::zeroed();
+        let phdr = libc::getauxval(libc::AT_PHDR) as *const c_void;
+        if !phdr.is_null() && libc::dladdr(phdr, &mut main) != 0 && main.dli_fbase == info.dli_fbase
+        {
+            // An executable that takes `malloc`'s address (Debian's python3)
+            // exports an *undefined* `malloc` whose value is its PLT entry —
+            // the address every lookup then answers, so that function
+            // pointers compare equal. That entry calls the first definition
+            // after it: not the program's own.
+            let mut sym: *const ElfSym = std::ptr::null();
+            let mut at: libc::Dl_info = std::mem::zeroed();
+            let looked_up = libc::dladdr1(
+                found,
+                &mut at,
+                (&mut sym as *mut *const ElfSym).cast(),
+                RTLD_DL_SYMENT,
+            );
+            if looked_up != 0 && !sym.is_null() && (*sym).st_shndx == SHN_UNDEF {
+                return None;
+            }
+            let name = if name.is_empty() {
+                report::program()
+            } else {
+                name
+            };
+            return Some(MallocOwner::Program(name));
+        }
+        Some(MallocOwner::Library(if name.is_empty() {
+            "another library".to_owned()
+        } else {
+            name
+        }))
+    }
+}
+
 /// Charge a new block of `usable` bytes to the thread's group; the
 /// account for its header (null: unaccounted), `None` if a limit refused
 /// it. Call only when [`ready`].
@@ -251,6 +371,18 @@ pub(crate) fn default_account() -> *const u8 {
 pub(crate) fn force(n: usize) {
     // SAFETY: `/preload`'s account, held by `PRELOAD` for good.
     unsafe { ACCOUNTED.force_raw(default_account(), n as u64) }
+}
+
+/// Charge `n` more bytes to a live block's `account` that must not be
+/// refused: the block has grown already (a limit may be passed by that
+/// much).
+pub(crate) fn grow_unrefused(account: *const u8, n: usize) {
+    if account.is_null() || n == 0 {
+        return;
+    }
+    // SAFETY: `account` is a live block's header's (its bytes keep it
+    // alive).
+    unsafe { ACCOUNTED.force_raw(account, n as u64) }
 }
 
 /// Uncharge `n` bytes of a block charged to `account`.

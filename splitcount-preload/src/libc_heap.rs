@@ -3,8 +3,8 @@
 //! the usable size of its blocks (see [`real_usable`]).
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::ffi::{c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 extern "C" {
     fn __libc_malloc(size: usize) -> *mut c_void;
@@ -14,44 +14,131 @@ extern "C" {
     fn __libc_memalign(align: usize, size: usize) -> *mut c_void;
 }
 
+type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
+type CallocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
+type FreeFn = unsafe extern "C" fn(*mut c_void);
+type MemalignFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+
+/// glibc's entry points, as the preload calls them. They start as the
+/// dynamic linker binds the names — the first definition in the global
+/// scope, glibc's in a plain process — and [`resolve`] replaces them with
+/// libc.so.6's own before the preload serves the program: mimalloc also
+/// exports `__libc_malloc` and its kin, and preloaded after the preload
+/// (`LD_PRELOAD="<preload> libmimalloc.so.2"`) its copies were the ones
+/// bound — "glibc's" blocks were mimalloc's, sized with glibc's
+/// `malloc_usable_size`: every `malloc` crashed or failed.
+static MALLOC: AtomicPtr<c_void> = AtomicPtr::new(__libc_malloc as *mut c_void);
+static CALLOC: AtomicPtr<c_void> = AtomicPtr::new(__libc_calloc as *mut c_void);
+static REALLOC: AtomicPtr<c_void> = AtomicPtr::new(__libc_realloc as *mut c_void);
+static FREE: AtomicPtr<c_void> = AtomicPtr::new(__libc_free as *mut c_void);
+static MEMALIGN: AtomicPtr<c_void> = AtomicPtr::new(__libc_memalign as *mut c_void);
+
+/// libc.so.6's handle: the libc this process runs on, found by name
+/// (`RTLD_NOLOAD`: never loaded, and nothing is allocated for an object
+/// already there). Null if not found (a static or exotic libc: the bound
+/// names are kept). The caller releases it (`dlclose`; libc stays).
+fn libc_handle() -> *mut c_void {
+    // SAFETY: a NUL-terminated name; RTLD_NOLOAD only finds a loaded
+    // object.
+    unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) }
+}
+
+/// Replace glibc's entry points with libc.so.6's own definitions (see
+/// [`MALLOC`]): all five, or none if one cannot be found. Call once,
+/// first thing in the set-up, before any block is made through them.
+pub(crate) fn resolve() {
+    let handle = libc_handle();
+    if handle.is_null() {
+        return;
+    }
+    let names: [&CStr; 5] = [
+        c"__libc_malloc",
+        c"__libc_calloc",
+        c"__libc_realloc",
+        c"__libc_free",
+        c"__libc_memalign",
+    ];
+    let mut found = [std::ptr::null_mut(); 5];
+    for (name, f) in names.iter().zip(found.iter_mut()) {
+        // SAFETY: a lookup in libc.so.6's own symbols (the handle is its
+        // link map); a NUL-terminated name.
+        *f = unsafe { libc::dlsym(handle, name.as_ptr()) };
+    }
+    // SAFETY: the handle from `libc_handle`, released once.
+    unsafe { libc::dlclose(handle) };
+    if found.iter().any(|f| f.is_null()) {
+        return;
+    }
+    for (slot, f) in [&MALLOC, &CALLOC, &REALLOC, &FREE, &MEMALIGN]
+        .into_iter()
+        .zip(found)
+    {
+        // Relaxed: set before the preload is ready, which a Release store
+        // publishes (see `lib.rs`'s `init`).
+        slot.store(f, Ordering::Relaxed);
+    }
+}
+
 /// glibc's alignment of every block.
 const MALLOC_ALIGN: usize = 16;
 
 /// # Safety
 /// As `malloc(3)`.
+#[inline(always)]
 pub(crate) unsafe fn malloc(size: usize) -> *mut u8 {
-    // SAFETY: the caller's contract.
-    unsafe { __libc_malloc(size) }.cast()
+    // SAFETY: glibc's `__libc_malloc` (see `MALLOC`); the caller's
+    // contract.
+    unsafe {
+        std::mem::transmute::<*mut c_void, MallocFn>(MALLOC.load(Ordering::Relaxed))(size).cast()
+    }
 }
 
 /// A zeroed block of `size` bytes.
 ///
 /// # Safety
 /// As `calloc(3)`.
+#[inline(always)]
 pub(crate) unsafe fn calloc(size: usize) -> *mut u8 {
-    // SAFETY: the caller's contract.
-    unsafe { __libc_calloc(size, 1) }.cast()
+    // SAFETY: glibc's `__libc_calloc`; the caller's contract.
+    unsafe {
+        std::mem::transmute::<*mut c_void, CallocFn>(CALLOC.load(Ordering::Relaxed))(size, 1).cast()
+    }
 }
 
 /// # Safety
 /// As `realloc(3)`, on a block of glibc's.
+#[inline(always)]
 pub(crate) unsafe fn realloc(ptr: *mut u8, size: usize) -> *mut u8 {
-    // SAFETY: the caller's contract.
-    unsafe { __libc_realloc(ptr.cast(), size) }.cast()
+    // SAFETY: glibc's `__libc_realloc`; the caller's contract.
+    unsafe {
+        std::mem::transmute::<*mut c_void, ReallocFn>(REALLOC.load(Ordering::Relaxed))(
+            ptr.cast(),
+            size,
+        )
+        .cast()
+    }
 }
 
 /// # Safety
 /// As `free(3)`, on a block of glibc's.
+#[inline(always)]
 pub(crate) unsafe fn free(ptr: *mut u8) {
-    // SAFETY: the caller's contract.
-    unsafe { __libc_free(ptr.cast()) }
+    // SAFETY: glibc's `__libc_free`; the caller's contract.
+    unsafe { std::mem::transmute::<*mut c_void, FreeFn>(FREE.load(Ordering::Relaxed))(ptr.cast()) }
 }
 
 /// # Safety
 /// As `memalign(3)`; `align` a power of two.
+#[inline(always)]
 pub(crate) unsafe fn memalign(align: usize, size: usize) -> *mut u8 {
-    // SAFETY: the caller's contract.
-    unsafe { __libc_memalign(align, size) }.cast()
+    // SAFETY: glibc's `__libc_memalign`; the caller's contract.
+    unsafe {
+        std::mem::transmute::<*mut c_void, MemalignFn>(MEMALIGN.load(Ordering::Relaxed))(
+            align, size,
+        )
+        .cast()
+    }
 }
 
 /// How [`real_usable`] asks glibc: not decided yet, from the chunk's size
@@ -83,11 +170,13 @@ fn glibc_usable_size() -> usize {
     // SAFETY: a NUL-terminated name; RTLD_NOLOAD only finds the libc this
     // process already runs on (it never loads one). dlopen and dlsym may
     // allocate: through us, which is safe at any time.
+    let libc = libc_handle();
+    if libc.is_null() {
+        return 0;
+    }
+    // SAFETY: a lookup in libc.so.6's own symbols; a NUL-terminated name.
+    // The handle's reference is dropped (libc stays loaded regardless).
     unsafe {
-        let libc = libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
-        if libc.is_null() {
-            return 0;
-        }
         let f = libc::dlsym(libc, c"malloc_usable_size".as_ptr()) as usize;
         libc::dlclose(libc);
         f

@@ -54,7 +54,7 @@ pub(crate) fn say(text: &str) {
 /// `argv[0]` (glibc's `program_invocation_short_name`, set before any
 /// constructor runs), blanks and `=` replaced by `_` so that the line
 /// stays `key=value` pairs.
-fn program() -> String {
+pub(crate) fn program() -> String {
     extern "C" {
         static program_invocation_short_name: *const libc::c_char;
     }
@@ -410,18 +410,76 @@ fn install(sig: libc::c_int, handler: extern "C" fn(libc::c_int), flags: libc::c
     }
 }
 
+/// Bytes of the alternate signal stack the main thread gets (the report is
+/// written from a fatal signal's handler with a fixed buffer on it).
+const ALTERNATE_STACK: usize = 64 << 10;
+
+/// Give the thread that loads the preload — the main thread — an
+/// alternate signal stack if it has none, so that a fatal signal's report
+/// is written when that thread overflows its stack (the kernel cannot
+/// push the handler's frame onto a full stack: without it the process
+/// died with no report). Mapped, not allocated, with a guard page below;
+/// its pages cost memory only once a handler runs on them. Other threads
+/// run the handler on an alternate stack of their own if the program gave
+/// them one; without, an overflow of theirs ends the process unreported.
+fn main_thread_alternate_stack() {
+    // SAFETY: `sigaltstack` reads and writes `stack_t`s we own; the
+    // mapping is ours, never unmapped (the thread may use it until it
+    // ends).
+    unsafe {
+        let mut current: libc::stack_t = std::mem::zeroed();
+        if libc::sigaltstack(std::ptr::null(), &mut current) != 0
+            || current.ss_flags & libc::SS_DISABLE == 0
+        {
+            return; // the program (or a library) gave it one already
+        }
+        let guard = crate::page_size();
+        let base = libc::mmap(
+            std::ptr::null_mut(),
+            ALTERNATE_STACK + guard,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        );
+        if base == libc::MAP_FAILED {
+            return;
+        }
+        libc::mprotect(base, guard, libc::PROT_NONE);
+        let stack = libc::stack_t {
+            ss_sp: base.cast::<u8>().add(guard).cast(),
+            ss_flags: 0,
+            ss_size: ALTERNATE_STACK,
+        };
+        libc::sigaltstack(&stack, std::ptr::null_mut());
+    }
+}
+
 /// At load: the report's destination, the exit report, the fatal signals'
 /// reports (when there is a report) and the live snapshot's signal (when
 /// asked for).
 pub(crate) fn set_up(to: Report, snapshot: Option<libc::c_int>) {
     remember_process();
+    // A relative path names a file in the directory the program starts in,
+    // not wherever it has gone when it ends (a `chdir` before exit put the
+    // report in the new directory).
+    let to = match to {
+        Report::File(path) if !path.starts_with('/') => match std::env::current_dir() {
+            Ok(dir) => Report::File(format!("{}/{path}", dir.display())),
+            Err(_) => Report::File(path),
+        },
+        to => to,
+    };
     let on = to != Report::Off;
     let _ = REPORT_TO.set(to);
     if on {
         // SAFETY: registers a function without arguments that never unwinds.
         unsafe { libc::atexit(at_exit) };
+        main_thread_alternate_stack();
         for sig in FATAL {
-            install(sig, on_fatal_signal, 0);
+            // On the thread's alternate stack where it has one: a thread
+            // whose stack overflowed has none left for the handler.
+            install(sig, on_fatal_signal, libc::SA_ONSTACK);
         }
     }
     if let Some(sig) = snapshot {

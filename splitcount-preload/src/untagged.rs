@@ -351,8 +351,9 @@ pub(crate) unsafe fn realloc(p: *mut u8, size: usize) -> *mut c_void {
     if new <= charged {
         uncharge(charged - new);
     } else {
-        // Beyond the heap's bound (`most_usable`, which holds where the
-        // heap grows blocks in place): not reached.
+        // Beyond the heap's bound (`most_usable`): glibc mapped a block
+        // below 128 KiB (the program lowered its mmap threshold). The block
+        // is made: charged, past the limit if need be.
         crate::force(new - charged);
     }
     q.cast()

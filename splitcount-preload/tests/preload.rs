@@ -378,6 +378,74 @@ fn jemalloc_is_loaded_by_name_when_preloaded_too() {
     assert!(number(&report(&stderr, "/preload"), "peak") > 0, "{stderr}");
 }
 
+/// An allocator preloaded after this library without being its inner
+/// allocator: mimalloc exports `__libc_malloc` and its kin, and the
+/// dynamic linker bound the preload's calls of "glibc's heap" to those —
+/// every `malloc` crashed (or, with the blocks sized by glibc's function,
+/// failed). glibc's entry points are looked up in libc.so.6 itself: the
+/// program runs on glibc's heap, counted, under its limit.
+#[test]
+fn an_allocator_preloaded_after_the_preload_does_not_take_glibcs_place() {
+    let both = format!("{} {}", preload_so().display(), system_mimalloc().display());
+    let sqlite = |max: &str| {
+        Command::new(program("sqlite3", "sqlite3"))
+            .env("LD_PRELOAD", &both)
+            .env("SPLITCOUNT_PRELOAD_REPORT", "1")
+            .env("SPLITCOUNT_PRELOAD_MAX", max)
+            .args([
+                ":memory:",
+                "SELECT count(*) FROM (SELECT randomblob(1000) FROM generate_series(1, 20000));",
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = sqlite("max");
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{}: {stderr}", out.status);
+    assert_eq!(text(&out.stdout).trim(), "20000");
+    let preload = report(&stderr, "/preload");
+    assert!(number(&preload, "peak") > 0, "{stderr}");
+    assert!(number(&glibc_report(&stderr), "in_use") > 0, "{stderr}");
+    // A limit holds: allocations past it are refused.
+    let out = sqlite("16K");
+    let stderr = text(&out.stderr);
+    let preload = report(&stderr, "/preload");
+    assert!(number(&preload, "peak") <= 16 << 10, "{stderr}");
+    assert!(number(&preload, "events.refused") > 0, "{stderr}");
+}
+
+/// An allocator ahead of the preload in `LD_PRELOAD` takes every `malloc`
+/// of the process: nothing would be counted. With a limit asked for, the
+/// program is stopped at load (status 78) rather than run unlimited;
+/// without one it runs, and the preload says why its figures are empty.
+#[test]
+fn an_allocator_ahead_of_the_preload_stops_a_limited_program() {
+    let reversed = format!("{} {}", system_jemalloc().display(), preload_so().display());
+    let run = |max: Option<&str>| {
+        let mut c = Command::new(program("true", "coreutils"));
+        c.env("LD_PRELOAD", &reversed);
+        if let Some(max) = max {
+            c.env("SPLITCOUNT_PRELOAD_MAX", max);
+        }
+        c.output().unwrap()
+    };
+    let out = run(Some("1M"));
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(
+        stderr.contains("libjemalloc.so.2's, found before the preload's"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("SPLITCOUNT_PRELOAD_MAX would not hold"),
+        "{stderr}"
+    );
+    let out = run(None);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("nothing would be counted"), "{stderr}");
+}
+
 /// Runs `tests/c/stale_tag_test.c` in `mode` (`free` or `realloc`: how
 /// the preload gives back the block whose header the foreign block is laid
 /// over; `trailer`: an over-aligned block's trailer; the program draws the
@@ -802,6 +870,9 @@ fn a_fatal_signal_reports_and_still_ends_the_program() {
     use std::os::unix::process::ExitStatusExt;
     for (mode, sig, name) in [
         ("segv", libc::SIGSEGV, "SIGSEGV"),
+        // The main thread's stack overflowed: the handler runs on the
+        // alternate stack the preload gave that thread.
+        ("overflow", libc::SIGSEGV, "SIGSEGV"),
         ("abort", libc::SIGABRT, "SIGABRT"),
     ] {
         let (status, out) = report_moments(mode, &[]);

@@ -7,6 +7,8 @@
  *             return 0 (the exit report follows);
  *   _exit     _exit(5): no atexit handler runs;
  *   segv      write through a null pointer: SIGSEGV;
+ *   overflow  recurse until the main thread's stack overflows: SIGSEGV
+ *             with no stack left to run a handler on;
  *   abort     abort(): SIGABRT;
  *   fork      fork a child that holds another 1,024 blocks and exits
  *             normally; the parent waits and returns 0.
@@ -30,10 +32,21 @@ static void hold(char **blocks) {
   }
 }
 
+/* Never set: the way out of the recursion is not taken. */
+static volatile int stop;
+
+/* A frame of 1 KiB a call that the compiler cannot fold into a loop. */
+static int recurse(int n) {
+  volatile char frame[1024];
+  frame[0] = (char)n;
+  if (stop) return 0;
+  return recurse(n + 1) + frame[0];
+}
+
 int main(int argc, char **argv) {
   static char *kept[BLOCKS], *more[BLOCKS];
   if (argc != 2) {
-    fprintf(stderr, "usage: report_moments_test snapshot|_exit|segv|abort|fork\n");
+    fprintf(stderr, "usage: report_moments_test snapshot|_exit|segv|overflow|abort|fork\n");
     return 2;
   }
   const char *mode = argv[1];
@@ -48,6 +61,7 @@ int main(int argc, char **argv) {
     int *volatile null = NULL;
     *null = 1;
   }
+  if (strcmp(mode, "overflow") == 0) return recurse(0);
   if (strcmp(mode, "abort") == 0) abort();
   if (strcmp(mode, "fork") == 0) {
     pid_t child = fork();

@@ -79,8 +79,9 @@ impl<A> Accounted<A> {
     /// onto the usage counters (a limit may be passed by that much).
     ///
     /// # Safety
-    /// `account` is null (nothing happens) or from [`raw_account`] of a
-    /// group a handle holds for the rest of the process.
+    /// `account` is null (nothing happens), or from [`raw_account`] of a
+    /// group a handle holds for the rest of the process, or the account of
+    /// a block that is still allocated (its bytes keep the account alive).
     #[doc(hidden)]
     pub unsafe fn force_raw(&self, account: *const u8, n: u64) {
         // SAFETY: the caller's contract.
