@@ -357,10 +357,13 @@ impl Block {
         };
         let account = self.account;
         let prepaid = if size > usable {
-            let most = if crate::charging_footprints() {
-                self.heap.most_footprint(total)
-            } else {
-                self.heap.most_usable(total) - HEADER
+            // SAFETY: the live block's base, of this heap.
+            let most = unsafe {
+                if crate::charging_footprints() {
+                    self.heap.most_footprint(total, self.base())
+                } else {
+                    self.heap.most_usable(total, self.base()) - HEADER
+                }
             };
             most.saturating_sub(old)
         } else {
@@ -388,7 +391,7 @@ impl Block {
         } else {
             // Beyond the heap's bound (`most_usable`): glibc mapped a block
             // below 128 KiB (the program lowered its mmap threshold). The
-            // block is made: charged, past the limit if need be.
+            // block is made: charged, past the limit if need be (a page).
             crate::grow_unrefused(account, new - charged);
         }
         // SAFETY: the new block, 16-aligned, with the header's room.

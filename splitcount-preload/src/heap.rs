@@ -419,8 +419,12 @@ impl Heap {
     /// The most bytes [`Heap::footprint`] can say of a block asked for with
     /// `size` bytes (a bound; for glibc 64 bytes over, a page more at
     /// 128 KiB and above: see [`Heap::most_usable`]).
-    pub(crate) fn most_footprint(self, size: usize) -> usize {
-        self.most_usable(size).saturating_add(16)
+    ///
+    /// # Safety
+    /// As [`Heap::most_usable`].
+    pub(crate) unsafe fn most_footprint(self, size: usize, old: *mut u8) -> usize {
+        // SAFETY: forwarded.
+        unsafe { self.most_usable(size, old) }.saturating_add(16)
     }
 
     /// The most usable bytes a block asked for with `size` bytes can get:
@@ -430,14 +434,23 @@ impl Heap {
     /// rounded to 16 bytes, plus at most a neighbour's remainder too small
     /// to split off (under 32 bytes): under 64 bytes over. A block it maps
     /// (at or above its mmap threshold, never below 128 KiB unless the
-    /// program lowers it) is rounded to pages: a page more from 128 KiB on.
+    /// program lowers it) is rounded to pages, and so is a mapped block
+    /// `realloc` resizes (`mremap`, whatever the new size): a page more
+    /// from 128 KiB on, or when `old`, the block being resized, is mapped.
     /// Below that a tight bound matters: growth near a limit is refused
     /// when the bound does not fit (a page of headroom refused a 1 KiB
-    /// block's growth by 476 bytes with 3 KiB free). A mapped block below
-    /// 128 KiB goes past the bound; `realloc` then charges the excess
-    /// unrefused.
-    pub(crate) fn most_usable(self, size: usize) -> usize {
-        let rounding = if size < GLIBC_MMAP_THRESHOLD_MIN {
+    /// block's growth by 476 bytes with 3 KiB free). A block glibc maps
+    /// below 128 KiB otherwise (a lowered threshold) goes past the bound;
+    /// `realloc` then charges the excess unrefused.
+    ///
+    /// # Safety
+    /// `old` is a live block of this heap.
+    pub(crate) unsafe fn most_usable(self, size: usize, old: *mut u8) -> usize {
+        let glibc_block = matches!((self, inner()), (Heap::Glibc, _) | (_, Inner::Glibc));
+        // SAFETY: a glibc block has its size word just before it; bit 1
+        // (IS_MMAPPED) says it is a mapping of its own.
+        let mapped = glibc_block && unsafe { old.cast::<usize>().sub(1).read() } & 2 != 0;
+        let rounding = if size < GLIBC_MMAP_THRESHOLD_MIN && !mapped {
             64
         } else {
             crate::page_size() + 64

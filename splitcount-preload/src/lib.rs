@@ -167,6 +167,9 @@ fn init() -> bool {
     })();
     // Release: publishes everything `setup` wrote.
     STATE.store(state, Ordering::Release);
+    if state == READY {
+        check_malloc_reaches_us();
+    }
     if state == READY && !charging_footprints() {
         fast::enable(Heap::current(), untagged::on());
     }
@@ -183,27 +186,14 @@ fn setup() -> Result<(), String> {
     if let Err(why) = heap::set_up(settings.inner) {
         report::stop(&[why]);
     }
-    if let Some(owner) = malloc_is_not_ours() {
-        let (who, remedy) = match owner {
-            MallocOwner::Program(name) => (
-                format!("the program's own ({name} defines malloc: an allocator linked into it)"),
-                "run it with its allocator as a shared library, after the preload",
-            ),
-            MallocOwner::Library(name) => (
-                format!("{name}'s, found before the preload's"),
-                "put libsplitcount_preload.so first in LD_PRELOAD",
-            ),
-        };
-        let why = format!(
-            "malloc in this process is {who}: the program's allocations would not reach the \
-             preload, and nothing would be counted"
-        );
-        if settings.max.is_some() {
-            report::stop(&[format!(
-                "{why}, so SPLITCOUNT_PRELOAD_MAX would not hold: {remedy}"
-            )]);
-        }
-        report::say(&format!("splitcount-preload: {why}\n"));
+    if let Some((found, owner)) = malloc_is_not_ours() {
+        // Decided once the accounting is ready (`check_malloc_reaches_us`):
+        // a malloc that forwards to the next one reaches the preload.
+        let _ = MALLOC_CHECK.set(MallocCheck {
+            found,
+            owner,
+            limited: settings.max.is_some(),
+        });
     }
     FOOTPRINT.store(settings.footprint, Ordering::Relaxed);
     if !settings.tags {
@@ -247,38 +237,48 @@ fn setup() -> Result<(), String> {
     Ok(())
 }
 
-/// The fields of an ELF64 symbol table entry (`Elf64_Sym` of `<elf.h>`)
-/// that are read: its section index says whether it is defined.
-#[repr(C)]
-struct ElfSym {
-    st_name: u32,
-    st_info: u8,
-    st_other: u8,
-    st_shndx: u16,
-}
-
-/// `dladdr1`'s request for the matching symbol's table entry (`<dlfcn.h>`).
-const RTLD_DL_SYMENT: i32 = 1;
-
-/// The section index of an undefined symbol (`<elf.h>`).
-const SHN_UNDEF: u16 = 0;
-
-/// Who defines the process's `malloc` when the preload does not.
+/// Who defines the `malloc` the process calls, when it is not this
+/// library's.
 enum MallocOwner {
-    /// The executable (an allocator linked into it), by its path.
+    /// The executable (an allocator linked into it, or a PLT entry of its
+    /// own: see [`check_malloc_reaches_us`]), by its path.
     Program(String),
     /// A library searched before the preload, by its path.
     Library(String),
 }
 
-/// `None` if the process's `malloc` — the first definition in the global
-/// lookup order, what every library and the program call — is this
-/// library's; otherwise who defines it. A library loaded ahead of the
-/// preload (`LD_PRELOAD="libjemalloc.so.2 <preload>"`), or an executable
-/// with an allocator linked in (which exports its `malloc` for the
-/// libraries it uses), takes every call, and the preload would count
-/// nothing.
-fn malloc_is_not_ours() -> Option<MallocOwner> {
+/// A `malloc` of another object's, to be tried once the accounting is
+/// ready.
+struct MallocCheck {
+    /// Its address.
+    found: usize,
+    owner: MallocOwner,
+    /// `SPLITCOUNT_PRELOAD_MAX` is set: stop the program if the calls do
+    /// not reach the preload.
+    limited: bool,
+}
+
+static MALLOC_CHECK: std::sync::OnceLock<MallocCheck> = std::sync::OnceLock::new();
+
+/// The size `check_malloc_reaches_us` asks for: no allocator serves it
+/// (above `PTRDIFF_MAX`: NULL from each), and a wrapper that adds a header
+/// of its own before forwarding (memusage adds 16 bytes) keeps it above.
+const PROBE_SIZE: usize = (isize::MAX as usize) + (1 << 61);
+
+/// Set when a `malloc` of more than `PTRDIFF_MAX` bytes (the probe's, or a
+/// program's own that fails anyway) reached this library.
+static PROBE_REACHED: AtomicBool = AtomicBool::new(false);
+
+/// `Some((address, owner))` if the process's `malloc` — the first
+/// definition in the global lookup order, what every library and the
+/// program call — is not this library's: a library loaded ahead of the
+/// preload (`LD_PRELOAD="libjemalloc.so.2 <preload>"`), an executable
+/// with an allocator linked in (it exports its `malloc` for the libraries
+/// it uses), a wrapper that forwards to the next `malloc` (memusage,
+/// heaptrack), or an executable's PLT entry (a non-PIE program that takes
+/// `malloc`'s address exports it as the address every lookup answers).
+/// Which of these it is, only a call tells: [`check_malloc_reaches_us`].
+fn malloc_is_not_ours() -> Option<(usize, MallocOwner)> {
     // SAFETY: a lookup by name in the global scope; `dladdr` fills `info`
     // for an address of a loaded object, its strings owned by the loader.
     unsafe {
@@ -308,38 +308,72 @@ fn malloc_is_not_ours() -> Option<MallocOwner> {
         // The executable: the object its program headers (`AT_PHDR`) lie in.
         let mut main: libc::Dl_info = std::mem::zeroed();
         let phdr = libc::getauxval(libc::AT_PHDR) as *const c_void;
-        if !phdr.is_null() && libc::dladdr(phdr, &mut main) != 0 && main.dli_fbase == info.dli_fbase
+        let owner = if !phdr.is_null()
+            && libc::dladdr(phdr, &mut main) != 0
+            && main.dli_fbase == info.dli_fbase
         {
-            // An executable that takes `malloc`'s address (Debian's python3)
-            // exports an *undefined* `malloc` whose value is its PLT entry —
-            // the address every lookup then answers, so that function
-            // pointers compare equal. That entry calls the first definition
-            // after it: not the program's own.
-            let mut sym: *const ElfSym = std::ptr::null();
-            let mut at: libc::Dl_info = std::mem::zeroed();
-            let looked_up = libc::dladdr1(
-                found,
-                &mut at,
-                (&mut sym as *mut *const ElfSym).cast(),
-                RTLD_DL_SYMENT,
-            );
-            if looked_up != 0 && !sym.is_null() && (*sym).st_shndx == SHN_UNDEF {
-                return None;
-            }
-            let name = if name.is_empty() {
+            MallocOwner::Program(if name.is_empty() {
                 report::program()
             } else {
                 name
-            };
-            return Some(MallocOwner::Program(name));
-        }
-        Some(MallocOwner::Library(if name.is_empty() {
-            "another library".to_owned()
+            })
         } else {
-            name
-        }))
+            MallocOwner::Library(if name.is_empty() {
+                "another library".to_owned()
+            } else {
+                name
+            })
+        };
+        Some((found as usize, owner))
     }
 }
+
+/// Call the process's `malloc` (another object's, found at the set-up)
+/// with [`PROBE_SIZE`] and see whether the call reaches this library: a
+/// wrapper that forwards, or a PLT entry, does; a library ahead of the
+/// preload or an allocator linked into the program does not — the
+/// program's allocations would never be counted. Then, with a limit asked
+/// for, the program stops (status 78) rather than run unlimited; without,
+/// a message. Runs once, when the accounting is ready and before the fast
+/// path is on (the probe's size goes to the general path, which marks it).
+fn check_malloc_reaches_us() {
+    let Some(check) = MALLOC_CHECK.get() else {
+        return;
+    };
+    PROBE_REACHED.store(false, Ordering::Relaxed);
+    // SAFETY: `found` is the address of the process's `malloc` (a C
+    // function of `malloc`'s type); the size is one no allocator serves,
+    // so nothing is allocated (a non-null answer is leaked, not freed
+    // through a `free` that may not be its).
+    let block = unsafe { std::mem::transmute::<usize, MallocFn>(check.found)(PROBE_SIZE) };
+    let _ = block;
+    if PROBE_REACHED.load(Ordering::Relaxed) {
+        return;
+    }
+    let (who, remedy) = match &check.owner {
+        MallocOwner::Program(name) => (
+            format!("the program's own ({name} defines malloc: an allocator linked into it)"),
+            "run it with its allocator as a shared library, after the preload",
+        ),
+        MallocOwner::Library(name) => (
+            format!("{name}'s, found before the preload's"),
+            "put libsplitcount_preload.so first in LD_PRELOAD",
+        ),
+    };
+    let why = format!(
+        "malloc in this process is {who}, and its calls do not reach the preload: nothing \
+         would be counted"
+    );
+    if check.limited {
+        report::stop(&[format!(
+            "{why}, so SPLITCOUNT_PRELOAD_MAX would not hold: {remedy}"
+        )]);
+    }
+    report::say(&format!("splitcount-preload: {why}\n"));
+}
+
+/// `malloc`'s type.
+type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
 
 /// Charge a new block of `usable` bytes to the thread's group; the
 /// account for its header (null: unaccounted), `None` if a limit refused
@@ -514,6 +548,13 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 /// As `malloc(3)`.
 #[inline(never)]
 unsafe fn malloc_general(size: usize) -> *mut c_void {
+    if size > isize::MAX as usize {
+        // `check_malloc_reaches_us`'s call, perhaps through a wrapper (or
+        // a program's own request of a size no allocator serves): it
+        // reached this library.
+        PROBE_REACHED.store(true, Ordering::Relaxed);
+        return enomem();
+    }
     if untagged::on() {
         // SAFETY: the caller's contract.
         return unsafe { untagged::malloc(size) };

@@ -35,8 +35,9 @@ static FREE: AtomicPtr<c_void> = AtomicPtr::new(__libc_free as *mut c_void);
 static MEMALIGN: AtomicPtr<c_void> = AtomicPtr::new(__libc_memalign as *mut c_void);
 
 /// libc.so.6's handle: the libc this process runs on, found by name
-/// (`RTLD_NOLOAD`: never loaded, and nothing is allocated for an object
-/// already there). Null if not found (a static or exotic libc: the bound
+/// (`RTLD_NOLOAD`: never loaded). The loader may allocate a little while
+/// it looks (through the preload's `malloc`, still INITIALIZING, with the
+/// names as bound: glibc's in a plain process). Null if not found (a static or exotic libc: the bound
 /// names are kept). The caller releases it (`dlclose`; libc stays).
 fn libc_handle() -> *mut c_void {
     // SAFETY: a NUL-terminated name; RTLD_NOLOAD only finds a loaded

@@ -427,6 +427,11 @@ fn main_thread_alternate_stack() {
     // mapping is ours, never unmapped (the thread may use it until it
     // ends).
     unsafe {
+        // The set-up runs on the thread that first needed it: the main
+        // thread (the constructor), unless another allocated first.
+        if libc::gettid() != libc::getpid() {
+            return;
+        }
         let mut current: libc::stack_t = std::mem::zeroed();
         if libc::sigaltstack(std::ptr::null(), &mut current) != 0
             || current.ss_flags & libc::SS_DISABLE == 0
@@ -464,10 +469,16 @@ pub(crate) fn set_up(to: Report, snapshot: Option<libc::c_int>) {
     // not wherever it has gone when it ends (a `chdir` before exit put the
     // report in the new directory).
     let to = match to {
-        Report::File(path) if !path.starts_with('/') => match std::env::current_dir() {
-            Ok(dir) => Report::File(format!("{}/{path}", dir.display())),
-            Err(_) => Report::File(path),
-        },
+        Report::File(path) if !path.starts_with('/') => {
+            // (A directory whose name is not UTF-8 keeps the path relative.)
+            match std::env::current_dir()
+                .ok()
+                .and_then(|d| d.to_str().map(str::to_owned))
+            {
+                Some(dir) => Report::File(format!("{dir}/{path}")),
+                None => Report::File(path),
+            }
+        }
         to => to,
     };
     let on = to != Report::Off;

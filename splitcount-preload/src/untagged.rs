@@ -325,10 +325,13 @@ pub(crate) unsafe fn realloc(p: *mut u8, size: usize) -> *mut c_void {
         usable
     };
     let prepaid = if size > usable {
-        let most = if crate::charging_footprints() {
-            heap.most_footprint(size)
-        } else {
-            heap.most_usable(size)
+        // SAFETY: `p` is a live block of `heap`'s.
+        let most = unsafe {
+            if crate::charging_footprints() {
+                heap.most_footprint(size, p)
+            } else {
+                heap.most_usable(size, p)
+            }
         };
         most.saturating_sub(old)
     } else {

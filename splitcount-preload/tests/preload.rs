@@ -417,7 +417,10 @@ fn an_allocator_preloaded_after_the_preload_does_not_take_glibcs_place() {
 /// An allocator ahead of the preload in `LD_PRELOAD` takes every `malloc`
 /// of the process: nothing would be counted. With a limit asked for, the
 /// program is stopped at load (status 78) rather than run unlimited;
-/// without one it runs, and the preload says why its figures are empty.
+/// without one it runs, and the preload says why its figures are empty. A
+/// wrapper that forwards to the next `malloc` is not stopped: the check
+/// calls the process's `malloc` and sees whether the call arrives (the
+/// first version compared symbols, and stopped it).
 #[test]
 fn an_allocator_ahead_of_the_preload_stops_a_limited_program() {
     let reversed = format!("{} {}", system_jemalloc().display(), preload_so().display());
@@ -444,6 +447,37 @@ fn an_allocator_ahead_of_the_preload_stops_a_limited_program() {
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("nothing would be counted"), "{stderr}");
+    // A wrapper that forwards to the next malloc is ahead of the preload
+    // too, but its calls reach the preload: the program runs, counted.
+    let shim = deps_dir().join("splitcount_preload_forwarding_shim.so");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/forwarding_shim.c");
+    let built = Command::new("cc")
+        .args([
+            "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o",
+        ])
+        .arg(&shim)
+        .arg(src)
+        .arg("-ldl")
+        .status()
+        .expect("cc runs (install gcc)");
+    assert!(
+        built.success(),
+        "tests/c/forwarding_shim.c does not compile"
+    );
+    let out = Command::new(program("sqlite3", "sqlite3"))
+        .env(
+            "LD_PRELOAD",
+            format!("{} {}", shim.display(), preload_so().display()),
+        )
+        .env("SPLITCOUNT_PRELOAD_MAX", "64M")
+        .env("SPLITCOUNT_PRELOAD_REPORT", "1")
+        .args([":memory:", "SELECT count(*) FROM generate_series(1, 1000);"])
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{}: {stderr}", out.status);
+    assert!(!stderr.contains("nothing would be counted"), "{stderr}");
+    assert!(number(&report(&stderr, "/preload"), "peak") > 0, "{stderr}");
 }
 
 /// Runs `tests/c/stale_tag_test.c` in `mode` (`free` or `realloc`: how

@@ -145,6 +145,57 @@ fn scopes_dropped_out_of_order_end_where_they_began() {
     assert_eq!(Group::current().map(|g| g.path().to_string()), before);
 }
 
+/// A scope kept in a future across an `.await` ends in a later poll, out
+/// of order with the scopes around that poll — the instrumented future's
+/// per-poll scope and one the caller entered between the polls. When all
+/// have ended the thread is back where it began, charging none of their
+/// groups (the walk back used to stop at the first poll's group, which no
+/// scope held any more).
+#[test]
+fn a_scope_kept_across_polls_ends_where_it_began() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll, Waker};
+    struct HoldsScope {
+        g: Group,
+        scope: Option<splitcount::alloc::AllocScope>,
+    }
+    impl Future for HoldsScope {
+        type Output = ();
+        fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+            if self.scope.is_none() {
+                let s = self.g.enter();
+                self.scope = Some(s);
+                Poll::Pending
+            } else {
+                self.scope = None;
+                Poll::Ready(())
+            }
+        }
+    }
+    let (x, y, g) = (fresh("held-x"), fresh("held-y"), fresh("held-g"));
+    let before = Group::current().map(|g| g.path().to_string());
+    let mut f = Box::pin(x.instrument(HoldsScope {
+        g: y.clone(),
+        scope: None,
+    }));
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(f.as_mut().poll(&mut cx).is_pending());
+    let outer = g.enter();
+    assert!(f.as_mut().poll(&mut cx).is_ready());
+    drop(f);
+    drop(outer);
+    assert_eq!(Group::current().map(|g| g.path().to_string()), before);
+    let x_before = live_bytes(&x);
+    let v: Vec<u8> = Vec::with_capacity(1 << 20);
+    assert_eq!(
+        live_bytes(&x),
+        x_before,
+        "nothing charged to the first poll's group"
+    );
+    drop(v);
+}
+
 /// A block grown while a new one would pass unaccounted — in the reporting
 /// grace after a refusal, or while the thread panics — grows: charged to
 /// its group (whose usage returns to zero once everything is freed). It
@@ -158,10 +209,12 @@ fn blocks_grow_in_the_reporting_grace_and_while_panicking() {
     // What the thread saw, checked once it is out of the group: a failed
     // check inside, at the limit, would itself need memory to report.
     let (in_grace, while_panicking) = std::thread::spawn(move || {
+        // Room for the blocks before the scope: a refused growth of this
+        // list would abort the test binary.
+        let mut held = Vec::with_capacity(1024);
         let _in = g2.enter();
         let mut existing: Vec<u8> = Vec::with_capacity(8);
-        let mut held = Vec::new();
-        loop {
+        while held.len() < held.capacity() {
             let mut v: Vec<u8> = Vec::new();
             if v.try_reserve_exact(1024).is_err() {
                 break;
@@ -172,7 +225,12 @@ fn blocks_grow_in_the_reporting_grace_and_while_panicking() {
         struct GrowOnDrop(Vec<u8>, std::rc::Rc<std::cell::Cell<bool>>);
         impl Drop for GrowOnDrop {
             fn drop(&mut self) {
-                self.1.set(self.0.try_reserve_exact(1 << 14).is_ok());
+                // More than the reporting grace lets through (64 KiB):
+                // only the panicking thread's pass grows it.
+                let grown = self.0.try_reserve_exact(1 << 17).is_ok();
+                // And a size no limit can refuse is refused, not forced.
+                let huge = self.0.try_reserve_exact(1 << 60).is_err();
+                self.1.set(grown && huge);
             }
         }
         let grew = std::rc::Rc::new(std::cell::Cell::new(false));

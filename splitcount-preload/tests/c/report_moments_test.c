@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -61,7 +62,13 @@ int main(int argc, char **argv) {
     int *volatile null = NULL;
     *null = 1;
   }
-  if (strcmp(mode, "overflow") == 0) return recurse(0);
+  if (strcmp(mode, "overflow") == 0) {
+    /* A bounded stack even under `ulimit -s unlimited`: the kernel checks
+     * the limit as the stack grows. */
+    struct rlimit eight = {8 << 20, 8 << 20};
+    setrlimit(RLIMIT_STACK, &eight);
+    return recurse(0);
+  }
   if (strcmp(mode, "abort") == 0) abort();
   if (strcmp(mode, "fork") == 0) {
     pid_t child = fork();

@@ -62,19 +62,27 @@ fn swap_scope(account: *const u8) -> *const u8 {
 /// longer (an instrumented future, per poll). Restores the previous account
 /// also on unwind.
 pub(crate) fn enter_held(account: AccountKey) -> HeldScope {
+    let previous = swap_scope(account.as_ptr());
     HeldScope {
-        previous: swap_scope(account.as_ptr()),
+        previous,
+        depth: NESTING.with(Nesting::begin),
     }
 }
 
-/// See [`enter_held`].
+/// See [`enter_held`]. Counted in the thread's [`Nesting`] like an
+/// [`AllocScope`].
 pub(crate) struct HeldScope {
     previous: *const u8,
+    depth: u32,
 }
 
 impl Drop for HeldScope {
     fn drop(&mut self) {
-        swap_scope(self.previous);
+        // Its account is the caller's, who holds it for longer: nothing to
+        // release, whatever the ending.
+        if let Ending::Restore(previous) = NESTING.with(|n| n.end(self.depth, self.previous)) {
+            swap_scope(previous);
+        }
     }
 }
 
@@ -100,10 +108,20 @@ pub struct AllocScope {
 /// [`AllocScope`]).
 const TRACKED_DEPTH: usize = 64;
 
-/// A thread's nesting of [`AllocScope`]s: how deep it is, and which scopes
-/// ended while a scope inside them lived — with what each had found
-/// current, which is what the thread returns to past it. Touched only
-/// when a scope begins or ends, never by an allocation.
+/// A thread's nesting of scopes — [`AllocScope`]s and the per-poll
+/// [`HeldScope`]s: how deep it is, and which scopes ended while a scope
+/// inside them lived — with what each had found current, which is what
+/// the thread returns to past it. Touched only when a scope begins or
+/// ends, never by an allocation.
+///
+/// Every scope that makes an account current is counted here, so the
+/// account current when the scope at depth `d + 1` began is the one the
+/// scope at depth `d` made current (or the thread's own, at depth 0): a
+/// walk back that stops at a live depth restores that live scope's
+/// account, and an account is never made current after the scope that
+/// holds it ended. (A scope kept in a future across an `.await` ends in
+/// a later poll, out of order; with the held scopes counted, the walk
+/// passes the ended poll too.)
 struct Nesting {
     depth: Cell<u32>,
     /// Bit `d`: the scope at depth `d` (`1..TRACKED_DEPTH`) ended out of
@@ -132,17 +150,19 @@ impl Nesting {
     }
 
     /// The scope at `depth`, which found `previous` current, ends: what to
-    /// make current, or `None` if a scope inside it lives on (it stays
-    /// current; this one's end is remembered for when it ends).
-    fn end(&self, depth: u32, previous: *const u8) -> Option<*const u8> {
+    /// do with the thread's current account.
+    fn end(&self, depth: u32, previous: *const u8) -> Ending {
         let tracked = |d: u32| (d as usize) < TRACKED_DEPTH;
-        if depth < self.depth.get() && tracked(depth) {
+        if depth < self.depth.get() {
+            if !tracked(depth) {
+                return Ending::Untracked;
+            }
             self.ended.set(self.ended.get() | 1 << depth);
             self.previous[depth as usize].set(previous);
-            return None;
+            return Ending::Inside;
         }
-        // The innermost (or an untracked one, as if it were): back past
-        // every scope below it that already ended.
+        // The innermost: back past every scope below it that already
+        // ended.
         let mut restore = previous;
         let mut d = depth.saturating_sub(1);
         while d > 0 && tracked(d) && self.ended.get() & (1 << d) != 0 {
@@ -151,8 +171,21 @@ impl Nesting {
             d -= 1;
         }
         self.depth.set(d);
-        Some(restore)
+        Ending::Restore(restore)
     }
+}
+
+/// What the end of a scope does to the thread's current account.
+enum Ending {
+    /// Make this account current (the scope was the innermost).
+    Restore(*const u8),
+    /// Nothing: a scope inside it lives on and stays current; this one's
+    /// end is remembered for when that one ends.
+    Inside,
+    /// Nothing, and the scope's reference is kept for good: it ended out
+    /// of order deeper than [`TRACKED_DEPTH`], where its end cannot be
+    /// remembered, and a scope inside it will restore its account.
+    Untracked,
 }
 
 impl std::fmt::Debug for AllocScope {
@@ -165,10 +198,15 @@ impl Drop for AllocScope {
     fn drop(&mut self) {
         // `NESTING` has no destructor: reachable for as long as the thread
         // runs, in its exit too.
-        let restore = NESTING.with(|n| n.end(self.depth, self.previous));
-        if let Some(previous) = restore {
-            swap_scope(previous);
-            set_grace(0);
+        match NESTING.with(|n| n.end(self.depth, self.previous)) {
+            Ending::Restore(previous) => {
+                swap_scope(previous);
+                set_grace(0);
+            }
+            Ending::Inside => {}
+            // Leaked: the account stays alive for the scope inside, which
+            // makes it current again when it ends.
+            Ending::Untracked => return,
         }
         self.account.release(1);
     }

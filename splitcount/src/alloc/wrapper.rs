@@ -7,7 +7,7 @@ use super::reconcile::Reconciliation;
 use super::reserve::{drain_thread, flush_headers};
 use super::scope::{in_hook, run_unaccounted, without_accounting};
 use super::thread::{arm_exit_guard, STATE};
-use crate::charge::{Consumed, StockError, UsageCounter, MAX_STOCK_SLOTS};
+use crate::charge::{Consumed, StockError, UsageCounter, MAX_REQUEST, MAX_STOCK_SLOTS};
 use crate::cpu::{self, Machine};
 use crate::group::{AccountKey, Bytes, Group, Hierarchy, Refusal};
 use std::alloc::{GlobalAlloc, Layout};
@@ -426,11 +426,15 @@ impl<A, C: Charging> Accounted<A, C> {
         }
         match self.charge_slow(st, key, n, false) {
             Ok(Some(charged)) => charged == key,
-            Ok(None) => {
+            // Not a size no limit could refuse (a panicking thread's grace
+            // has no size bound; forcing 2⁶⁰ bytes would saturate the
+            // counters, and the failed growth's uncharge would then clamp
+            // every level to zero). No hooks: the thread is reporting.
+            Ok(None) if n <= MAX_REQUEST => {
                 key.force_charge(n);
                 true
             }
-            Err(()) => false,
+            Ok(None) | Err(()) => false,
         }
     }
 

@@ -291,7 +291,8 @@ struct Block {
     /// The next slot of a window to evict (under the lock).
     victim: AtomicU8,
     /// Misses of keys that found their window full, modulo
-    /// [`ADMIT_EVERY`] (under the lock): see [`Block::admits`].
+    /// [`ADMIT_EVERY`] (counted without the lock: see
+    /// [`Block::count_miss`]).
     misses: AtomicU8,
     /// Slots with a key (under the lock; read without it as a hint).
     used: AtomicU16,
