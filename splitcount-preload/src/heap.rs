@@ -64,16 +64,19 @@ impl Inner {
     }
 }
 
-type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
-type CallocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
-type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
-type FreeFn = unsafe extern "C" fn(*mut c_void);
-type UsableFn = unsafe extern "C" fn(*mut c_void) -> usize;
+// The C allocation functions' types (glibc's entry points in `libc_heap`
+// and the process's `malloc` in `lib.rs` too).
+pub(crate) type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
+pub(crate) type CallocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+pub(crate) type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
+pub(crate) type FreeFn = unsafe extern "C" fn(*mut c_void);
+pub(crate) type UsableFn = unsafe extern "C" fn(*mut c_void) -> usize;
 type GoodSizeFn = unsafe extern "C" fn(usize, i32) -> usize;
 type MallctlFn =
     unsafe extern "C" fn(*const libc::c_char, *mut c_void, *mut usize, *mut c_void, usize) -> i32;
 type MiGoodSizeFn = unsafe extern "C" fn(usize) -> usize;
-type AlignedAllocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+/// `(alignment, size)`: `aligned_alloc`, `mi_malloc_aligned`, `memalign`.
+pub(crate) type AlignedAllocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
 type MiProcessInfoFn = unsafe extern "C" fn(
     *mut usize,
     *mut usize,

@@ -345,7 +345,7 @@ fn check_malloc_reaches_us() {
     // function of `malloc`'s type); the size is one no allocator serves,
     // so nothing is allocated (a non-null answer is leaked, not freed
     // through a `free` that may not be its).
-    let block = unsafe { std::mem::transmute::<usize, MallocFn>(check.found)(PROBE_SIZE) };
+    let block = unsafe { std::mem::transmute::<usize, heap::MallocFn>(check.found)(PROBE_SIZE) };
     let _ = block;
     if PROBE_REACHED.load(Ordering::Relaxed) {
         return;
@@ -371,9 +371,6 @@ fn check_malloc_reaches_us() {
     }
     report::say(&format!("splitcount-preload: {why}\n"));
 }
-
-/// `malloc`'s type.
-type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
 
 /// Charge a new block of `usable` bytes to the thread's group; the
 /// account for its header (null: unaccounted), `None` if a limit refused
@@ -403,19 +400,19 @@ pub(crate) fn default_account() -> *const u8 {
 /// Charge `n` bytes to `/preload` that must not be refused (a block
 /// without a tag already made). Call only when ready.
 pub(crate) fn force(n: usize) {
-    // SAFETY: `/preload`'s account, held by `PRELOAD` for good.
-    unsafe { ACCOUNTED.force_raw(default_account(), n as u64) }
+    // `/preload`'s account, held by `PRELOAD` for good.
+    grow_unrefused(default_account(), n);
 }
 
-/// Charge `n` more bytes to a live block's `account` that must not be
-/// refused: the block has grown already (a limit may be passed by that
-/// much).
+/// Charge `n` more bytes to a live block's `account` (or `/preload`'s)
+/// that must not be refused: the block is made already (a limit may be
+/// passed by that much).
 pub(crate) fn grow_unrefused(account: *const u8, n: usize) {
     if account.is_null() || n == 0 {
         return;
     }
     // SAFETY: `account` is a live block's header's (its bytes keep it
-    // alive).
+    // alive), or `/preload`'s (held for good).
     unsafe { ACCOUNTED.force_raw(account, n as u64) }
 }
 

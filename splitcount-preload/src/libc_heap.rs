@@ -2,6 +2,7 @@
 //! symbols: its `__libc_*` entry points (exported for exactly this), and
 //! the usable size of its blocks (see [`real_usable`]).
 
+use crate::heap::{AlignedAllocFn, CallocFn, FreeFn, MallocFn, ReallocFn, UsableFn};
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
@@ -13,12 +14,6 @@ extern "C" {
     fn __libc_free(ptr: *mut c_void);
     fn __libc_memalign(align: usize, size: usize) -> *mut c_void;
 }
-
-type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
-type CallocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
-type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
-type FreeFn = unsafe extern "C" fn(*mut c_void);
-type MemalignFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
 
 /// glibc's entry points, as the preload calls them. They start as the
 /// dynamic linker binds the names — the first definition in the global
@@ -135,7 +130,7 @@ pub(crate) unsafe fn free(ptr: *mut u8) {
 pub(crate) unsafe fn memalign(align: usize, size: usize) -> *mut u8 {
     // SAFETY: glibc's `__libc_memalign`; the caller's contract.
     unsafe {
-        std::mem::transmute::<*mut c_void, MemalignFn>(MEMALIGN.load(Ordering::Relaxed))(
+        std::mem::transmute::<*mut c_void, AlignedAllocFn>(MEMALIGN.load(Ordering::Relaxed))(
             align, size,
         )
         .cast()
@@ -159,8 +154,6 @@ static LOOKING_UP: AtomicBool = AtomicBool::new(false);
 /// Blocks of the program's own whose size words must agree with glibc's
 /// function before the size word is trusted.
 const AGREEMENTS: usize = 64;
-
-type UsableFn = unsafe extern "C" fn(*mut c_void) -> usize;
 
 /// glibc's `malloc_usable_size`, looked up in libc.so.6 itself — never
 /// `RTLD_NEXT`, which finds the copy of a program that links jemalloc or

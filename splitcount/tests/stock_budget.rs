@@ -196,6 +196,33 @@ fn returns_of_a_tenant_left_out_reach_its_counter_at_once() {
 }
 
 #[test]
+fn an_over_uncharge_of_a_tenant_left_out_is_clamped_where_it_is_seen() {
+    // A key without a slot, every slot taken, gives back more than its
+    // usage: only what the usage accounts for comes off its counters (and
+    // its parent's), once, with an underflow event — whether the filter
+    // left it out (decided without the block's lock) or not.
+    let h = one_cpu_with_slots(7);
+    let holders = tenants(&h, 7);
+    take_turns(&holders, 2);
+    let parent = h.root().child("over-parent").unwrap();
+    let out = parent.child("out").unwrap();
+    let witness = parent.child("witness").unwrap();
+    witness.force_charge(50).unwrap();
+    for round in 1..=ADMIT_EVERY as u64 {
+        out.force_charge(5).unwrap();
+        out.uncharge(8);
+        h.drain_stocks();
+        assert_eq!(out.usage(), 0, "round {round}");
+        assert_eq!(out.events().underflow, round, "round {round}");
+        assert_eq!(
+            parent.usage(),
+            50,
+            "round {round}: the sibling's units stay"
+        );
+    }
+}
+
+#[test]
 fn one_tenant_alone_still_refills_a_whole_batch() {
     let m = machine(1);
     let h = Hierarchy::new(HierarchyConfig::default().machine(&m)).unwrap();

@@ -55,8 +55,9 @@
 //! on a slow path (in lock mode, on any operation) yields the CPU once
 //! before it bypasses: the holder is most often a thread of that CPU
 //! preempted inside its locked section, and until it runs again every
-//! other thread there would bypass the stock on every miss and return. Drainers (which may empty other CPUs' blocks) wait for each
-//! block's lock in turn; several drains may run at once, each holding one
+//! other thread there would bypass the stock on every miss and return.
+//! Drainers (which may empty other CPUs' blocks) wait for each block's
+//! lock in turn; several drains may run at once, each holding one
 //! block at a time. A drain never gives up because another one is running:
 //! a charge that is refused after draining was refused with every stocked
 //! unit of the refusing subtree returned (the kernel's `drain_all_stock`
@@ -384,13 +385,8 @@ impl Block {
     /// in the slots keep hitting and the one left out pays a direct
     /// charge, and a new working set still replaces an old one after at
     /// most `ADMIT_EVERY` misses per slot.
-    fn admits(&self, window: (usize, usize)) -> bool {
-        self.has_empty(window) || self.count_miss()
-    }
-
-    /// Whether a slot of `window` is empty.
-    fn has_empty(&self, (start, end): (usize, usize)) -> bool {
-        (start..end).any(|i| self.key(i) == 0)
+    fn admits(&self, (start, end): (usize, usize)) -> bool {
+        (start..end).any(|i| self.key(i) == 0) || self.count_miss()
     }
 
     /// Count a miss of a key left out of a full window: whether it is the
@@ -1053,8 +1049,12 @@ impl<K: StockKey> Stock<K> {
     /// takes an empty slot, or bypasses unless admitted).
     fn admit_returned(&self, cpu: usize, key: &K) -> Option<bool> {
         let b = self.block(cpu);
-        let window = self.window(key.as_raw());
-        if b.find_unlocked(window, key.as_raw()).is_some() || b.has_empty(window) {
+        let (raw, (start, end)) = (key.as_raw(), self.window(key.as_raw()));
+        // One scan for the key or an empty slot (a hint: see above).
+        if (start..end).any(|i| {
+            let k = b.key(i);
+            k == 0 || k == raw
+        }) {
             return Some(false);
         }
         b.count_miss().then_some(true)
@@ -1225,12 +1225,12 @@ impl<K: StockKey> Stock<K> {
                 // Returned units of a key left out bypass the stock unless
                 // the filter admits it; a refill's key was admitted by its
                 // miss (`admit_absent`), which charged a batch for the slot.
-                if how == (Stashed::Returned { admitted: false }) && !b.has_empty(window) {
+                let (start, end) = window;
+                let empty = (start..end).find(|&i| b.key(i) == 0);
+                if how == (Stashed::Returned { admitted: false }) && empty.is_none() {
                     left.push(key.clone(), n);
                     return;
                 }
-                let (start, end) = window;
-                let empty = (start..end).find(|&i| b.key(i) == 0);
                 let i = empty.unwrap_or_else(|| {
                     // Relaxed: under the lock.
                     let v = b.victim.load(Relaxed) as usize % (end - start);
@@ -1386,15 +1386,10 @@ impl<K: StockKey> Stock<K> {
     pub(crate) fn give_back_after_miss(&self, cpu: usize, key: &K, n: u64) -> Leftovers<K> {
         let mut left = Leftovers::default();
         let Some(admitted) = self.admit_returned(cpu, key) else {
-            // Left out: no slot of this CPU holds the key (as seen without
-            // the lock), so the usage alone bounds what may come back.
-            let usage = key.counter().usage();
-            if usage < n {
-                key.counter().record_underflow();
-                left.push(key.clone(), usage);
-            } else {
-                left.push(key.clone(), n);
-            }
+            // Left out: the units go to the counters, whose uncharge clamps
+            // an over-uncharge itself (and counts it), as when the lock is
+            // busy. Nothing is stocked, so no stocked unit needs backing.
+            left.push(key.clone(), n);
             return left;
         };
         let Some(locked) = self.try_lock_here(cpu) else {
