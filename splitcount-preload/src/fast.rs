@@ -51,6 +51,9 @@ const UNTAGGED: u8 = 4;
 /// Turn the fast path on, for blocks of `heap` with or without tags. Call
 /// once, after the accounting is marked ready.
 pub(crate) fn enable(heap: Heap, untagged: bool) {
+    // The fast paths read the cookie without making it (no call): made
+    // here, before the switch's Release.
+    header::make_cookie();
     let mut mode = ON;
     if heap == Heap::Inner {
         mode |= INNER;
@@ -70,9 +73,10 @@ pub(crate) fn mode() -> u8 {
     FAST.load(Ordering::Acquire)
 }
 
+/// The heap of the fast path's functions for `INNER`.
 #[inline(always)]
-fn heap(mode: u8) -> Heap {
-    if mode & INNER != 0 {
+const fn heap<const INNER: bool>() -> Heap {
+    if INNER {
         Heap::Inner
     } else {
         Heap::Glibc
@@ -81,41 +85,47 @@ fn heap(mode: u8) -> Heap {
 
 /// `malloc` when [`mode`] is on.
 ///
+/// Each combination of heap and tags is a function of its own, reached by
+/// a tail jump: `malloc` and `free` themselves save no registers, and
+/// each function saves only what its own path needs (without calls, glibc
+/// without tags saves none at `free`), with the heap a constant in it.
+/// They are `extern "C"`: a function that cannot unwind needs no landing
+/// pad in the caller (`malloc` may not unwind either), so the call is a
+/// jump.
+///
 /// # Safety
 /// As `malloc(3)`; `mode` is [`mode`]'s answer, with [`ON`].
 #[inline(always)]
 pub(crate) unsafe fn malloc(mode: u8, size: usize) -> *mut c_void {
-    // The tagged case is a function of its own (`extern "C"`: it cannot
-    // unwind, so the call is a tail call): inline, its registers would be
-    // saved on the untagged path too.
-    if mode & UNTAGGED != 0 {
-        // SAFETY: forwarded.
-        unsafe { malloc_untagged(heap(mode), size) }
-    } else {
-        // SAFETY: forwarded.
-        unsafe { malloc_tagged(heap(mode), size) }
+    // SAFETY (all): forwarded.
+    match mode & (INNER | UNTAGGED) {
+        0 => unsafe { malloc_tagged::<false>(size) },
+        INNER => unsafe { malloc_tagged::<true>(size) },
+        UNTAGGED => unsafe { malloc_untagged::<false>(size) },
+        _ => unsafe { malloc_untagged::<true>(size) },
     }
 }
 
-/// `free` when [`mode`] is on.
+/// `free` when [`mode`] is on; as for [`malloc`].
 ///
 /// # Safety
 /// As `free(3)`, `p` not null; `mode` as for [`malloc`].
 #[inline(always)]
 pub(crate) unsafe fn free(mode: u8, p: *mut u8) {
-    if mode & UNTAGGED != 0 {
-        // SAFETY: forwarded.
-        unsafe { free_untagged(heap(mode), p) }
-    } else {
-        // SAFETY: forwarded.
-        unsafe { free_tagged(heap(mode), p) }
+    // SAFETY (all): forwarded.
+    match mode & (INNER | UNTAGGED) {
+        0 => unsafe { free_tagged::<false>(p) },
+        INNER => unsafe { free_tagged::<true>(p) },
+        UNTAGGED => unsafe { free_untagged::<false>(p) },
+        _ => unsafe { free_untagged::<true>(p) },
     }
 }
 
 /// # Safety
 /// As `malloc(3)`.
-#[inline(always)]
-unsafe fn malloc_untagged(heap: Heap, size: usize) -> *mut c_void {
+#[inline(never)]
+unsafe extern "C" fn malloc_untagged<const INNER: bool>(size: usize) -> *mut c_void {
+    let heap = heap::<INNER>();
     if size > isize::MAX as usize {
         return crate::enomem();
     }
@@ -124,22 +134,32 @@ unsafe fn malloc_untagged(heap: Heap, size: usize) -> *mut c_void {
     if !p.is_null() {
         // SAFETY: a live block the heap just made for `size` bytes.
         let n = unsafe { heap.usable_of_new(p, size) };
-        if !ACCOUNTED
-            .take_reserved_raw(n as u64, crate::default_account())
-            .is_null()
-        {
+        // SAFETY: the set-up claimed static TLS before turning this on.
+        let taken = unsafe { ACCOUNTED.take_reserved_raw(n as u64, crate::default_account()) };
+        if !taken.is_null() {
             return p.cast();
         }
     }
     // SAFETY: null or a new block of the heap's, made while ready.
-    unsafe { untagged::finish(p, heap, crate::STATE_READY) }
+    unsafe { finish_untagged::<INNER>(p) }
+}
+
+/// The general path's end of `malloc` without tags, as a function that
+/// cannot unwind: reached by a jump.
+///
+/// # Safety
+/// As [`untagged::finish`].
+#[inline(never)]
+unsafe extern "C" fn finish_untagged<const INNER: bool>(p: *mut u8) -> *mut c_void {
+    // SAFETY: forwarded.
+    unsafe { untagged::finish(p, heap::<INNER>(), crate::STATE_READY) }
 }
 
 /// # Safety
 /// As `malloc(3)`.
 #[inline(never)]
-#[allow(improper_ctypes_definitions)] // called from Rust only
-unsafe extern "C" fn malloc_tagged(heap: Heap, size: usize) -> *mut c_void {
+unsafe extern "C" fn malloc_tagged<const INNER: bool>(size: usize) -> *mut c_void {
+    let heap = heap::<INNER>();
     let Some(total) = crate::with_header(size, HEADER) else {
         return crate::enomem();
     };
@@ -149,50 +169,90 @@ unsafe extern "C" fn malloc_tagged(heap: Heap, size: usize) -> *mut c_void {
         // SAFETY: a live block the heap just made for `total` bytes (at
         // least `HEADER`).
         let n = unsafe { heap.usable_of_new(base, total) } - HEADER;
-        let account = ACCOUNTED.take_reserved_raw(n as u64, std::ptr::null());
+        // SAFETY: the set-up claimed static TLS before turning this on.
+        let account = unsafe { ACCOUNTED.take_reserved_raw(n as u64, std::ptr::null()) };
         if !account.is_null() {
             // SAFETY: a new block of the heap's with room for the header.
             return unsafe { Block::write(base, account, heap) }.cast();
         }
     }
     // SAFETY: null or a new block of the heap's, with room for the header.
-    unsafe { crate::finish(base, crate::Place::Header, heap) }
+    unsafe { finish_tagged::<INNER>(base) }
+}
+
+/// The general path's end of `malloc` with tags, as a function that
+/// cannot unwind: reached by a jump.
+///
+/// # Safety
+/// As [`crate::finish`] with a header.
+#[inline(never)]
+unsafe extern "C" fn finish_tagged<const INNER: bool>(base: *mut u8) -> *mut c_void {
+    // SAFETY: forwarded.
+    unsafe { crate::finish(base, crate::Place::Header, heap::<INNER>()) }
 }
 
 /// # Safety
 /// As `free(3)`, `p` not null.
-#[inline(always)]
-unsafe fn free_untagged(heap: Heap, p: *mut u8) {
+#[inline(never)]
+unsafe extern "C" fn free_untagged<const INNER: bool>(p: *mut u8) {
+    let heap = heap::<INNER>();
     if !untagged::may_be_early(p) {
         // SAFETY: a live block of the heap's, made when the accounting was
         // ready (any earlier one is remembered), so charged this much.
-        let n = unsafe { heap.usable(p) };
-        // SAFETY: the block held `n` bytes of `/preload`.
-        if unsafe { ACCOUNTED.give_reserved_raw(crate::default_account(), n as u64) } {
-            // SAFETY: as above; not used again.
-            return unsafe { heap.free(p) };
+        if let Some(n) = unsafe { heap.usable_without_call(p) } {
+            // SAFETY: the block held `n` bytes of `/preload`; static TLS
+            // was claimed before this path was turned on.
+            if unsafe { ACCOUNTED.give_reserved_raw(crate::default_account(), n as u64) } {
+                // SAFETY: as above; not used again.
+                return unsafe { heap.free(p) };
+            }
         }
     }
     // SAFETY: as `free`; nothing was changed above.
+    unsafe { free_untagged_general(p) }
+}
+
+/// [`untagged::free`] as a function that cannot unwind: reached by a jump.
+///
+/// # Safety
+/// As `free(3)`, `p` not null.
+#[inline(never)]
+unsafe extern "C" fn free_untagged_general(p: *mut u8) {
+    // SAFETY: forwarded.
     unsafe { untagged::free(p) }
 }
 
 /// # Safety
 /// As `free(3)`, `p` not null.
 #[inline(never)]
-#[allow(improper_ctypes_definitions)] // called from Rust only
-unsafe extern "C" fn free_tagged(heap: Heap, p: *mut u8) {
-    // SAFETY: a pointer the program got from an allocation function.
+unsafe extern "C" fn free_tagged<const INNER: bool>(p: *mut u8) {
+    let heap = heap::<INNER>();
+    // SAFETY: a pointer the program got from an allocation function; the
+    // cookie was made before this path was turned on.
     if let Some(account) = unsafe { header::header_account(p, heap) } {
         // SAFETY: ours and live, its base `HEADER` bytes before `p`
         // (usable-size charging: what it was charged).
-        let n = unsafe { heap.usable(p.sub(HEADER)) } - HEADER;
-        // SAFETY: the block held `n` bytes of its account.
-        if unsafe { ACCOUNTED.give_reserved_raw(account, n as u64) } {
-            // SAFETY: found by `header_account`; not used again.
-            return unsafe { header::free_with_header(p, heap) };
+        if let Some(usable) = unsafe { heap.usable_without_call(p.sub(HEADER)) } {
+            let n = usable - HEADER;
+            // SAFETY: the block held `n` bytes of its account; static TLS
+            // was claimed before this path was turned on.
+            if unsafe { ACCOUNTED.give_reserved_raw(account, n as u64) } {
+                // SAFETY: found by `header_account`; not used again.
+                return unsafe { header::free_with_header(p, heap) };
+            }
         }
     }
     // SAFETY: as `free`; nothing was changed above.
+    unsafe { free_tagged_general(p) }
+}
+
+/// [`crate::free_general`] as a function that cannot unwind: reached by a
+/// jump.
+///
+/// # Safety
+/// As `free(3)`, `p` not null.
+#[inline(never)]
+unsafe extern "C" fn free_tagged_general(p: *mut u8) {
+    // SAFETY: forwarded.
     unsafe { crate::free_general(p.cast()) }
 }

@@ -114,7 +114,19 @@ fn first_cookie() -> u64 {
 
 #[inline]
 fn tag(user: *mut u8, k: u32) -> u64 {
-    cookie() ^ (user as u64) ^ ((k as u64) << 56)
+    tag_with(cookie(), user, k)
+}
+
+/// The tag of `user` for header or trailer kind `k`, with `cookie`.
+#[inline(always)]
+fn tag_with(cookie: u64, user: *mut u8, k: u32) -> u64 {
+    cookie ^ (user as u64) ^ ((k as u64) << 56)
+}
+
+/// Make the cookie now (the fast path's set-up: [`header_account`] reads
+/// it without making it).
+pub(crate) fn make_cookie() {
+    cookie();
 }
 
 /// The account in the header of `user` when `user` is a block of ours
@@ -123,7 +135,7 @@ fn tag(user: *mut u8, k: u32) -> u64 {
 /// `None`; ask `Block::find`).
 ///
 /// # Safety
-/// As [`Block::find`].
+/// As [`Block::find`], and [`make_cookie`] has run.
 #[inline(always)]
 pub(crate) unsafe fn header_account(user: *mut u8, heap: Heap) -> Option<*const u8> {
     if (user as usize) < 4096 || (user as usize) % HEADER != 0 {
@@ -134,8 +146,12 @@ pub(crate) unsafe fn header_account(user: *mut u8, heap: Heap) -> Option<*const 
         Heap::Inner => INNER_HEADER_K,
     };
     let words = user.cast::<u64>().wrapping_sub(2);
+    // Relaxed: made before the fast path was turned on (the caller's
+    // contract), which the caller's Acquire of the switch saw.
+    let cookie = COOKIE.load(Ordering::Relaxed);
+    debug_assert_ne!(cookie, 0, "make_cookie has not run");
     // SAFETY: every glibc block and ours has 16 readable bytes before it.
-    if unsafe { words.read() } != tag(user, k) {
+    if unsafe { words.read() } != tag_with(cookie, user, k) {
         return None;
     }
     // SAFETY: ours: the word after the tag is the account.

@@ -376,6 +376,24 @@ impl Heap {
         unsafe { self.usable(p) }
     }
 
+    /// [`Heap::usable`] where it needs no call of glibc's (the fast
+    /// path's `free`, which then saves no registers): glibc's from the
+    /// size word once that is settled (`None` before, or where glibc's
+    /// function is kept: ask [`Heap::usable`]); the inner allocator's
+    /// function otherwise.
+    ///
+    /// # Safety
+    /// As [`Heap::usable`].
+    #[inline(always)]
+    pub(crate) unsafe fn usable_without_call(self, ptr: *mut u8) -> Option<usize> {
+        match self {
+            // SAFETY: the caller's contract.
+            Heap::Glibc => unsafe { libc_heap::usable_from_settled_size_word(ptr) },
+            // SAFETY: the caller's contract.
+            Heap::Inner => Some(unsafe { self.usable(ptr) }),
+        }
+    }
+
     /// The usable size of a live block of this heap.
     ///
     /// # Safety

@@ -217,6 +217,22 @@ pub(crate) unsafe fn real_usable(base: *mut u8) -> usize {
     }
 }
 
+/// [`real_usable`] when the size word answers (settled: see there); `None`
+/// otherwise, without a call.
+///
+/// # Safety
+/// As [`real_usable`].
+#[inline(always)]
+pub(crate) unsafe fn usable_from_settled_size_word(base: *mut u8) -> Option<usize> {
+    // Relaxed: as in `real_usable`.
+    if USABLE_VIA.load(Ordering::Relaxed) == SIZE_WORD {
+        // SAFETY: the caller's contract.
+        Some(unsafe { from_size_word(base) })
+    } else {
+        None
+    }
+}
+
 /// [`real_usable`] while undecided.
 ///
 /// # Safety

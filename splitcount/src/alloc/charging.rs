@@ -32,7 +32,7 @@
 #[cfg(feature = "jemalloc")]
 use super::size_class;
 use super::thread::STATE;
-use super::wrapper::{extended, header, header_slot, resized, Accounted};
+use super::wrapper::{extended, header, header_slot, resized, word_aligned, Accounted};
 use crate::group::AccountKey;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt;
@@ -279,8 +279,12 @@ unsafe impl InnerFootprint for mimalloc::MiMalloc {
 unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
     #[inline(never)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if let Some(word) = word_aligned(layout) {
+            // SAFETY: forwarded contract (the same block as for `layout`).
+            return unsafe { self.alloc_footprint(word, |l| self.inner.alloc(l)) };
+        }
         // SAFETY: forwarded contract.
-        unsafe { self.alloc_footprint(layout, |l| self.inner.alloc(l)) }
+        unsafe { self.alloc_footprint_over_aligned(layout) }
     }
 
     #[inline(never)]
@@ -291,32 +295,12 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
 
     #[inline(never)]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        let h = header(layout.align());
-        // SAFETY: `ptr` came from `alloc` with this layout: the header is
-        // there and the block starts `h` bytes earlier.
-        let (acc, block) = unsafe { (*header_slot(ptr), ptr.sub(h)) };
-        // SAFETY: `layout` is the one the block was allocated with, for
-        // which `extended` succeeded then.
-        let ext = unsafe { extended(layout).unwrap_unchecked() };
-        // Measured before the free: the bytes its allocation (or last
-        // realloc) charged. An unaccounted block (null) charged nothing.
-        let n = if acc.is_null() {
-            0
-        } else if A::FOOTPRINT_FROM_LAYOUT {
-            match self.inner.layout_footprint(ext) {
-                Some(n) => n as u64,
-                // Measured from the block in a function of its own, reached
-                // by a tail call: the call it makes does not give this one
-                // a frame.
-                // SAFETY: as below.
-                None => return unsafe { self.dealloc_measured(acc, block, ext, h) },
-            }
-        } else {
-            // SAFETY: live, from `inner` with `ext`.
-            unsafe { self.inner.footprint(block, ext) as u64 }
-        };
-        // SAFETY: the block was allocated by `inner` with `ext`.
-        unsafe { self.uncharge_and_free(acc, n, block, ext, h) }
+        match word_aligned(layout) {
+            // SAFETY (both): forwarded contract; `alloc` made the block
+            // with the same choice of layout.
+            Some(word) => unsafe { self.dealloc_footprint(ptr, word) },
+            None => unsafe { self.dealloc_footprint(ptr, layout) },
+        }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
@@ -370,6 +354,51 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
 }
 
 impl<A: InnerFootprint> Accounted<A, Footprint> {
+    /// `alloc` of a layout that is not [`word_aligned`], in a function of
+    /// its own: inline, its registers would be saved on every `alloc`.
+    ///
+    /// # Safety
+    /// As `GlobalAlloc::alloc`.
+    #[inline(never)]
+    unsafe fn alloc_footprint_over_aligned(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded contract.
+        unsafe { self.alloc_footprint(layout, |l| self.inner.alloc(l)) }
+    }
+
+    /// `dealloc`'s body, for `layout` or its [`word_aligned`] form.
+    ///
+    /// # Safety
+    /// As `GlobalAlloc::dealloc`.
+    #[inline(always)]
+    unsafe fn dealloc_footprint(&self, ptr: *mut u8, layout: Layout) {
+        let h = header(layout.align());
+        // SAFETY: `ptr` came from `alloc` with this layout: the header is
+        // there and the block starts `h` bytes earlier.
+        let (acc, block) = unsafe { (*header_slot(ptr), ptr.sub(h)) };
+        // SAFETY: `layout` is the one the block was allocated with, for
+        // which `extended` succeeded then.
+        let ext = unsafe { extended(layout).unwrap_unchecked() };
+        // Measured before the free: the bytes its allocation (or last
+        // realloc) charged. An unaccounted block (null) charged nothing.
+        let n = if acc.is_null() {
+            0
+        } else if A::FOOTPRINT_FROM_LAYOUT {
+            match self.inner.layout_footprint(ext) {
+                Some(n) => n as u64,
+                // Measured from the block in a function of its own, reached
+                // by a tail call: the call it makes does not give this one
+                // a frame.
+                // SAFETY: as below.
+                None => return unsafe { self.dealloc_measured(acc, block, ext, h) },
+            }
+        } else {
+            // SAFETY: live, from `inner` with `ext`.
+            unsafe { self.inner.footprint(block, ext) as u64 }
+        };
+        // SAFETY: the block was allocated by `inner` with `ext`.
+        unsafe { self.uncharge_and_free(acc, n, block, ext, h) }
+    }
+
     /// The rest of `dealloc` for a block whose footprint the allocator
     /// reads from the block: read it, uncharge it, free the block.
     ///
@@ -404,21 +433,56 @@ impl<A: InnerFootprint> Accounted<A, Footprint> {
         }
         // SAFETY: live, from `inner` with `ext`.
         let n = unsafe { footprint_of(&self.inner, block, ext) } as u64;
-        let Ok(acc) = self.charge(n) else {
+        let acc = self.take_reserved(n);
+        if acc.is_null() {
+            // SAFETY: forwarded.
+            return unsafe { self.alloc_footprint_missed(block, n, layout, ext) };
+        }
+        // SAFETY: forwarded; `acc` holds the block's bytes.
+        unsafe { with_header(acc, block, layout) }
+    }
+
+    /// [`Accounted::alloc_footprint`] when the reserve missed: the
+    /// charge's slow path for the block's `n` bytes; the block freed
+    /// again if it is refused.
+    ///
+    /// # Safety
+    /// `block` is new, from `inner` with `ext = extended(layout)`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn alloc_footprint_missed(
+        &self,
+        block: *mut u8,
+        n: u64,
+        layout: Layout,
+        ext: Layout,
+    ) -> *mut u8 {
+        let Ok(acc) = self.charge_miss(n) else {
             // SAFETY: from `inner` with `ext`, never handed out.
             unsafe { self.inner.dealloc(block, ext) };
             return std::ptr::null_mut();
         };
-        let header_value = acc.map_or(std::ptr::null(), AccountKey::as_ptr);
-        let h = header(layout.align());
-        STATE.with(|t| t.headers.set(t.headers.get() + h as i64));
-        // SAFETY: the block has `header + size` bytes; the user part starts
-        // at `block + header`, aligned to `layout.align()`.
-        unsafe {
-            let user = block.add(h);
-            header_slot(user).write(header_value);
-            user
-        }
+        let acc = acc.map_or(std::ptr::null(), AccountKey::as_ptr);
+        // SAFETY: forwarded; `acc` holds the block's bytes or is null.
+        unsafe { with_header(acc, block, layout) }
+    }
+}
+
+/// Write `acc` in the header of `block` (made for `extended(layout)`),
+/// count the header; the user pointer.
+///
+/// # Safety
+/// `block` has `header + layout.size()` bytes.
+#[inline(always)]
+unsafe fn with_header(acc: *const u8, block: *mut u8, layout: Layout) -> *mut u8 {
+    let h = header(layout.align());
+    STATE.with(|t| t.headers.set(t.headers.get() + h as i64));
+    // SAFETY: the block has `header + size` bytes; the user part starts
+    // at `block + header`, aligned to `layout.align()`.
+    unsafe {
+        let user = block.add(h);
+        header_slot(user).write(acc);
+        user
     }
 }
 

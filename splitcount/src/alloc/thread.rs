@@ -120,6 +120,20 @@ impl StateKey {
         f(this_thread())
     }
 
+    /// Run `f` on this thread's state, reached through the thread pointer
+    /// with no `thread_local!` fallback: no call, so a caller's fast path
+    /// that makes none saves no registers.
+    ///
+    /// # Safety
+    /// [`use_static_tls`] has been called (in any thread), when the crate
+    /// is built with the feature `static-tls` on Linux x86-64 with glibc
+    /// (elsewhere this is [`StateKey::with`]).
+    #[inline(always)]
+    pub(crate) unsafe fn with_learned<R>(&'static self, f: impl FnOnce(&ThreadState) -> R) -> R {
+        // SAFETY: forwarded.
+        f(unsafe { static_tls::this_thread_learned() })
+    }
+
     /// Run `f` on this thread's state; `Err` if it cannot be read.
     #[inline(always)]
     pub(crate) fn try_with<R>(
@@ -158,6 +172,11 @@ mod static_tls {
 
     #[inline(always)]
     pub(super) fn this_thread() -> &'static ThreadState {
+        from_thread_local()
+    }
+
+    #[inline(always)]
+    pub(super) unsafe fn this_thread_learned() -> &'static ThreadState {
         from_thread_local()
     }
 
@@ -209,6 +228,20 @@ mod static_tls {
             return unsafe { &*(thread_pointer().wrapping_add(offset) as *const ThreadState) };
         }
         from_thread_local()
+    }
+
+    /// [`this_thread`] once the offset is known, without the test.
+    ///
+    /// # Safety
+    /// [`learn`] has run (in any thread).
+    #[inline(always)]
+    pub(super) unsafe fn this_thread_learned() -> &'static ThreadState {
+        // Relaxed: as in `this_thread`; the caller's contract says the
+        // offset was learned before (and it never changes after).
+        let offset = TP_OFFSET.load(Relaxed);
+        debug_assert_ne!(offset, 0, "use_static_tls was not called");
+        // SAFETY: as in `this_thread`.
+        unsafe { &*(thread_pointer().wrapping_add(offset) as *const ThreadState) }
     }
 
     /// See [`super::use_static_tls`].

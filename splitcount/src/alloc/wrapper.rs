@@ -6,7 +6,7 @@ use super::charging::{Charging, Requested};
 use super::reconcile::Reconciliation;
 use super::reserve::{drain_thread, flush_headers};
 use super::scope::{in_hook, run_unaccounted, without_accounting};
-use super::thread::{arm_exit_guard, STATE};
+use super::thread::{arm_exit_guard, ThreadState, STATE};
 use crate::charge::{Consumed, StockError, UsageCounter, MAX_REQUEST, MAX_STOCK_SLOTS};
 use crate::cpu::{self, Machine};
 use crate::group::{AccountKey, Bytes, Group, Hierarchy, Refusal};
@@ -355,8 +355,22 @@ impl<A, C: Charging> Accounted<A, C> {
     /// holds bytes). Then two loads, a compare and a store.
     #[inline(always)]
     pub(super) fn charge(&self, n: u64) -> Result<Option<AccountKey>, ()> {
+        // SAFETY: the reserve held bytes for this account, which keep it
+        // alive (a null account never holds bytes: null means a miss).
+        match unsafe { AccountKey::from_ptr(self.take_reserved(n)) } {
+            Some(acc) => Ok(Some(acc)),
+            None => self.charge_miss(n),
+        }
+    }
+
+    /// [`Accounted::charge`]'s hit: take `n` bytes from the thread's
+    /// reserve when it holds them for the account the thread charges now.
+    /// That account (kept alive by the bytes), or null having changed
+    /// nothing.
+    #[inline(always)]
+    pub(super) fn take_reserved(&self, n: u64) -> *const u8 {
         let me = self as *const Self as usize;
-        let acc = STATE.with(|t| {
+        STATE.with(|t| {
             let acc = t.charge.get();
             let bytes = t.reserve.bytes.get();
             if t.owner.get() == me && t.reserve.account.get() == acc && bytes >= n {
@@ -365,13 +379,7 @@ impl<A, C: Charging> Accounted<A, C> {
             } else {
                 std::ptr::null()
             }
-        });
-        // SAFETY: the reserve held bytes for this account, which keep it
-        // alive (a null account never holds bytes: null means a miss).
-        match unsafe { AccountKey::from_ptr(acc) } {
-            Some(acc) => Ok(Some(acc)),
-            None => self.charge_miss(n),
-        }
+        })
     }
 
     /// [`Accounted::charge`] without a reserve hit: resolve what the thread
@@ -379,7 +387,7 @@ impl<A, C: Charging> Accounted<A, C> {
     /// the scope's account), then the slow path.
     #[cold]
     #[inline(never)]
-    fn charge_miss(&self, n: u64) -> Result<Option<AccountKey>, ()> {
+    pub(super) fn charge_miss(&self, n: u64) -> Result<Option<AccountKey>, ()> {
         let Some(st) = self.attached() else {
             return Ok(None);
         };
@@ -595,15 +603,19 @@ impl<A, C: Charging> Accounted<A, C> {
 /// store in the thread-local state. Whether the reserve took them.
 #[inline(always)]
 pub(super) fn uncharge_hit(acc: *const u8, n: u64) -> bool {
-    STATE.with(|t| {
-        let bytes = t.reserve.bytes.get() + n;
-        let kept =
-            !acc.is_null() && t.reserve.account.get() == acc && bytes <= super::MAX_THREAD_RESERVE;
-        if kept {
-            t.reserve.bytes.set(bytes);
-        }
-        kept
-    })
+    STATE.with(|t| uncharge_hit_in(t, acc, n))
+}
+
+/// [`uncharge_hit`] on the thread state `t`.
+#[inline(always)]
+pub(super) fn uncharge_hit_in(t: &ThreadState, acc: *const u8, n: u64) -> bool {
+    let bytes = t.reserve.bytes.get() + n;
+    let kept =
+        !acc.is_null() && t.reserve.account.get() == acc && bytes <= super::MAX_THREAD_RESERVE;
+    if kept {
+        t.reserve.bytes.set(bytes);
+    }
+    kept
 }
 
 /// The header size for an alignment: 8 bytes, or the alignment when larger
@@ -633,6 +645,29 @@ pub(super) fn extended(layout: Layout) -> Option<Layout> {
     Some(unsafe {
         Layout::from_size_align_unchecked(layout.size() + header(layout.align()), align)
     })
+}
+
+/// `layout` with its alignment raised to the header's, when it is at most
+/// that (the common case: every type without an over-aligned field) and
+/// the size leaves room for the header; `None` otherwise.
+///
+/// For such a layout the header and the inner layout are those of the
+/// layout itself — [`header`] and [`extended`] take the larger of the
+/// alignment and `MIN_HEADER` — but with the alignment a constant the
+/// compiler sees, so the branches on it fold away: ours, and the inner
+/// allocator's own (jemalloc's and mimalloc's choice between their plain
+/// and aligned entry points). `alloc` and `dealloc` each take this path
+/// for the same layouts, so a block is freed with the layout it was
+/// allocated with.
+#[inline(always)]
+pub(super) fn word_aligned(layout: Layout) -> Option<Layout> {
+    if layout.align() <= MIN_HEADER && layout.size() <= isize::MAX as usize - 2 * MIN_HEADER {
+        // SAFETY: `MIN_HEADER` is a power of two and the size rounded up
+        // to it stays below `isize::MAX` (checked above).
+        Some(unsafe { Layout::from_size_align_unchecked(layout.size(), MIN_HEADER) })
+    } else {
+        None
+    }
 }
 
 /// The layout asked of the inner allocator when a block of `layout` is
@@ -667,27 +702,32 @@ pub(super) unsafe fn header_slot(user: *mut u8) -> *mut *const u8 {
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Accounted<A, Requested> {
     #[inline(never)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if let Some(word) = word_aligned(layout) {
+            // SAFETY: forwarded contract (the same block as for `layout`).
+            return unsafe { self.alloc_with(word, |l| self.inner.alloc(l)) };
+        }
         // SAFETY: forwarded contract.
-        unsafe { self.alloc_with(layout, |l| self.inner.alloc(l)) }
+        unsafe { self.alloc_over_aligned(layout) }
     }
 
     #[inline(never)]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if let Some(word) = word_aligned(layout) {
+            // SAFETY: forwarded contract (the same block as for `layout`).
+            return unsafe { self.alloc_with(word, |l| self.inner.alloc_zeroed(l)) };
+        }
         // SAFETY: forwarded contract.
         unsafe { self.alloc_with(layout, |l| self.inner.alloc_zeroed(l)) }
     }
 
     #[inline(never)]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        let h = header(layout.align());
-        // SAFETY: `ptr` came from `alloc` with this layout: the header is
-        // there and the block starts `h` bytes earlier.
-        let acc = unsafe { *header_slot(ptr) };
-        // SAFETY: `layout` is the one the block was allocated with (the
-        // `GlobalAlloc` contract), for which `extended` succeeded then.
-        let ext = unsafe { extended(layout).unwrap_unchecked() };
-        // SAFETY: the block was allocated by `inner` with `ext`.
-        unsafe { self.uncharge_and_free(acc, layout.size() as u64, ptr.sub(h), ext, h) }
+        match word_aligned(layout) {
+            // SAFETY (both): forwarded contract; `alloc` made the block
+            // with the same choice of layout.
+            Some(word) => unsafe { self.dealloc_with(ptr, word) },
+            None => unsafe { self.dealloc_with(ptr, layout) },
+        }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
@@ -725,7 +765,46 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Accounted<A, Requested> {
     }
 }
 
+impl<A: GlobalAlloc> Accounted<A> {
+    /// `dealloc`'s body, for `layout` or its [`word_aligned`] form.
+    ///
+    /// # Safety
+    /// As `GlobalAlloc::dealloc`.
+    #[inline(always)]
+    unsafe fn dealloc_with(&self, ptr: *mut u8, layout: Layout) {
+        let h = header(layout.align());
+        // SAFETY: `ptr` came from `alloc` with this layout: the header is
+        // there and the block starts `h` bytes earlier.
+        let acc = unsafe { *header_slot(ptr) };
+        // SAFETY: `layout` is the one the block was allocated with (the
+        // `GlobalAlloc` contract), for which `extended` succeeded then.
+        let ext = unsafe { extended(layout).unwrap_unchecked() };
+        // SAFETY: the block was allocated by `inner` with `ext`.
+        unsafe { self.uncharge_and_free(acc, layout.size() as u64, ptr.sub(h), ext, h) }
+    }
+}
+
+impl<A: GlobalAlloc> Accounted<A> {
+    /// `alloc` of a layout that is not [`word_aligned`], in a function of
+    /// its own: inline, its registers would be saved on every `alloc`.
+    ///
+    /// # Safety
+    /// As `GlobalAlloc::alloc`.
+    #[inline(never)]
+    unsafe fn alloc_over_aligned(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded contract.
+        unsafe { self.alloc_with(layout, |l| self.inner.alloc(l)) }
+    }
+}
+
 impl<A> Accounted<A> {
+    /// Charge, allocate with `inner`, write the header.
+    ///
+    /// The hit — the reserve holds the bytes — is the straight line; a
+    /// miss and a failed inner allocation are functions of their own, so
+    /// that across the inner call only the account, the size and `self`
+    /// stay in registers.
+    ///
     /// # Safety
     /// `layout` has a non-zero size (the `GlobalAlloc::alloc` contract).
     #[inline(always)]
@@ -733,11 +812,50 @@ impl<A> Accounted<A> {
         let Some(ext) = extended(layout) else {
             return std::ptr::null_mut();
         };
-        let size = layout.size() as u64;
-        let Ok(acc) = self.charge(size) else {
+        let acc = self.take_reserved(layout.size() as u64);
+        if acc.is_null() {
+            // SAFETY: forwarded contract.
+            return unsafe { self.alloc_missed(layout, ext, inner) };
+        }
+        // SAFETY: forwarded; `acc` holds the block's bytes.
+        unsafe { self.alloc_charged(acc, layout, ext, inner) }
+    }
+
+    /// [`Accounted::alloc_with`] when the reserve missed: the charge's slow
+    /// path, then the block.
+    ///
+    /// # Safety
+    /// As [`Accounted::alloc_with`]; `ext` is `extended(layout)`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn alloc_missed(
+        &self,
+        layout: Layout,
+        ext: Layout,
+        inner: impl FnOnce(Layout) -> *mut u8,
+    ) -> *mut u8 {
+        let Ok(acc) = self.charge_miss(layout.size() as u64) else {
             return std::ptr::null_mut();
         };
-        let header_value = acc.map_or(std::ptr::null(), AccountKey::as_ptr);
+        let acc = acc.map_or(std::ptr::null(), AccountKey::as_ptr);
+        // SAFETY: forwarded; `acc` holds the block's bytes or is null.
+        unsafe { self.alloc_charged(acc, layout, ext, inner) }
+    }
+
+    /// The block for `layout` once its bytes are charged to `acc` (null:
+    /// unaccounted), with `acc` in its header; on failure, the charge
+    /// taken back.
+    ///
+    /// # Safety
+    /// As [`Accounted::alloc_with`]; `ext` is `extended(layout)`.
+    #[inline(always)]
+    unsafe fn alloc_charged(
+        &self,
+        acc: *const u8,
+        layout: Layout,
+        ext: Layout,
+        inner: impl FnOnce(Layout) -> *mut u8,
+    ) -> *mut u8 {
         // Counted before the inner call (taken back if it fails): after it,
         // the thread state is not touched again, so no register holds its
         // address across the call.
@@ -745,17 +863,25 @@ impl<A> Accounted<A> {
         STATE.with(|t| t.headers.set(t.headers.get() + h as i64));
         let base = inner(ext);
         if base.is_null() {
-            STATE.with(|t| t.headers.set(t.headers.get() - h as i64));
-            self.uncharge(header_value, size);
+            self.alloc_failed(acc, layout.size() as u64, h);
             return base;
         }
         // SAFETY: the block has `header + size` bytes; the user part starts
         // at `base + header`, aligned to `layout.align()`.
         unsafe {
             let user = base.add(h);
-            header_slot(user).write(header_value);
+            header_slot(user).write(acc);
             user
         }
+    }
+
+    /// The inner allocator failed: give back the `n` bytes charged to
+    /// `acc` and the header counted.
+    #[cold]
+    #[inline(never)]
+    fn alloc_failed(&self, acc: *const u8, n: u64, h: usize) {
+        STATE.with(|t| t.headers.set(t.headers.get() - h as i64));
+        self.uncharge(acc, n);
     }
 }
 

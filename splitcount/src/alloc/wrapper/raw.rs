@@ -109,32 +109,40 @@ impl<A> Accounted<A> {
     ///
     /// When `only` is not null, the charge is taken only for that account.
     ///
+    /// The thread's state is reached through the thread pointer with no
+    /// fallback (no call: a caller's fast path that makes none saves no
+    /// registers).
+    ///
     /// # Safety
-    /// None beyond [`Accounted::charge_raw`]'s: the account returned is
+    /// [`use_static_tls`](crate::alloc::use_static_tls) has been called,
+    /// in a build with the feature `static-tls`. The account returned is
     /// kept alive by the bytes charged to it.
     #[doc(hidden)]
     #[inline(always)]
-    pub fn take_reserved_raw(&self, n: u64, only: *const u8) -> *const u8 {
+    pub unsafe fn take_reserved_raw(&self, n: u64, only: *const u8) -> *const u8 {
         let me = self as *const Self as usize;
-        STATE.with(|t| {
-            let acc = t.charge.get();
-            let bytes = t.reserve.bytes.get();
-            // `charge` is null inside a hook and before the thread's first
-            // slow path; `scope` equal to it means a scope is entered (the
-            // thread does not charge the root, which `charge_raw` would not
-            // charge either).
-            let hit = t.owner.get() == me
-                && t.reserve.account.get() == acc
-                && t.scope.get() == acc
-                && (only.is_null() || only == acc)
-                && bytes >= n;
-            if hit {
-                t.reserve.bytes.set(bytes - n);
-                acc
-            } else {
-                std::ptr::null()
-            }
-        })
+        // SAFETY: the caller's contract.
+        unsafe {
+            STATE.with_learned(|t| {
+                let acc = t.charge.get();
+                let bytes = t.reserve.bytes.get();
+                // `charge` is null inside a hook and before the thread's first
+                // slow path; `scope` equal to it means a scope is entered (the
+                // thread does not charge the root, which `charge_raw` would not
+                // charge either).
+                let hit = t.owner.get() == me
+                    && t.reserve.account.get() == acc
+                    && t.scope.get() == acc
+                    && (only.is_null() || only == acc)
+                    && bytes >= n;
+                if hit {
+                    t.reserve.bytes.set(bytes - n);
+                    acc
+                } else {
+                    std::ptr::null()
+                }
+            })
+        }
     }
 
     /// [`Accounted::uncharge_raw`]'s common case alone: give `n` bytes of
@@ -143,11 +151,14 @@ impl<A> Accounted<A> {
     /// [`Accounted::uncharge_raw`].
     ///
     /// # Safety
-    /// As [`Accounted::uncharge_raw`].
+    /// As [`Accounted::uncharge_raw`], and as for
+    /// [`Accounted::take_reserved_raw`] (the state through the thread
+    /// pointer, without a fallback).
     #[doc(hidden)]
     #[inline(always)]
     pub unsafe fn give_reserved_raw(&self, account: *const u8, n: u64) -> bool {
-        super::uncharge_hit(account, n)
+        // SAFETY: the caller's contract.
+        unsafe { STATE.with_learned(|t| super::uncharge_hit_in(t, account, n)) }
     }
 
     /// Uncharge `n` bytes of a block charged to `account` (freed, or
