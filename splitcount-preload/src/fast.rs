@@ -134,9 +134,9 @@ unsafe extern "C" fn malloc_untagged<const INNER: bool>(size: usize) -> *mut c_v
     if !p.is_null() {
         // SAFETY: a live block the heap just made for `size` bytes.
         let n = unsafe { heap.usable_of_new(p, size) };
-        // SAFETY: the set-up claimed static TLS before turning this on.
-        let taken = unsafe { ACCOUNTED.take_reserved_raw(n as u64, crate::default_account()) };
-        if !taken.is_null() {
+        // SAFETY: the set-up claimed static TLS before turning this on;
+        // `/preload` is not a root.
+        if unsafe { ACCOUNTED.take_reserved_raw_for(n as u64, crate::default_account()) } {
             return p.cast();
         }
     }
@@ -170,7 +170,7 @@ unsafe extern "C" fn malloc_tagged<const INNER: bool>(size: usize) -> *mut c_voi
         // least `HEADER`).
         let n = unsafe { heap.usable_of_new(base, total) } - HEADER;
         // SAFETY: the set-up claimed static TLS before turning this on.
-        let account = unsafe { ACCOUNTED.take_reserved_raw(n as u64, std::ptr::null()) };
+        let account = unsafe { ACCOUNTED.take_reserved_raw(n as u64) };
         if !account.is_null() {
             // SAFETY: a new block of the heap's with room for the header.
             return unsafe { Block::write(base, account, heap) }.cast();

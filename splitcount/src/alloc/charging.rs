@@ -289,6 +289,10 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
 
     #[inline(never)]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if let Some(word) = word_aligned(layout) {
+            // SAFETY: forwarded contract (the same block as for `layout`).
+            return unsafe { self.alloc_footprint(word, |l| self.inner.alloc_zeroed(l)) };
+        }
         // SAFETY: forwarded contract.
         unsafe { self.alloc_footprint(layout, |l| self.inner.alloc_zeroed(l)) }
     }

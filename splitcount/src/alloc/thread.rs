@@ -125,9 +125,12 @@ impl StateKey {
     /// that makes none saves no registers.
     ///
     /// # Safety
-    /// [`use_static_tls`] has been called (in any thread), when the crate
-    /// is built with the feature `static-tls` on Linux x86-64 with glibc
-    /// (elsewhere this is [`StateKey::with`]).
+    /// A call of [`use_static_tls`] (in any thread) happens before this
+    /// one, when the crate is built with the feature `static-tls` on Linux
+    /// x86-64 with glibc (elsewhere this is [`StateKey::with`]): the
+    /// offset is read relaxed and not tested (a debug assertion only), so
+    /// the caller's own synchronisation must make it visible — the
+    /// preload's Acquire of its fast-path switch, set after the call.
     #[inline(always)]
     pub(crate) unsafe fn with_learned<R>(&'static self, f: impl FnOnce(&ThreadState) -> R) -> R {
         // SAFETY: forwarded.
@@ -233,7 +236,7 @@ mod static_tls {
     /// [`this_thread`] once the offset is known, without the test.
     ///
     /// # Safety
-    /// [`learn`] has run (in any thread).
+    /// A [`learn`] (in any thread) happens before this call.
     #[inline(always)]
     pub(super) unsafe fn this_thread_learned() -> &'static ThreadState {
         // Relaxed: as in `this_thread`; the caller's contract says the

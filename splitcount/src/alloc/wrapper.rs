@@ -672,13 +672,15 @@ pub(super) fn word_aligned(layout: Layout) -> Option<Layout> {
 
 /// The layout asked of the inner allocator when a block of `layout` is
 /// resized to `new_size`: the header in front, at the same alignment.
-/// `None` when it is not a valid layout (size + header, rounded up to the
-/// alignment, past `isize::MAX`).
+/// `None` where [`extended`] refuses the new size: `dealloc` takes
+/// `extended` of the block's layout as given, so no block may exist
+/// without one (a bound 8 bytes looser passed sizes within 16 of
+/// `isize::MAX` to the inner allocator, which no allocator serves).
 #[inline]
 pub(super) fn resized(layout: Layout, new_size: usize) -> Option<Layout> {
-    new_size
-        .checked_add(header(layout.align()))
-        .and_then(|total| Layout::from_size_align(total, layout.align().max(MIN_HEADER)).ok())
+    Layout::from_size_align(new_size, layout.align())
+        .ok()
+        .and_then(extended)
 }
 
 /// # Safety

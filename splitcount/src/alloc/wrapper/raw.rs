@@ -107,33 +107,33 @@ impl<A> Accounted<A> {
     /// nothing: then call [`Accounted::charge_raw`]. Five loads from the
     /// thread's state, their compares and a store; no call.
     ///
-    /// When `only` is not null, the charge is taken only for that account.
-    ///
     /// The thread's state is reached through the thread pointer with no
     /// fallback (no call: a caller's fast path that makes none saves no
     /// registers).
     ///
     /// # Safety
-    /// [`use_static_tls`](crate::alloc::use_static_tls) has been called,
-    /// in a build with the feature `static-tls`. The account returned is
-    /// kept alive by the bytes charged to it.
+    /// In a build with the feature `static-tls`, a call of
+    /// [`use_static_tls`](crate::alloc::use_static_tls) happens before
+    /// this one (through the caller's own synchronisation: the offset is
+    /// not tested). The account returned is kept alive by the bytes
+    /// charged to it.
     #[doc(hidden)]
     #[inline(always)]
-    pub unsafe fn take_reserved_raw(&self, n: u64, only: *const u8) -> *const u8 {
+    pub unsafe fn take_reserved_raw(&self, n: u64) -> *const u8 {
         let me = self as *const Self as usize;
         // SAFETY: the caller's contract.
         unsafe {
             STATE.with_learned(|t| {
                 let acc = t.charge.get();
                 let bytes = t.reserve.bytes.get();
-                // `charge` is null inside a hook and before the thread's first
-                // slow path; `scope` equal to it means a scope is entered (the
-                // thread does not charge the root, which `charge_raw` would not
-                // charge either).
+                // `charge` is null inside a hook and before the thread's
+                // first slow path (a reserve holding bytes never names
+                // null); `scope` equal to it means a scope is entered (the
+                // thread does not charge the root, which `charge_raw` would
+                // not charge either).
                 let hit = t.owner.get() == me
                     && t.reserve.account.get() == acc
                     && t.scope.get() == acc
-                    && (only.is_null() || only == acc)
                     && bytes >= n;
                 if hit {
                     t.reserve.bytes.set(bytes - n);
@@ -141,6 +141,37 @@ impl<A> Accounted<A> {
                 } else {
                     std::ptr::null()
                 }
+            })
+        }
+    }
+
+    /// [`Accounted::take_reserved_raw`] for one account only, `account`:
+    /// whether `n` bytes of it were taken. The thread charges `account`
+    /// only from a scope (it is not the root), so the scope needs no test
+    /// of its own: four loads, their compares and a store.
+    ///
+    /// # Safety
+    /// As [`Accounted::take_reserved_raw`]; `account` is not null, from
+    /// [`raw_account`] of a group that is not a root.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub unsafe fn take_reserved_raw_for(&self, n: u64, account: *const u8) -> bool {
+        let me = self as *const Self as usize;
+        // SAFETY: the caller's contract.
+        unsafe {
+            STATE.with_learned(|t| {
+                let acc = t.charge.get();
+                let bytes = t.reserve.bytes.get();
+                // `acc == account` (not null, not the root): the thread is in
+                // a scope of `account`, not in a hook, not past its exit.
+                let hit = t.owner.get() == me
+                    && acc == account
+                    && t.reserve.account.get() == acc
+                    && bytes >= n;
+                if hit {
+                    t.reserve.bytes.set(bytes - n);
+                }
+                hit
             })
         }
     }
