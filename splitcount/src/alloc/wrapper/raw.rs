@@ -120,28 +120,10 @@ impl<A> Accounted<A> {
     #[doc(hidden)]
     #[inline(always)]
     pub unsafe fn take_reserved_raw(&self, n: u64) -> *const u8 {
-        let me = self as *const Self as usize;
-        // SAFETY: the caller's contract.
-        unsafe {
-            STATE.with_learned(|t| {
-                let acc = t.charge.get();
-                let bytes = t.reserve.bytes.get();
-                // `charge` is null inside a hook and before the thread's
-                // first slow path (a reserve holding bytes never names
-                // null); `scope` equal to it means a scope is entered (the
-                // thread does not charge the root, which `charge_raw` would
-                // not charge either).
-                let hit = t.owner.get() == me
-                    && t.reserve.account.get() == acc
-                    && t.scope.get() == acc
-                    && bytes >= n;
-                if hit {
-                    t.reserve.bytes.set(bytes - n);
-                    acc
-                } else {
-                    std::ptr::null()
-                }
-            })
+        // SAFETY: forwarded.
+        match unsafe { self.take_reserved_where(n, None) } {
+            (true, acc) => acc,
+            (false, _) => std::ptr::null(),
         }
     }
 
@@ -156,22 +138,42 @@ impl<A> Accounted<A> {
     #[doc(hidden)]
     #[inline(always)]
     pub unsafe fn take_reserved_raw_for(&self, n: u64, account: *const u8) -> bool {
+        // SAFETY: forwarded.
+        unsafe { self.take_reserved_where(n, Some(account)) }.0
+    }
+
+    /// The two above: with `account`, the charged account must be it (and
+    /// is then a scope's: `account` is not the root); without, the charged
+    /// account must be the scope's. Whether `n` bytes were taken, and the
+    /// account charged.
+    ///
+    /// # Safety
+    /// As [`Accounted::take_reserved_raw`], `account` as for
+    /// [`Accounted::take_reserved_raw_for`].
+    #[inline(always)]
+    unsafe fn take_reserved_where(&self, n: u64, account: Option<*const u8>) -> (bool, *const u8) {
         let me = self as *const Self as usize;
         // SAFETY: the caller's contract.
         unsafe {
             STATE.with_learned(|t| {
                 let acc = t.charge.get();
                 let bytes = t.reserve.bytes.get();
-                // `acc == account` (not null, not the root): the thread is in
-                // a scope of `account`, not in a hook, not past its exit.
-                let hit = t.owner.get() == me
-                    && acc == account
-                    && t.reserve.account.get() == acc
-                    && bytes >= n;
+                // `charge` is null inside a hook, past the thread's exit and
+                // before its first slow path (a reserve holding bytes never
+                // names null). `scope` equal to it means a scope is entered
+                // (the thread does not charge the root, which `charge_raw`
+                // would not charge either); so does `charge` equal to an
+                // account that is not the root.
+                let in_scope = match account {
+                    Some(account) => acc == account,
+                    None => t.scope.get() == acc,
+                };
+                let hit =
+                    t.owner.get() == me && in_scope && t.reserve.account.get() == acc && bytes >= n;
                 if hit {
                     t.reserve.bytes.set(bytes - n);
                 }
-                hit
+                (hit, acc)
             })
         }
     }
@@ -202,5 +204,50 @@ impl<A> Accounted<A> {
     #[inline]
     pub unsafe fn uncharge_raw(&self, account: *const u8, n: u64) {
         self.uncharge(account, n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::group::Hierarchy;
+    use std::alloc::System;
+
+    /// The one-account take hits only while the thread charges that very
+    /// account — not while its reserve holds the root's bytes, nor another
+    /// scope's — and the general take hits only inside a scope.
+    #[test]
+    fn a_take_for_one_account_hits_only_while_the_thread_charges_it() {
+        static ALLOC: Accounted<System> = Accounted::new(System);
+        // SAFETY: a test executable's TLS is in the static block.
+        unsafe { crate::alloc::use_static_tls() };
+        // A thread of its own: its state starts fresh and goes with it.
+        std::thread::spawn(|| {
+            let memory = Hierarchy::default();
+            ALLOC.attach(&memory).unwrap();
+            let preload = memory.root().child("preload").unwrap();
+            let other = memory.root().child("other").unwrap();
+            let (mine, theirs) = (raw_account(&preload), raw_account(&other));
+            // SAFETY (all): static TLS claimed above; the groups' handles
+            // live to the end; `mine` is a child's account.
+            unsafe {
+                // No scope: the reserve fills with the root's bytes.
+                assert!(ALLOC.charge_raw(100, std::ptr::null()).is_some());
+                assert!(!ALLOC.take_reserved_raw_for(10, mine), "the root's bytes");
+                assert!(ALLOC.take_reserved_raw(10).is_null(), "not in a scope");
+                other.scope(|| {
+                    assert_eq!(ALLOC.charge_raw(100, std::ptr::null()), Some(theirs));
+                    assert!(!ALLOC.take_reserved_raw_for(10, mine), "another's bytes");
+                    assert_eq!(ALLOC.take_reserved_raw(10), theirs);
+                });
+                preload.scope(|| {
+                    assert_eq!(ALLOC.charge_raw(100, std::ptr::null()), Some(mine));
+                    assert!(ALLOC.take_reserved_raw_for(10, mine));
+                    assert_eq!(ALLOC.take_reserved_raw(10), mine);
+                });
+            }
+        })
+        .join()
+        .unwrap();
     }
 }
