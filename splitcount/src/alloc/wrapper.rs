@@ -784,9 +784,7 @@ impl<A: GlobalAlloc> Accounted<A> {
         // SAFETY: the block was allocated by `inner` with `ext`.
         unsafe { self.uncharge_and_free(acc, layout.size() as u64, ptr.sub(h), ext, h) }
     }
-}
 
-impl<A: GlobalAlloc> Accounted<A> {
     /// `alloc` of a layout that is not [`word_aligned`], in a function of
     /// its own: inline, its registers would be saved on every `alloc`.
     ///
