@@ -172,8 +172,9 @@ unsafe extern "C" fn malloc_tagged<const INNER: bool>(size: usize) -> *mut c_voi
         // SAFETY: the set-up claimed static TLS before turning this on.
         let account = unsafe { ACCOUNTED.take_reserved_raw(n as u64) };
         if !account.is_null() {
-            // SAFETY: a new block of the heap's with room for the header.
-            return unsafe { Block::write(base, account, heap) }.cast();
+            // SAFETY: a new block of the heap's with room for the header;
+            // the cookie was made before this path was turned on.
+            return unsafe { Block::write_made(base, account, heap) }.cast();
         }
     }
     // SAFETY: null or a new block of the heap's, with room for the header.

@@ -123,10 +123,23 @@ fn tag_with(cookie: u64, user: *mut u8, k: u32) -> u64 {
     cookie ^ (user as u64) ^ ((k as u64) << 56)
 }
 
-/// Make the cookie now (the fast path's set-up: [`header_account`] reads
-/// it without making it).
+/// Make the cookie now (the fast path's set-up: [`header_account`] and
+/// [`Block::write_made`] read it without making it).
 pub(crate) fn make_cookie() {
     cookie();
+}
+
+/// The cookie, made before: a load, no test and no call.
+///
+/// # Safety
+/// [`make_cookie`] happens before this call (the fast path's switch is
+/// turned on after it, with Release, and read with Acquire).
+#[inline(always)]
+unsafe fn made_cookie() -> u64 {
+    // Relaxed: see the contract.
+    let cookie = COOKIE.load(Ordering::Relaxed);
+    debug_assert_ne!(cookie, 0, "make_cookie has not run");
+    cookie
 }
 
 /// The account in the header of `user` when `user` is a block of ours
@@ -146,10 +159,8 @@ pub(crate) unsafe fn header_account(user: *mut u8, heap: Heap) -> Option<*const 
         Heap::Inner => INNER_HEADER_K,
     };
     let words = user.cast::<u64>().wrapping_sub(2);
-    // Relaxed: made before the fast path was turned on (the caller's
-    // contract), which the caller's Acquire of the switch saw.
-    let cookie = COOKIE.load(Ordering::Relaxed);
-    debug_assert_ne!(cookie, 0, "make_cookie has not run");
+    // SAFETY: the caller's contract.
+    let cookie = unsafe { made_cookie() };
     // SAFETY: every glibc block and ours has 16 readable bytes before it.
     if unsafe { words.read() } != tag_with(cookie, user, k) {
         return None;
@@ -202,6 +213,24 @@ impl Block {
     /// 16-aligned.
     #[inline(always)]
     pub(crate) unsafe fn write(base: *mut u8, account: *const u8, heap: Heap) -> *mut u8 {
+        // SAFETY: forwarded.
+        unsafe { Block::write_with(cookie(), base, account, heap) }
+    }
+
+    /// [`Block::write`] for the fast path, with the cookie made before.
+    ///
+    /// # Safety
+    /// As [`Block::write`], and as [`made_cookie`].
+    #[inline(always)]
+    pub(crate) unsafe fn write_made(base: *mut u8, account: *const u8, heap: Heap) -> *mut u8 {
+        // SAFETY: forwarded.
+        unsafe { Block::write_with(made_cookie(), base, account, heap) }
+    }
+
+    /// # Safety
+    /// As [`Block::write`]; `cookie` is the process's.
+    #[inline(always)]
+    unsafe fn write_with(cookie: u64, base: *mut u8, account: *const u8, heap: Heap) -> *mut u8 {
         let k = match heap {
             Heap::Glibc => HEADER_K,
             Heap::Inner => INNER_HEADER_K,
@@ -210,7 +239,7 @@ impl Block {
         unsafe {
             let user = base.add(HEADER);
             let words = user.cast::<u64>().sub(2);
-            words.write(tag(user, k));
+            words.write(tag_with(cookie, user, k));
             words.add(1).write(account as u64);
             user
         }
