@@ -213,7 +213,8 @@ unsafe extern "C" fn free_untagged<const INNER: bool>(p: *mut u8) {
     unsafe { free_untagged_general(p) }
 }
 
-/// [`untagged::free`] as a function that cannot unwind: reached by a jump.
+/// [`untagged::free`] as a function that cannot unwind, reached by a jump
+/// (not `untagged::free` itself: `free_general` inlines that).
 ///
 /// # Safety
 /// As `free(3)`, `p` not null.
@@ -244,16 +245,5 @@ unsafe extern "C" fn free_tagged<const INNER: bool>(p: *mut u8) {
         }
     }
     // SAFETY: as `free`; nothing was changed above.
-    unsafe { free_tagged_general(p) }
-}
-
-/// [`crate::free_general`] as a function that cannot unwind: reached by a
-/// jump.
-///
-/// # Safety
-/// As `free(3)`, `p` not null.
-#[inline(never)]
-unsafe extern "C" fn free_tagged_general(p: *mut u8) {
-    // SAFETY: forwarded.
     unsafe { crate::free_general(p.cast()) }
 }

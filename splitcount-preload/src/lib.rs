@@ -613,12 +613,13 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
     unsafe { free_general(ptr) }
 }
 
-/// `free` of a block (not null) outside the fast path.
+/// `free` of a block (not null) outside the fast path. `extern "C"`: it
+/// cannot unwind, so the fast path's miss reaches it by a jump.
 ///
 /// # Safety
 /// As `free(3)`, `ptr` not null.
 #[inline(never)]
-pub(crate) unsafe fn free_general(ptr: *mut c_void) {
+pub(crate) unsafe extern "C" fn free_general(ptr: *mut c_void) {
     if untagged::on() {
         // SAFETY: a pointer the program got from an allocation function.
         return unsafe { untagged::free(ptr.cast()) };

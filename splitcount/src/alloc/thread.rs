@@ -224,13 +224,23 @@ mod static_tls {
         // well; a thread that reads 0 asks the `thread_local!` instead.
         let offset = TP_OFFSET.load(Relaxed);
         if offset != 0 {
-            // SAFETY: `use_static_tls`'s contract: the state is at this
-            // offset from every thread's pointer, in memory that lives as
-            // long as the thread (a `const` thread-local without a
-            // destructor); the reference never leaves the thread.
-            return unsafe { &*(thread_pointer().wrapping_add(offset) as *const ThreadState) };
+            // SAFETY: the offset was learned.
+            return unsafe { at(offset) };
         }
         from_thread_local()
+    }
+
+    /// The state at `offset` from this thread's pointer.
+    ///
+    /// # Safety
+    /// `offset` is the one [`learn`] stored.
+    #[inline(always)]
+    unsafe fn at(offset: isize) -> &'static ThreadState {
+        // SAFETY: `use_static_tls`'s contract: the state is at this offset
+        // from every thread's pointer, in memory that lives as long as the
+        // thread (a `const` thread-local without a destructor); the
+        // reference never leaves the thread.
+        unsafe { &*(thread_pointer().wrapping_add(offset) as *const ThreadState) }
     }
 
     /// [`this_thread`] once the offset is known, without the test.
@@ -243,8 +253,8 @@ mod static_tls {
         // offset was learned before (and it never changes after).
         let offset = TP_OFFSET.load(Relaxed);
         debug_assert_ne!(offset, 0, "use_static_tls was not called");
-        // SAFETY: as in `this_thread`.
-        unsafe { &*(thread_pointer().wrapping_add(offset) as *const ThreadState) }
+        // SAFETY: the caller's contract.
+        unsafe { at(offset) }
     }
 
     /// See [`super::use_static_tls`].
