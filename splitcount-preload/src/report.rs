@@ -14,6 +14,11 @@
 //! splitcount-preload: pid=4242 program=sqlite3 at=exit glibc in_use=44080 arena_in_use=44080 mmapped=0
 //! ```
 //!
+//! Without tags each group line ends `setup_blocks=<n> setup_returned=<m>`:
+//! the blocks made while the accounting was set up, which are remembered
+//! and charged nothing (see [`crate::untagged`]), and how many of them the
+//! program has freed since.
+//!
 //! Only the exit report drains the stocks first. The others (`_exit`, a
 //! live snapshot, a fatal signal) are written from places where a lock may
 //! be held by the interrupted code, so they read atomics, format into a
@@ -243,7 +248,7 @@ fn line(out: &mut Text, moment: Moment, g: &Group) {
         "usable"
     };
     let tags = if crate::untagged::on() { "off" } else { "on" };
-    let _ = writeln!(
+    let _ = write!(
         out,
         " enforcement={enforcement} events.max={} events.high={} events.oom={} \
          events.underflow={} events.breaches={} events.refused={} slack.stocks={stocks} \
@@ -256,6 +261,13 @@ fn line(out: &mut Text, moment: Moment, g: &Group) {
         e.refused,
         crate::ACCOUNTED.max_slack(1) - stocks,
     );
+    if crate::untagged::on() {
+        // The blocks made while the accounting was set up (charged
+        // nothing): remembered, and returned to their heap since.
+        let (made, returned) = crate::untagged::setup_blocks();
+        let _ = write!(out, " setup_blocks={made} setup_returned={returned}");
+    }
+    let _ = writeln!(out);
 }
 
 /// The lines of `/preload` and the root (no glibc line: `mallinfo2`

@@ -95,6 +95,20 @@ static EARLY: [AtomicUsize; EARLY_SLOTS] = [const { AtomicUsize::new(0) }; EARLY
 /// Slots handed out so far (never reused: the set-up happens once).
 static EARLY_USED: AtomicUsize = AtomicUsize::new(0);
 
+/// Remembered blocks the program has since freed or moved (each found
+/// and forgotten once): with [`EARLY_USED`], what the report gives as
+/// `setup_blocks`.
+static EARLY_RETURNED: AtomicUsize = AtomicUsize::new(0);
+
+/// The blocks made during the set-up: how many were remembered, and how
+/// many of them have gone back to their own heap since.
+pub(crate) fn setup_blocks() -> (usize, usize) {
+    (
+        EARLY_USED.load(Ordering::Relaxed).min(EARLY_SLOTS),
+        EARLY_RETURNED.load(Ordering::Relaxed),
+    )
+}
+
 /// The filter of remembered addresses: bit [`filter_bit`]`(p)` is set for
 /// every remembered `p`, before it is handed out, and never cleared (a
 /// stale bit only costs a look at the table). A `free` whose bit is clear
@@ -166,6 +180,7 @@ fn early_slow(p: *mut u8, forget: bool) -> Option<Heap> {
             // Relaxed: only the block's own free or realloc clears its slot
             // (its filter bit stays: a stale bit only ever costs a scan).
             slot.store(0, Ordering::Relaxed);
+            EARLY_RETURNED.fetch_add(1, Ordering::Relaxed);
         }
         return Some(if v & 1 == 1 { Heap::Inner } else { Heap::Glibc });
     }

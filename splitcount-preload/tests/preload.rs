@@ -261,6 +261,46 @@ fn without_tags_blocks_cost_no_memory_and_usage_is_exact() {
     }
 }
 
+/// Without tags, the blocks made while the accounting was being set up
+/// (charged nothing; on glibc's heap even where the inner allocator is
+/// another) are remembered, and each one the program frees later goes back
+/// to the heap that made it, uncharging nothing. Every process frees some
+/// of them — one of them only once the fast path is on — and the exit
+/// report counts them: `setup_returned` of `setup_blocks`. If the
+/// remembered blocks were not found, these frees would go to the wrong
+/// heap (a glibc block handed to jemalloc, silently) and uncharge bytes
+/// never charged, and `setup_returned` would read 0.
+#[test]
+fn the_set_ups_own_blocks_go_back_to_their_heap() {
+    system_jemalloc();
+    system_mimalloc();
+    let truth = program("true", "coreutils");
+    for inner in ["glibc", "jemalloc", "mimalloc"] {
+        let mut env = inner_env(inner);
+        env.extend([
+            ("SPLITCOUNT_PRELOAD_TAGS", "off"),
+            ("SPLITCOUNT_PRELOAD_REPORT", "1"),
+        ]);
+        let out = preloaded(&truth, &env).output().unwrap();
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{inner}: {}\n{stderr}", out.status);
+        let r = report(&stderr, "/preload");
+        let (made, returned) = (number(&r, "setup_blocks"), number(&r, "setup_returned"));
+        println!("{inner}: {returned} of the set-up's {made} blocks returned");
+        assert!(returned >= 1 && returned <= made, "{inner}: {stderr}");
+        assert_eq!(r["events.underflow"], "0", "{inner}: {stderr}");
+    }
+    // With tags every block says whose it is: no such count.
+    let out = preloaded(&truth, &[("SPLITCOUNT_PRELOAD_REPORT", "1")])
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert!(
+        !report(&stderr, "/preload").contains_key("setup_blocks"),
+        "{stderr}"
+    );
+}
+
 /// The set-up's code does not stay resident: once the accounting is
 /// ready the library lets go of its code pages (`code_pages.rs`), and at
 /// the start of `main` — after the program's first allocations — less than
