@@ -113,10 +113,23 @@ fn the_fast_add_is_exact_under_migrations_and_signals() {
 /// surplus — this library's 2 KB of thread-locals would not fit. Built in
 /// the workspace, where the lab turns on `splitcount`'s `jemalloc` feature
 /// for every member, no copy of jemalloc (whose thread state is
-/// initial-exec) may be linked in either.
+/// initial-exec) may be linked in either — nor of mimalloc (feature
+/// `mimalloc`, also on in the workspace), whose constructor would run in
+/// every process that loads the library.
 #[test]
 fn the_shared_library_loads_with_dlopen_after_start_up() {
     let lib = deps_dir().join("libsplitcount_ffi.so");
+    let bytes = std::fs::read(&lib).unwrap();
+    for (allocator, marker) in [
+        ("jemalloc", &b"<jemalloc>"[..]),
+        ("mimalloc", b"mimalloc: "),
+    ] {
+        assert!(
+            !bytes.windows(marker.len()).any(|w| w == marker),
+            "{} links a copy of {allocator}",
+            lib.display()
+        );
+    }
     let path = std::ffi::CString::new(lib.display().to_string()).unwrap();
     // SAFETY: a NUL-terminated path; the handle is closed below.
     let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };

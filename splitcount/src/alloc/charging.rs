@@ -29,7 +29,7 @@
 
 #![allow(unsafe_code)]
 
-#[cfg(feature = "jemalloc")]
+#[cfg(any(feature = "jemalloc", feature = "mimalloc"))]
 use super::size_class;
 use super::thread::STATE;
 use super::wrapper::{extended, header, header_slot, resized, word_aligned, Accounted};
@@ -128,7 +128,9 @@ impl Charging for Footprint {
 /// computed here from the layout without looking the block up; jemalloc
 /// keeps its metadata per slab, not per block). With
 /// the `mimalloc` feature, for `mimalloc::MiMalloc`: `mi_usable_size` (the
-/// size class; no per-block header either). In every case the block is the
+/// size class; no per-block header either), computed from the layout for
+/// the blocks the wrapper makes with `mi_malloc` (word-aligned ones, see
+/// [`InnerFootprint::alloc_for_footprint`]). In every case the block is the
 /// wrapper's whole allocation, its header included. Another allocator
 /// implements it with its own figure, or with no body to get the default:
 /// the size the wrapper asked for (the caller's size plus the header),
@@ -190,6 +192,62 @@ pub unsafe trait InnerFootprint: GlobalAlloc {
     /// `footprint` to a function of its own (one more jump when it answers
     /// `None`).
     const FOOTPRINT_FROM_LAYOUT: bool = false;
+
+    /// Allocate the wrapper's block for `layout` (its header included).
+    /// The default: [`GlobalAlloc::alloc`].
+    ///
+    /// An allocator whose `alloc` may serve one layout from different
+    /// size classes can allocate here through an entry point whose class
+    /// is a function of the layout, so that
+    /// [`InnerFootprint::layout_footprint`] can answer: `MiMalloc`'s
+    /// `alloc` is `mi_malloc_aligned`, which sometimes takes a larger class,
+    /// and its implementation here calls `mi_malloc` for alignments up to 8.
+    /// Blocks made here are freed with [`GlobalAlloc::dealloc`] and resized
+    /// with [`InnerFootprint::realloc_for_footprint`].
+    ///
+    /// # Safety
+    ///
+    /// As [`GlobalAlloc::alloc`].
+    #[inline(always)]
+    unsafe fn alloc_for_footprint(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded contract.
+        unsafe { self.alloc(layout) }
+    }
+
+    /// [`InnerFootprint::alloc_for_footprint`], zeroed. The default:
+    /// [`GlobalAlloc::alloc_zeroed`].
+    ///
+    /// # Safety
+    ///
+    /// As [`GlobalAlloc::alloc_zeroed`].
+    #[inline(always)]
+    unsafe fn alloc_zeroed_for_footprint(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded contract.
+        unsafe { self.alloc_zeroed(layout) }
+    }
+
+    /// Resize a block made by [`InnerFootprint::alloc_for_footprint`] (or
+    /// by this method). The default: [`GlobalAlloc::realloc`]. An
+    /// allocator that answers [`InnerFootprint::layout_footprint`] must
+    /// return a block whose footprint is the new layout's answer: one that
+    /// shrinks a block in place, keeping its class, must move it instead
+    /// where the class of the new size differs.
+    ///
+    /// # Safety
+    ///
+    /// As [`GlobalAlloc::realloc`], for a block made by this allocator's
+    /// `alloc_for_footprint`, `alloc_zeroed_for_footprint` or
+    /// `realloc_for_footprint` with `layout`.
+    #[inline(always)]
+    unsafe fn realloc_for_footprint(
+        &self,
+        block: *mut u8,
+        layout: Layout,
+        new_size: usize,
+    ) -> *mut u8 {
+        // SAFETY: forwarded contract.
+        unsafe { self.realloc(block, layout, new_size) }
+    }
 }
 
 /// `block`'s footprint: the allocator's answer from the layout where it
@@ -252,21 +310,119 @@ unsafe impl InnerFootprint for tikv_jemallocator::Jemalloc {
     #[inline(always)]
     fn layout_footprint(&self, layout: Layout) -> Option<usize> {
         (in_jemalloc_table(layout) && JEMALLOC_CLASSES.agrees())
-            .then(|| size_class::jemalloc(layout.size()))
+            .then(|| size_class::class(layout.size()))
     }
 }
 
-// SAFETY: as for jemalloc: `mi_usable_size` of a live block is its size
-// class, fixed until it is freed or reallocated, at least the size asked
-// for.
+// SAFETY: `mi_usable_size` of a live block is its size class, fixed until
+// it is freed or reallocated, at least the size asked for. The layout's
+// answer is used only for blocks of at most `INLINE_MAX` bytes and
+// alignment at most 8, which `alloc_for_footprint` and
+// `alloc_zeroed_for_footprint` make with `mi_malloc`/`mi_zalloc`, whose
+// class is `mi_good_size` of the size (the table, once checked against
+// it), and which `realloc_for_footprint` leaves with exactly that class:
+// in place only where the block's class is already the new size's.
 #[cfg(feature = "mimalloc")]
 unsafe impl InnerFootprint for mimalloc::MiMalloc {
     #[inline]
     unsafe fn footprint(&self, block: *mut u8, layout: Layout) -> usize {
-        let _ = layout;
+        if in_mimalloc_table(layout)
+            // SAFETY: `mi_good_size` allocates nothing.
+            && MIMALLOC_CLASSES
+                .holds(|s| unsafe { libmimalloc_sys::mi_good_size(s) } == size_class::class(s))
+        {
+            return size_class::class(layout.size());
+        }
         // SAFETY: `block` is live and came from mimalloc.
         unsafe { self.usable_size(block) }
     }
+
+    const FOOTPRINT_FROM_LAYOUT: bool = true;
+
+    #[inline(always)]
+    fn layout_footprint(&self, layout: Layout) -> Option<usize> {
+        (in_mimalloc_table(layout) && MIMALLOC_CLASSES.agrees())
+            .then(|| size_class::class(layout.size()))
+    }
+
+    #[inline(always)]
+    unsafe fn alloc_for_footprint(&self, layout: Layout) -> *mut u8 {
+        if layout.align() <= MIMALLOC_MIN_ALIGN {
+            // SAFETY: any size; the block is at least 8-aligned.
+            unsafe { libmimalloc_sys::mi_malloc(layout.size()).cast() }
+        } else {
+            // SAFETY: forwarded contract.
+            unsafe { self.alloc(layout) }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn alloc_zeroed_for_footprint(&self, layout: Layout) -> *mut u8 {
+        if layout.align() <= MIMALLOC_MIN_ALIGN {
+            // SAFETY: as above.
+            unsafe { libmimalloc_sys::mi_zalloc(layout.size()).cast() }
+        } else {
+            // SAFETY: forwarded contract.
+            unsafe { self.alloc_zeroed(layout) }
+        }
+    }
+
+    // `#[inline]`, as every method here: made only in the crate that uses
+    // `MiMalloc`, so that no library built with the feature on and not
+    // using it links a copy of mimalloc (see `jemalloc_size_class_out_of_line`).
+    #[inline]
+    unsafe fn realloc_for_footprint(
+        &self,
+        block: *mut u8,
+        layout: Layout,
+        new_size: usize,
+    ) -> *mut u8 {
+        if layout.align() > MIMALLOC_MIN_ALIGN {
+            // SAFETY: forwarded contract (an over-aligned block, made by
+            // `alloc`; its footprint is read from the block).
+            return unsafe { self.realloc(block, layout, new_size) };
+        }
+        let new = Layout::from_size_align(new_size, layout.align());
+        if !new.is_ok_and(in_mimalloc_table) {
+            // Read from the block at its free: mimalloc's realloc, in
+            // place where it can be. (`mi_realloc` keeps alignment 8.)
+            // SAFETY: a live block of mimalloc's.
+            return unsafe { libmimalloc_sys::mi_realloc(block.cast(), new_size).cast() };
+        }
+        // The new block's class must be the new size's: `mi_realloc`
+        // would keep a block shrunk by up to half in its larger class.
+        // SAFETY: a live block of mimalloc's; `mi_good_size` allocates
+        // nothing.
+        unsafe {
+            if libmimalloc_sys::mi_usable_size(block.cast())
+                == libmimalloc_sys::mi_good_size(new_size)
+            {
+                return block;
+            }
+            let moved: *mut u8 = libmimalloc_sys::mi_malloc(new_size).cast();
+            if !moved.is_null() {
+                std::ptr::copy_nonoverlapping(block, moved, layout.size().min(new_size));
+                libmimalloc_sys::mi_free(block.cast());
+            }
+            moved
+        }
+    }
+}
+
+/// The alignment of every block of mimalloc's (a machine word).
+#[cfg(feature = "mimalloc")]
+const MIMALLOC_MIN_ALIGN: usize = std::mem::size_of::<usize>();
+
+/// The inline size classes: checked once against mimalloc's `mi_good_size`.
+#[cfg(feature = "mimalloc")]
+static MIMALLOC_CLASSES: size_class::Checked = size_class::Checked::new();
+
+/// Whether the inline table serves `layout` for mimalloc (once checked): a
+/// small block that `alloc_for_footprint` makes with `mi_malloc`.
+#[cfg(feature = "mimalloc")]
+#[inline(always)]
+fn in_mimalloc_table(layout: Layout) -> bool {
+    layout.align() <= MIMALLOC_MIN_ALIGN && layout.size() <= size_class::INLINE_MAX
 }
 
 // SAFETY: as for `Accounted<A, Requested>` (wrapper.rs): every method
@@ -281,7 +437,7 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if let Some(word) = word_aligned(layout) {
             // SAFETY: forwarded contract (the same block as for `layout`).
-            return unsafe { self.alloc_footprint(word, |l| self.inner.alloc(l)) };
+            return unsafe { self.alloc_footprint(word, |l| self.inner.alloc_for_footprint(l)) };
         }
         // SAFETY: forwarded contract.
         unsafe { self.alloc_footprint_over_aligned(layout) }
@@ -291,10 +447,12 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         if let Some(word) = word_aligned(layout) {
             // SAFETY: forwarded contract (the same block as for `layout`).
-            return unsafe { self.alloc_footprint(word, |l| self.inner.alloc_zeroed(l)) };
+            return unsafe {
+                self.alloc_footprint(word, |l| self.inner.alloc_zeroed_for_footprint(l))
+            };
         }
         // SAFETY: forwarded contract.
-        unsafe { self.alloc_footprint(layout, |l| self.inner.alloc_zeroed(l)) }
+        unsafe { self.alloc_footprint(layout, |l| self.inner.alloc_zeroed_for_footprint(l)) }
     }
 
     #[inline(never)]
@@ -322,7 +480,7 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
         let Some(key) = (unsafe { AccountKey::from_ptr(acc) }) else {
             // Unaccounted, and stays so.
             // SAFETY: the block was allocated by `inner` with `ext`.
-            let base = unsafe { self.inner.realloc(block, ext, new_ext.size()) };
+            let base = unsafe { self.inner.realloc_for_footprint(block, ext, new_ext.size()) };
             // SAFETY: `base` is null or a block of `new_ext.size()` bytes.
             return if base.is_null() {
                 base
@@ -339,7 +497,7 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
         }
         // SAFETY: the block was allocated by `inner` with `ext`; the header
         // is copied along with the contents.
-        let base = unsafe { self.inner.realloc(block, ext, new_ext.size()) };
+        let base = unsafe { self.inner.realloc_for_footprint(block, ext, new_ext.size()) };
         if base.is_null() {
             self.uncharge(acc, grow);
             return std::ptr::null_mut();
@@ -366,7 +524,7 @@ impl<A: InnerFootprint> Accounted<A, Footprint> {
     #[inline(never)]
     unsafe fn alloc_footprint_over_aligned(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded contract.
-        unsafe { self.alloc_footprint(layout, |l| self.inner.alloc(l)) }
+        unsafe { self.alloc_footprint(layout, |l| self.inner.alloc_for_footprint(l)) }
     }
 
     /// `dealloc`'s body, for `layout` or its [`word_aligned`] form.
@@ -520,9 +678,9 @@ fn jemalloc_size_class(layout: Layout) -> usize {
     // by its header is never empty).
     let nallocx = |size, flags| unsafe { tikv_jemalloc_sys::nallocx(size, flags) };
     if in_jemalloc_table(layout)
-        && JEMALLOC_CLASSES.holds(|s| nallocx(s, 0) == size_class::jemalloc(s))
+        && JEMALLOC_CLASSES.holds(|s| nallocx(s, 0) == size_class::class(s))
     {
-        size_class::jemalloc(layout.size())
+        size_class::class(layout.size())
     } else {
         nallocx(layout.size(), jemalloc_flags(layout))
     }

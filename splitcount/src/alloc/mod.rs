@@ -114,7 +114,7 @@ mod reconcile;
 mod reserve;
 mod resident;
 mod scope;
-#[cfg(feature = "jemalloc")]
+#[cfg(any(feature = "jemalloc", feature = "mimalloc"))]
 mod size_class;
 mod thread;
 mod trim;
