@@ -309,8 +309,11 @@ unsafe impl InnerFootprint for tikv_jemallocator::Jemalloc {
 
     #[inline(always)]
     fn layout_footprint(&self, layout: Layout) -> Option<usize> {
-        (in_jemalloc_table(layout) && JEMALLOC_CLASSES.agrees())
-            .then(|| size_class::class(layout.size()))
+        if in_jemalloc_table(layout) {
+            JEMALLOC_CLASSES.class(layout.size())
+        } else {
+            None
+        }
     }
 }
 
@@ -341,8 +344,11 @@ unsafe impl InnerFootprint for mimalloc::MiMalloc {
 
     #[inline(always)]
     fn layout_footprint(&self, layout: Layout) -> Option<usize> {
-        (in_mimalloc_table(layout) && MIMALLOC_CLASSES.agrees())
-            .then(|| size_class::class(layout.size()))
+        if in_mimalloc_table(layout) {
+            MIMALLOC_CLASSES.class(layout.size())
+        } else {
+            None
+        }
     }
 
     #[inline(always)]

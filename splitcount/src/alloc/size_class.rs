@@ -22,9 +22,9 @@
 //! `malloc_usable_size` walks its radix tree to the block's extent (about
 //! 55 instructions), and even `nallocx` pays a call, a thread-state fetch
 //! and two table reads (about 34); `mi_usable_size` is a call that finds
-//! the block's page and reads it. The inline class is one read of a small
-//! table, after a load and a compare of the flag that says the table was
-//! checked.
+//! the block's page and reads it. The inline class is one load from a
+//! small table that the check fills (all 0 until it has passed: a 0 sends
+//! the caller to the allocator, with no flag to read beside the entry).
 //!
 //! **Never trusted blindly.** A build may be configured otherwise (another
 //! quantum, mimalloc's padding in its debug builds), so each scheme is
@@ -45,8 +45,8 @@
 //! (every block of it is 8-aligned): see `InnerFootprint::alloc_for_footprint`.
 
 use std::sync::atomic::{
-    AtomicU8,
-    Ordering::{Acquire, Release},
+    AtomicU16, AtomicU8,
+    Ordering::{Acquire, Relaxed, Release},
 };
 
 /// The largest size the inline classes serve; larger blocks ask the
@@ -55,21 +55,27 @@ pub(crate) const INLINE_MAX: usize = 1024;
 
 /// The class of `size` (at most [`INLINE_MAX`], not 0) in jemalloc's
 /// default build and for mimalloc's `mi_malloc` (the same classes): one
-/// read of a 129-entry table, [`CLASSES`], indexed by the size in 8-byte
-/// units (every class is a multiple of 8, so sizes with the same index
-/// share a class). A table, not the arithmetic: the arithmetic is a chain
-/// of ten dependent instructions on every free.
+/// read of [`CLASSES`], indexed by the size in 8-byte units (every class
+/// is a multiple of 8, so sizes with the same index share a class). A
+/// table, not the arithmetic: the arithmetic is a chain of ten dependent
+/// instructions on every free.
+///
+/// The index is `(size + 7) >> 3` (two instructions; `div_ceil` takes
+/// five), masked to the table's 256 entries: no bounds check and no panic
+/// path, whatever the caller passes (a size above [`INLINE_MAX`] reads 0
+/// or a wrong class; callers check the size first).
 #[inline(always)]
 pub(crate) fn class(size: usize) -> usize {
     debug_assert!((1..=INLINE_MAX).contains(&size));
-    CLASSES[size.div_ceil(8)] as usize
+    CLASSES[(size.wrapping_add(7) >> 3) & (TABLE_LEN - 1)] as usize
 }
 
-/// [`class`]'s table: entry `i` is the class of `8·i` bytes.
-static CLASSES: [u16; INLINE_MAX / 8 + 1] = {
-    let mut table = [0u16; INLINE_MAX / 8 + 1];
+/// [`class`]'s table: entry `i` is the class of `8·i` bytes, for `i` up to
+/// `INLINE_MAX / 8`; 0 above (a power-of-two length, for the mask).
+static CLASSES: [u16; TABLE_LEN] = {
+    let mut table = [0u16; TABLE_LEN];
     let mut i = 0;
-    while i < table.len() {
+    while i <= INLINE_MAX / 8 {
         table[i] = class_of(i * 8) as u16;
         i += 1;
     }
@@ -93,8 +99,20 @@ const fn class_of(size: usize) -> usize {
     (size + delta - 1) & !(delta - 1)
 }
 
-/// Whether a scheme agreed with its allocator: checked once.
-pub(crate) struct Checked(AtomicU8);
+/// Whether a scheme agreed with its allocator — checked once — and, once
+/// it has, the scheme's classes again, for the fast path to read with one
+/// load.
+pub(crate) struct Checked {
+    state: AtomicU8,
+    /// [`CLASSES`], copied here when the check passes; all 0 before, and
+    /// for ever if it fails. A 0 read sends the caller to the allocator's
+    /// own answer, which is the same number: an entry needs no flag read
+    /// beside it.
+    classes: [AtomicU16; TABLE_LEN],
+}
+
+/// The entries of [`CLASSES`] and of a [`Checked`] table.
+const TABLE_LEN: usize = (INLINE_MAX / 8 + 1).next_power_of_two();
 
 const UNKNOWN: u8 = 0;
 const AGREES: u8 = 1;
@@ -102,7 +120,10 @@ const DIFFERS: u8 = 2;
 
 impl Checked {
     pub(crate) const fn new() -> Checked {
-        Checked(AtomicU8::new(UNKNOWN))
+        Checked {
+            state: AtomicU8::new(UNKNOWN),
+            classes: [const { AtomicU16::new(0) }; TABLE_LEN],
+        }
     }
 
     /// Whether the inline class may be used: `agrees(size)` (the scheme
@@ -113,26 +134,35 @@ impl Checked {
     pub(crate) fn holds(&self, agrees: impl Fn(usize) -> bool) -> bool {
         // Acquire/Release: nothing is published with the flag but the
         // answer itself; they only keep the check's reads before it.
-        match self.0.load(Acquire) {
+        match self.state.load(Acquire) {
             AGREES => true,
             DIFFERS => false,
             _ => self.check(agrees),
         }
     }
 
-    /// Whether the check ran and the scheme agreed (never runs it: a
-    /// caller that gets `false` goes to a path that calls
-    /// [`Checked::holds`]).
+    /// The class of `size` (at most [`INLINE_MAX`], not 0) if the check
+    /// ran and the scheme agreed; `None` otherwise (never runs the check:
+    /// a caller that gets `None` goes to a path that calls
+    /// [`Checked::holds`]). One load, indexed as [`class`].
     #[inline(always)]
-    pub(crate) fn agrees(&self) -> bool {
-        self.0.load(Acquire) == AGREES
+    pub(crate) fn class(&self, size: usize) -> Option<usize> {
+        debug_assert!((1..=INLINE_MAX).contains(&size));
+        // Relaxed: an entry is 0 or the class, and says nothing else.
+        let class = self.classes[(size.wrapping_add(7) >> 3) & (TABLE_LEN - 1)].load(Relaxed);
+        (class != 0).then_some(class as usize)
     }
 
     #[cold]
     #[inline(never)]
     fn check(&self, agrees: impl Fn(usize) -> bool) -> bool {
         let ok = (1..=INLINE_MAX).all(agrees);
-        self.0.store(if ok { AGREES } else { DIFFERS }, Release);
+        if ok {
+            for (entry, &class) in self.classes.iter().zip(CLASSES.iter()) {
+                entry.store(class, Relaxed);
+            }
+        }
+        self.state.store(if ok { AGREES } else { DIFFERS }, Release);
         ok
     }
 }
@@ -197,14 +227,18 @@ mod tests {
     #[test]
     fn a_scheme_that_differs_once_is_never_used() {
         let c = Checked::new();
-        assert!(!c.agrees(), "not checked yet");
+        assert_eq!(c.class(24), None, "not checked yet");
         assert!(!c.holds(|s| s != 700));
-        assert!(!c.agrees());
+        assert_eq!(c.class(24), None);
         // Answered once: a later check that would pass is not run.
         assert!(!c.holds(|_| true));
+        assert_eq!(c.class(24), None);
         let c = Checked::new();
         assert!(c.holds(|_| true));
-        assert!(c.agrees());
+        // Every size, to the last: the scheme's class, from one load.
+        for size in 1..=INLINE_MAX {
+            assert_eq!(c.class(size), Some(class(size)), "size {size}");
+        }
         assert!(c.holds(|_| false));
     }
 }
