@@ -115,7 +115,9 @@ fn the_fast_add_is_exact_under_migrations_and_signals() {
 /// for every member, no copy of jemalloc (whose thread state is
 /// initial-exec) may be linked in either — nor of mimalloc (feature
 /// `mimalloc`, also on in the workspace), whose constructor would run in
-/// every process that loads the library.
+/// every process that loads the library. (The copy check means something
+/// in a workspace build — `cargo test --workspace`, as CI runs it; built
+/// alone the crate has neither feature, and nothing to find.)
 #[test]
 fn the_shared_library_loads_with_dlopen_after_start_up() {
     let lib = deps_dir().join("libsplitcount_ffi.so");

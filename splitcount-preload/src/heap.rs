@@ -113,7 +113,9 @@ const CLASS_TABLE_MAX: usize = 1024;
 /// `mallocx()`", i.e. the usable size of the block `malloc(size)` returns
 /// — or mimalloc's `mi_good_size`, which is the usable size of the block
 /// `mi_malloc(size)` returns (for Debian's `libmimalloc.so.2`: 5 million
-/// blocks of 1–1,024 bytes churned through a ring, none other). The fast
+/// blocks of 1–1,024 bytes churned through a ring, none other; a build
+/// with padding breaks it, so the set-up compares the table with the usable
+/// size of its one block of 64 bytes and keeps no table if they differ). The fast
 /// path's `malloc` reads it for the block it just made instead of asking
 /// the usable size (jemalloc's walks its radix tree: 40 instructions a
 /// call; mimalloc's finds the block's page: about 19). 0: not known (not
@@ -239,6 +241,15 @@ pub(crate) fn set_up(inner: Inner) -> Result<(), String> {
                 "SPLITCOUNT_PRELOAD_INNER={}: its first malloc failed",
                 inner.name()
             ));
+        }
+        // The table against a real block: a build whose good size is not
+        // the usable size (mimalloc with padding: its debug and secure
+        // builds) keeps no table, and every block is asked.
+        let usable = std::mem::transmute::<usize, UsableFn>(f(USABLE))(p);
+        if CLASSES[64 / 8].load(Ordering::Relaxed) as usize != usable {
+            for class in &CLASSES {
+                class.store(0, Ordering::Relaxed);
+            }
         }
         std::mem::transmute::<usize, FreeFn>(f(FREE))(p);
     }

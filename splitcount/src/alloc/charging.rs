@@ -149,13 +149,20 @@ impl Charging for Footprint {
 /// # Safety
 ///
 /// For a block this allocator returned (from `alloc`, `alloc_zeroed` or
-/// `realloc`), [`InnerFootprint::footprint`] must return the same value
+/// `realloc`, or the `*_for_footprint` methods below, which the wrapper
+/// uses in their place), [`InnerFootprint::footprint`] must return the same value
 /// from then until the block is freed or reallocated, and at least the
 /// `layout.size()` it was asked for: the wrapper uncharges at the free what
 /// it reads then, and a group's account lives as long as bytes are charged
 /// through it. [`InnerFootprint::layout_footprint`], where it answers, must
 /// give the same number as `footprint` for every block of that layout (the
-/// wrapper uses either, at the allocation and at the free).
+/// wrapper uses either, at the allocation and at the free). A block made by
+/// [`InnerFootprint::alloc_for_footprint`],
+/// [`InnerFootprint::alloc_zeroed_for_footprint`] or
+/// [`InnerFootprint::realloc_for_footprint`] must be one that
+/// [`GlobalAlloc::dealloc`] frees and `realloc_for_footprint` resizes, with
+/// the layout it was made for; `realloc_for_footprint` must leave the block
+/// as it was when it returns null.
 pub unsafe trait InnerFootprint: GlobalAlloc {
     /// The bytes `block`, allocated with `layout`, occupies. The default:
     /// `layout.size()`.
@@ -329,11 +336,7 @@ unsafe impl InnerFootprint for tikv_jemallocator::Jemalloc {
 unsafe impl InnerFootprint for mimalloc::MiMalloc {
     #[inline]
     unsafe fn footprint(&self, block: *mut u8, layout: Layout) -> usize {
-        if in_mimalloc_table(layout)
-            // SAFETY: `mi_good_size` allocates nothing.
-            && MIMALLOC_CLASSES
-                .holds(|s| unsafe { libmimalloc_sys::mi_good_size(s) } == size_class::class(s))
-        {
+        if in_mimalloc_table(layout) && mimalloc_table_holds() {
             return size_class::class(layout.size());
         }
         // SAFETY: `block` is live and came from mimalloc.
@@ -395,6 +398,15 @@ unsafe impl InnerFootprint for mimalloc::MiMalloc {
             // SAFETY: a live block of mimalloc's.
             return unsafe { libmimalloc_sys::mi_realloc(block.cast(), new_size).cast() };
         }
+        // Where the table is not used (a build whose classes differ: a
+        // padded one), footprints are read from the block: mimalloc's
+        // realloc, in place where it can be. (The check runs here if no
+        // block of the table's sizes has run it yet, so that a block
+        // shrunk in place is never charged the table's class later.)
+        if !mimalloc_table_holds() {
+            // SAFETY: a live block of mimalloc's.
+            return unsafe { libmimalloc_sys::mi_realloc(block.cast(), new_size).cast() };
+        }
         // The new block's class must be the new size's: `mi_realloc`
         // would keep a block shrunk by up to half in its larger class.
         // SAFETY: a live block of mimalloc's; `mi_good_size` allocates
@@ -422,6 +434,15 @@ const MIMALLOC_MIN_ALIGN: usize = std::mem::size_of::<usize>();
 /// The inline size classes: checked once against mimalloc's `mi_good_size`.
 #[cfg(feature = "mimalloc")]
 static MIMALLOC_CLASSES: size_class::Checked = size_class::Checked::new();
+
+/// Whether the inline classes agree with `mi_good_size` (checked at the
+/// first call).
+#[cfg(feature = "mimalloc")]
+#[inline(always)]
+fn mimalloc_table_holds() -> bool {
+    // SAFETY: `mi_good_size` allocates nothing.
+    MIMALLOC_CLASSES.holds(|s| unsafe { libmimalloc_sys::mi_good_size(s) } == size_class::class(s))
+}
 
 /// Whether the inline table serves `layout` for mimalloc (once checked): a
 /// small block that `alloc_for_footprint` makes with `mi_malloc`.
