@@ -391,30 +391,23 @@ unsafe impl InnerFootprint for mimalloc::MiMalloc {
             // `alloc`; its footprint is read from the block).
             return unsafe { self.realloc(block, layout, new_size) };
         }
+        // Footprints read from the block — a new size past the table, or a
+        // build whose classes differ from the table's (a padded one) —
+        // take mimalloc's realloc, in place where it can be (`mi_realloc`
+        // keeps alignment 8). The check runs here if no block of the
+        // table's sizes has run it yet, so that a block shrunk in place is
+        // never charged the table's class later.
         let new = Layout::from_size_align(new_size, layout.align());
-        if !new.is_ok_and(in_mimalloc_table) {
-            // Read from the block at its free: mimalloc's realloc, in
-            // place where it can be. (`mi_realloc` keeps alignment 8.)
+        if !new.is_ok_and(in_mimalloc_table) || !mimalloc_table_holds() {
             // SAFETY: a live block of mimalloc's.
             return unsafe { libmimalloc_sys::mi_realloc(block.cast(), new_size).cast() };
         }
-        // Where the table is not used (a build whose classes differ: a
-        // padded one), footprints are read from the block: mimalloc's
-        // realloc, in place where it can be. (The check runs here if no
-        // block of the table's sizes has run it yet, so that a block
-        // shrunk in place is never charged the table's class later.)
-        if !mimalloc_table_holds() {
-            // SAFETY: a live block of mimalloc's.
-            return unsafe { libmimalloc_sys::mi_realloc(block.cast(), new_size).cast() };
-        }
-        // The new block's class must be the new size's: `mi_realloc`
-        // would keep a block shrunk by up to half in its larger class.
-        // SAFETY: a live block of mimalloc's; `mi_good_size` allocates
-        // nothing.
+        // The new block's class must be the new size's (the table's, which
+        // holds): `mi_realloc` would keep a block shrunk by up to half in
+        // its larger class.
+        // SAFETY: a live block of mimalloc's.
         unsafe {
-            if libmimalloc_sys::mi_usable_size(block.cast())
-                == libmimalloc_sys::mi_good_size(new_size)
-            {
+            if libmimalloc_sys::mi_usable_size(block.cast()) == size_class::class(new_size) {
                 return block;
             }
             let moved: *mut u8 = libmimalloc_sys::mi_malloc(new_size).cast();
