@@ -1,6 +1,7 @@
 //! The lab's global allocator: an inner allocator — the system's (glibc),
 //! jemalloc or mimalloc — alone or wrapped in [`Accounted`] (charging
-//! requested sizes or footprints), chosen once per process.
+//! requested sizes or footprints), or mimalloc under [`HeapPerGroup`] (no
+//! tag on any block), chosen once per process.
 //!
 //! `bench alloc` compares the two *as a program uses them*: every
 //! allocation of its workloads goes through `std::alloc` (a `Vec`, a
@@ -15,7 +16,7 @@
 
 use mimalloc::MiMalloc;
 use serde::{Deserialize, Serialize};
-use splitcount::alloc::{Accounted, Footprint};
+use splitcount::alloc::{Accounted, Footprint, HeapPerGroup};
 use splitcount::group::Hierarchy;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -56,11 +57,15 @@ pub enum Allocator {
     /// `Accounted<MiMalloc, Footprint>` (`mi_usable_size`).
     #[serde(rename = "mimalloc-footprint")]
     MimallocFootprint,
+    /// `HeapPerGroup<MiMalloc>`: footprints, no tag on any block (a
+    /// mimalloc heap per account).
+    #[serde(rename = "mimalloc-heaps")]
+    MimallocHeaps,
 }
 
 impl Allocator {
     /// Every allocator, each inner one before its wrappers.
-    pub const ALL: [Allocator; 9] = [
+    pub const ALL: [Allocator; 10] = [
         Allocator::System,
         Allocator::Accounted,
         Allocator::Footprint,
@@ -70,6 +75,7 @@ impl Allocator {
         Allocator::Mimalloc,
         Allocator::MimallocAccounted,
         Allocator::MimallocFootprint,
+        Allocator::MimallocHeaps,
     ];
 
     /// `system`, `accounted`, `footprint`, `jemalloc`,
@@ -85,6 +91,7 @@ impl Allocator {
             Allocator::Mimalloc => "mimalloc",
             Allocator::MimallocAccounted => "mimalloc-accounted",
             Allocator::MimallocFootprint => "mimalloc-footprint",
+            Allocator::MimallocHeaps => "mimalloc-heaps",
         }
     }
 
@@ -105,9 +112,10 @@ impl Allocator {
             Allocator::Jemalloc | Allocator::JemallocAccounted | Allocator::JemallocFootprint => {
                 Allocator::Jemalloc
             }
-            Allocator::Mimalloc | Allocator::MimallocAccounted | Allocator::MimallocFootprint => {
-                Allocator::Mimalloc
-            }
+            Allocator::Mimalloc
+            | Allocator::MimallocAccounted
+            | Allocator::MimallocFootprint
+            | Allocator::MimallocHeaps => Allocator::Mimalloc,
         }
     }
 
@@ -139,6 +147,7 @@ static JE_ACCOUNTED: Accounted<Jemalloc> = Accounted::new(Jemalloc);
 static JE_FOOTPRINT: Accounted<Jemalloc, Footprint> = Accounted::with_charging(Jemalloc, Footprint);
 static MI_ACCOUNTED: Accounted<MiMalloc> = Accounted::new(MiMalloc);
 static MI_FOOTPRINT: Accounted<MiMalloc, Footprint> = Accounted::with_charging(MiMalloc, Footprint);
+static MI_HEAPS: HeapPerGroup<MiMalloc> = HeapPerGroup::new(MiMalloc);
 
 /// The allocator this process runs on (decided at its first allocation).
 pub fn current() -> Allocator {
@@ -181,6 +190,10 @@ macro_rules! dispatch {
                 let $a = &MI_FOOTPRINT;
                 $call
             }
+            10 => {
+                let $a = &MI_HEAPS;
+                $call
+            }
             _ => {
                 let $a = &System;
                 $call
@@ -200,6 +213,7 @@ pub fn attach(hierarchy: &Hierarchy) -> Result<(), String> {
         Allocator::JemallocFootprint => JE_FOOTPRINT.attach(hierarchy),
         Allocator::MimallocAccounted => MI_ACCOUNTED.attach(hierarchy),
         Allocator::MimallocFootprint => MI_FOOTPRINT.attach(hierarchy),
+        Allocator::MimallocHeaps => MI_HEAPS.attach(hierarchy),
         other => {
             return Err(format!(
                 "this process runs on {} alone ({ENV} names no accounted allocator)",
@@ -220,6 +234,7 @@ pub fn reconcile() -> Option<splitcount::alloc::Reconciliation> {
         Allocator::JemallocFootprint => JE_FOOTPRINT.reconcile(),
         Allocator::MimallocAccounted => MI_ACCOUNTED.reconcile(),
         Allocator::MimallocFootprint => MI_FOOTPRINT.reconcile(),
+        Allocator::MimallocHeaps => MI_HEAPS.reconcile(),
         _ => None,
     }
 }

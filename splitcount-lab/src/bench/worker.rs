@@ -39,11 +39,12 @@ pub struct Hello {
     /// Resident bytes per 24-byte `Box` over [`BOXES`] held at once, in a
     /// group (`None`: no `/proc/self/statm`).
     pub box_bytes: Option<f64>,
-    /// Resident bytes per block of each of [`BLOCK_SIZES`] (in that order),
-    /// [`BLOCKS`] of each held at once in a group — measured first thing,
-    /// only when the worker is started with [`BLOCK_RSS_ENV`] set (`bench
-    /// alloc` starts one such worker per allocator just for this: its
-    /// other figures then come after memory it freed); empty otherwise.
+    /// Resident bytes per block of the size [`BLOCK_RSS_ENV`] names (one
+    /// of [`BLOCK_SIZES`]), [`BLOCKS`] held at once in a group — measured
+    /// first thing, only when the worker is started with it set (`bench
+    /// alloc` starts one such worker per allocator and size just for
+    /// this: its other figures then come after memory it freed); empty
+    /// otherwise.
     #[serde(default)]
     pub block_bytes: Vec<f64>,
 }
@@ -53,10 +54,11 @@ pub const BLOCK_SIZES: [usize; 16] = [
     8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128,
 ];
 
-/// How many blocks of each size [`Hello::block_bytes`] holds.
-pub const BLOCKS: usize = 250_000;
+/// How many blocks [`Hello::block_bytes`] holds.
+pub const BLOCKS: usize = 1_000_000;
 
-/// The environment variable that asks a worker for [`Hello::block_bytes`].
+/// The environment variable that asks a worker for [`Hello::block_bytes`]
+/// of a size (its value, e.g. `24`).
 pub const BLOCK_RSS_ENV: &str = "SPLITCOUNT_LAB_BLOCK_RSS";
 
 /// The environment variable that tells a worker to skip
@@ -134,43 +136,37 @@ pub struct Context {
 /// Groups the worker's threads allocate in (one per thread).
 const GROUPS: usize = 2;
 
-/// Resident bytes per block of each of [`BLOCK_SIZES`], 8-aligned, as a
-/// `Box` of that size asks for them. Every size's [`BLOCKS`] blocks stay
-/// held while the next size is measured (so none reuses memory another
-/// freed), then all are freed. Empty without `/proc/self/statm`.
-fn block_bytes() -> Vec<f64> {
-    let mut held = Vec::new();
-    let mut bytes = Vec::new();
-    for size in BLOCK_SIZES {
-        let layout = Layout::from_size_align(size, 8).expect("small sizes");
-        // Non-zero: a zeroed vector may be untouched pages until written.
-        let mut blocks = vec![1usize; BLOCKS];
-        let Some(before) = crate::bench::groups::rss_bytes() else {
-            break;
-        };
-        for b in blocks.iter_mut() {
-            // SAFETY: a non-zero size.
-            let p = unsafe { std::alloc::alloc(layout) };
-            if p.is_null() {
-                std::alloc::handle_alloc_error(layout);
-            }
-            // SAFETY: `p` has `size` bytes: touch the block as a program would.
-            unsafe { p.write_bytes(1, size) };
-            *b = p as usize;
+/// Resident bytes per block of `size`, 8-aligned, as a `Box` of that size
+/// asks for them: the growth of the resident set while [`BLOCKS`] of them
+/// are made, then all are freed. One size per process: in one process
+/// after another size, a size's blocks land in pages the last size's
+/// bookkeeping had touched already, or not, by ±20% on mimalloc. Empty
+/// without `/proc/self/statm`.
+fn block_bytes(size: usize) -> Vec<f64> {
+    let layout = Layout::from_size_align(size, 8).expect("small sizes");
+    // Non-zero: a zeroed vector may be untouched pages until written.
+    let mut blocks = vec![1usize; BLOCKS];
+    let Some(before) = crate::bench::groups::rss_bytes() else {
+        return Vec::new();
+    };
+    for b in blocks.iter_mut() {
+        // SAFETY: a non-zero size.
+        let p = unsafe { std::alloc::alloc(layout) };
+        if p.is_null() {
+            std::alloc::handle_alloc_error(layout);
         }
-        let Some(after) = crate::bench::groups::rss_bytes() else {
-            break;
-        };
-        bytes.push(after.saturating_sub(before) as f64 / BLOCKS as f64);
-        held.push((layout, blocks));
+        // SAFETY: `p` has `size` bytes: touch the block as a program would.
+        unsafe { p.write_bytes(1, size) };
+        *b = p as usize;
     }
-    for (layout, blocks) in held {
-        for b in blocks {
-            // SAFETY: allocated above with `layout`, freed once.
-            unsafe { std::alloc::dealloc(b as *mut u8, layout) };
-        }
+    let after = crate::bench::groups::rss_bytes();
+    for b in blocks {
+        // SAFETY: allocated above with `layout`, freed once.
+        unsafe { std::alloc::dealloc(b as *mut u8, layout) };
     }
-    bytes
+    after
+        .map(|after| vec![after.saturating_sub(before) as f64 / BLOCKS as f64])
+        .unwrap_or_default()
 }
 
 /// What runs one slice of a request in the worker ([`super::jobs::run`]).
@@ -195,12 +191,13 @@ pub fn serve(
         .collect::<Result<_, _>>()?;
     // First, when asked: memory freed before (the document's, the boxes')
     // would be reused by the blocks and hide what they take.
-    let block_bytes = match std::env::var_os(BLOCK_RSS_ENV) {
-        Some(_) => {
+    let asked = std::env::var(BLOCK_RSS_ENV).ok();
+    let block_bytes = match asked.and_then(|s| s.parse::<usize>().ok()) {
+        Some(size) if BLOCK_SIZES.contains(&size) => {
             let _scope = groups[0].enter();
-            block_bytes()
+            block_bytes(size)
         }
-        None => Vec::new(),
+        _ => Vec::new(),
     };
     let doc = workloads::json_document(workloads::JSON_BYTES);
     let io = |e: std::io::Error| format!("alloc worker: {e}");

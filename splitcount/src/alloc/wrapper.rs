@@ -152,7 +152,7 @@ pub struct Accounted<A, C = Requested> {
     state: AtomicPtr<Attached>,
     /// Whether a refusal grants the reporting grace (and a panicking
     /// thread passes): fixed at construction.
-    reporting_grace: bool,
+    pub(super) reporting_grace: bool,
     charging: PhantomData<fn() -> C>,
 }
 

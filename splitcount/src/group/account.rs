@@ -54,7 +54,20 @@ pub(crate) struct Account {
     parent: Option<Arc<Node>>,
     refs: AtomicU64,
     removed: AtomicBool,
+    /// The inner allocator's heap this account's blocks are placed in
+    /// (`HeapPerGroup`): null until bound, [`NO_HEAP`] if none was free.
+    /// std's atomics: the table it pairs with is a `static`.
+    heap: std::sync::atomic::AtomicPtr<u8>,
+    /// The table entry that names this account as its heap's owner
+    /// (null: none); cleared when the account goes, which frees the heap
+    /// for another account.
+    heap_owner: std::sync::atomic::AtomicPtr<std::sync::atomic::AtomicPtr<u8>>,
 }
+
+#[cfg_attr(not(feature = "mimalloc"), allow(dead_code))]
+/// [`AccountKey::heap`] of an account that found no heap free: its blocks
+/// carry a header instead, for the account's life.
+pub(crate) const NO_HEAP: *mut u8 = 1 as *mut u8;
 
 /// A pointer to an [`Account`], valid while its holder's references (bytes,
 /// a scope, the node's `LIVE`) are counted in it.
@@ -77,6 +90,8 @@ impl Account {
             parent: node.parent.clone(),
             refs: AtomicU64::new(LIVE),
             removed: AtomicBool::new(false),
+            heap: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
+            heap_owner: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
         });
         AccountKey(NonNull::from(Box::leak(account)))
     }
@@ -153,6 +168,19 @@ impl AccountKey {
     pub(crate) fn release(self, n: u64) {
         // AcqRel: the thread that frees sees every other holder's uses.
         if self.get().refs.fetch_sub(n, AcqRel) == n {
+            let owner = self
+                .get()
+                .heap_owner
+                .load(std::sync::atomic::Ordering::Acquire);
+            if !owner.is_null() {
+                // Release: every use of the heap for this account (its
+                // blocks' frees included: each uncharged its bytes before
+                // this) happens before another account can claim it.
+                // SAFETY: `owner` is an entry of a `static` table.
+                unsafe {
+                    (*owner).store(std::ptr::null_mut(), std::sync::atomic::Ordering::Release)
+                };
+            }
             // SAFETY: that was the last reference; the account came from
             // `Box::leak` in `create`. Dropping it may free the group's
             // counter and parent link, and may run inside the allocator
@@ -193,6 +221,39 @@ impl AccountKey {
     /// The node's `LIVE` references, dropped when the node goes.
     pub(crate) fn release_live(self) {
         self.release(LIVE);
+    }
+
+    #[cfg_attr(not(feature = "mimalloc"), allow(dead_code))]
+    /// The heap this account's blocks go to: null until
+    /// [`AccountKey::bind_heap`], [`NO_HEAP`] if none was free.
+    #[inline(always)]
+    pub(crate) fn heap(self) -> *mut u8 {
+        // Acquire: pairs with `bind_heap`'s release, so the table entry
+        // naming this account is seen by the thread placing a block.
+        self.get().heap.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    #[cfg_attr(not(feature = "mimalloc"), allow(dead_code))]
+    /// Bind `heap` to this account, `owner` being the table entry that
+    /// names the account and that its end clears. Callers serialise binds;
+    /// an account is bound once.
+    pub(crate) fn bind_heap(self, heap: *mut u8, owner: &'static std::sync::atomic::AtomicPtr<u8>) {
+        let a = self.get();
+        a.heap_owner.store(
+            owner as *const _ as *mut _,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        // Release: the owner entry (written before by the caller) and the
+        // field above are visible to whoever reads the heap.
+        a.heap.store(heap, std::sync::atomic::Ordering::Release);
+    }
+
+    #[cfg_attr(not(feature = "mimalloc"), allow(dead_code))]
+    /// Mark this account as having no heap: its blocks carry headers.
+    pub(crate) fn bind_no_heap(self) {
+        self.get()
+            .heap
+            .store(NO_HEAP, std::sync::atomic::Ordering::Release);
     }
 
     /// References held (for tests of the lifetime).

@@ -39,8 +39,8 @@ pub const BASELINE: Allocator = Allocator::System;
 
 /// The allocators measured, each in a worker process of its own: glibc's,
 /// jemalloc and mimalloc, each alone and under `Accounted` charging
-/// requested sizes and footprints.
-pub const ALLOCATORS: [Allocator; 9] = Allocator::ALL;
+/// requested sizes and footprints, and `HeapPerGroup` over mimalloc.
+pub const ALLOCATORS: [Allocator; 10] = Allocator::ALL;
 
 /// `{workload}-{allocator}`.
 pub fn case(workload: Workload, allocator: Allocator) -> String {
@@ -67,20 +67,22 @@ pub fn baseline_of(case: &str) -> Option<String> {
 /// `threads`, `cross-thread` at 2 and `json` at 1. `exe` is the lab binary
 /// (its `alloc-worker` command runs the workers).
 pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> {
-    // The resident memory per block, each allocator in a fresh worker of
-    // its own (which measures it first thing, then goes).
-    let ask_rss = [(worker::BLOCK_RSS_ENV, std::ffi::OsStr::new("1"))];
+    // The resident memory per block, each allocator and size in a fresh
+    // worker of its own (which measures it first thing, then goes).
     let blocks = ALLOCATORS
         .iter()
         .map(|&a| {
-            let w = Worker::start_with_env(exe, a, &ask_rss)?;
-            Ok((
-                a,
-                w.hello
-                    .as_ref()
-                    .map(|h| h.block_bytes.clone())
-                    .unwrap_or_default(),
-            ))
+            let mut per_size = Vec::new();
+            for size in worker::BLOCK_SIZES {
+                let size = size.to_string();
+                let ask_rss = [(worker::BLOCK_RSS_ENV, std::ffi::OsStr::new(&size))];
+                let w = Worker::start_with_env(exe, a, &ask_rss)?;
+                match w.hello.as_ref().and_then(|h| h.block_bytes.first()) {
+                    Some(&b) => per_size.push(b),
+                    None => return Ok((a, Vec::new())),
+                }
+            }
+            Ok((a, per_size))
         })
         .collect::<Result<Vec<(Allocator, Vec<f64>)>, String>>()?;
     // The cases each worker runs in a round: after that many slices, a

@@ -1,0 +1,550 @@
+//! [`HeapPerGroup`]: accounting without a tag on any block — each group's
+//! blocks in a heap of their own, the heap telling whose a block is.
+//!
+//! [`Accounted`] writes the charged account in an 8-byte header in front of
+//! every block. Where the inner allocator's size class has no room for it —
+//! every size that is a multiple of 16 on jemalloc and mimalloc — the
+//! header moves the block up a class: a 16-byte block takes 32. Here the
+//! account is found from the block's address instead: every account gets a
+//! heap of the inner allocator ([`InnerHeaps`]: a first-class mimalloc
+//! heap), its blocks are made there, and a free asks the inner allocator
+//! which heap the block lies in (for mimalloc, `mi_heap_of`: its page map
+//! and the page's heap field) and a small table which account owns that
+//! heap. A block occupies what the inner allocator alone gives it.
+//!
+//! ```text
+//!   alloc(layout)                              dealloc(block, layout)
+//!   reserve of the thread's account  ──┐        heap = inner.heap_of(block)
+//!   account.heap (one load)            │        account = TABLE[hash(heap)]
+//!   inner.alloc_in(heap, layout)  ◀────┘        uncharge footprint, inner free
+//! ```
+//!
+//! **Heaps are few and reused.** At most [`MAX_HEAPS`] heaps are made,
+//! each bound to one account at a time, the first time that account
+//! allocates. An account holds its heap until it ends — its group removed
+//! and every byte charged through it given back, its last block freed — and
+//! the heap then goes to the next account that needs one. An account that
+//! finds every heap taken has its blocks made with a header in the inner
+//! allocator's default heap, for its whole life, exactly as [`Accounted`]
+//! does (its frees find no owner for the default heap and read the header).
+//!
+//! What a block charges is its footprint ([`Footprint`]): the inner
+//! allocator's usable size, with no header in it.
+
+#![allow(unsafe_code)]
+
+use super::charging::{Footprint, InnerFootprint};
+use super::reconcile::Reconciliation;
+use super::wrapper::{Accounted, AttachError};
+use crate::group::{AccountKey, Hierarchy, NO_HEAP};
+use std::alloc::{GlobalAlloc, Layout};
+use std::fmt;
+use std::sync::atomic::{
+    AtomicPtr, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
+use std::sync::Mutex;
+
+/// The most heaps a process makes for [`HeapPerGroup`] (each bound to one
+/// account at a time; accounts beyond them get headers).
+pub const MAX_HEAPS: usize = 64;
+
+/// Entries of the heap table: a power of two, twice [`MAX_HEAPS`], so that
+/// a look-up probes about one entry and always finds an empty one.
+const TABLE_LEN: usize = 2 * MAX_HEAPS;
+
+/// An inner allocator that can keep blocks apart in heaps and say which
+/// heap a block lies in: what [`HeapPerGroup`] needs. Implemented for
+/// `mimalloc::MiMalloc` (feature `mimalloc`; mimalloc 3's first-class
+/// heaps, which any thread may allocate from).
+///
+/// # Safety
+/// - A block from [`InnerHeaps::alloc_in`] is freed by the allocator's
+///   `GlobalAlloc::dealloc` with the same layout, from any thread, and
+///   meets [`InnerFootprint`]'s contract: [`InnerFootprint::footprint`] of
+///   it (and [`InnerFootprint::layout_footprint`] of its layout, where
+///   `Some`) is what it occupies, at least the size asked for, and the
+///   same at its allocation and its free.
+/// - [`InnerHeaps::heap_of`] of a pointer into a live block from
+///   `alloc_in(heap, …)` returns `heap`; of a block from the allocator's
+///   own `GlobalAlloc` methods, a value that no `new_heap` returned.
+/// - Heaps are never destroyed: a heap from `new_heap` stays valid for the
+///   process's life.
+pub unsafe trait InnerHeaps: InnerFootprint {
+    /// A new heap, or null if none can be made.
+    fn new_heap(&self) -> *mut u8;
+
+    /// The heap the block `block` points into.
+    ///
+    /// # Safety
+    /// `block` points into a live block of this allocator.
+    unsafe fn heap_of(&self, block: *const u8) -> *mut u8;
+
+    /// A block of `layout` (non-zero size) from `heap`, zeroed if asked;
+    /// null on failure.
+    ///
+    /// # Safety
+    /// `heap` came from [`InnerHeaps::new_heap`].
+    unsafe fn alloc_in(&self, heap: *mut u8, layout: Layout, zeroed: bool) -> *mut u8;
+
+    /// What a block of `layout` from `alloc_in` will occupy, as near as
+    /// can be told before it exists, and at most that: charged before the
+    /// block is made (so a limit can refuse it), corrected after. The
+    /// default is the size asked for.
+    fn footprint_estimate(&self, layout: Layout) -> usize {
+        layout.size()
+    }
+}
+
+/// One heap and the account that owns it (null: none).
+struct Entry {
+    heap: AtomicPtr<u8>,
+    account: AtomicPtr<u8>,
+}
+
+/// Every heap made, at a slot chosen by its address (open addressing,
+/// linear probing). Entries are never removed: a heap lives as long as the
+/// process, its owner changes.
+static TABLE: [Entry; TABLE_LEN] = [const {
+    Entry {
+        heap: AtomicPtr::new(std::ptr::null_mut()),
+        account: AtomicPtr::new(std::ptr::null_mut()),
+    }
+}; TABLE_LEN];
+
+/// Heaps made so far.
+static MADE: AtomicUsize = AtomicUsize::new(0);
+
+/// Serialises binds (once per account: a slow path).
+static BIND: Mutex<()> = Mutex::new(());
+
+/// The table slot a heap's probe starts at (Fibonacci hashing of its
+/// address).
+#[inline(always)]
+fn slot_of(heap: *mut u8) -> usize {
+    const SHIFT: u32 = usize::BITS - TABLE_LEN.trailing_zeros();
+    ((heap as usize >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> SHIFT
+}
+
+/// The account that owns `heap`, or null when `heap` is no heap of the
+/// table (the inner allocator's default heap: a block with a header).
+#[inline(always)]
+fn owner_of(heap: *mut u8) -> *const u8 {
+    let mut i = slot_of(heap);
+    loop {
+        let entry = &TABLE[i];
+        // Acquire (both): a block of this heap was made after its entry
+        // was written and its owner bound (the maker read the account's
+        // heap with acquire after `bind`'s releases), and handed to this
+        // thread after that.
+        let h = entry.heap.load(Acquire);
+        if h == heap {
+            return entry.account.load(Acquire);
+        }
+        if h.is_null() {
+            return std::ptr::null();
+        }
+        i = (i + 1) & (TABLE_LEN - 1);
+    }
+}
+
+/// Give `account` a heap: one no live account owns, else a new one while
+/// fewer than [`MAX_HEAPS`] exist, else none ([`NO_HEAP`]). The heap bound
+/// (or `NO_HEAP`).
+#[cold]
+#[inline(never)]
+fn bind<A: InnerHeaps>(inner: &A, account: AccountKey) -> *mut u8 {
+    let _serial = BIND.lock().unwrap_or_else(|e| e.into_inner());
+    let bound = account.heap();
+    if !bound.is_null() {
+        return bound;
+    }
+    let owner = account.as_ptr() as *mut u8;
+    // A heap whose owner has ended. Acquire: pairs with the release that
+    // cleared the owner, after all of that owner's blocks were uncharged.
+    // Only binds (serialised here) set an owner, so a null read stays null.
+    for entry in TABLE.iter() {
+        let heap = entry.heap.load(Relaxed);
+        if !heap.is_null() && entry.account.load(Acquire).is_null() {
+            entry.account.store(owner, Relaxed);
+            account.bind_heap(heap, &entry.account);
+            return heap;
+        }
+    }
+    if MADE.load(Relaxed) < MAX_HEAPS {
+        let heap = inner.new_heap();
+        if !heap.is_null() {
+            MADE.fetch_add(1, Relaxed);
+            let mut i = slot_of(heap);
+            while !TABLE[i].heap.load(Relaxed).is_null() {
+                i = (i + 1) & (TABLE_LEN - 1);
+            }
+            let entry = &TABLE[i];
+            entry.account.store(owner, Relaxed);
+            // Release: the owner is written before the heap is found.
+            entry.heap.store(heap, Release);
+            account.bind_heap(heap, &entry.account);
+            return heap;
+        }
+    }
+    account.bind_no_heap();
+    NO_HEAP
+}
+
+/// How the process's heaps are used: see [`HeapPerGroup::heaps`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeapCount {
+    /// Heaps made (at most [`MAX_HEAPS`]; never destroyed).
+    pub made: usize,
+    /// Heaps an account owns now.
+    pub owned: usize,
+}
+
+/// A `GlobalAlloc` that charges every allocation to the current thread's
+/// group, as [`Accounted`] does, with **no tag on any block**: each
+/// account's blocks are made in a heap of their own, and a free finds the
+/// account from the heap the block lies in.
+///
+/// Usage is the sum of the live blocks' footprints (the inner allocator's
+/// usable size: [`Footprint`]), and a block occupies exactly what the inner
+/// allocator alone would give it — a 16-byte `Box` takes mimalloc's 16-byte
+/// class, where `Accounted<MiMalloc, Footprint>`'s header moves it to 32.
+/// Everything else — scopes, limits and enforcement, the reserve and the
+/// byte stock, hooks, [`HeapPerGroup::max_slack`] — is `Accounted`'s: the
+/// charging is the same code.
+///
+/// ```no_run
+/// use splitcount::alloc::HeapPerGroup;
+/// use splitcount::group::Hierarchy;
+///
+/// #[global_allocator]
+/// static ALLOC: HeapPerGroup = HeapPerGroup::new(mimalloc::MiMalloc);
+///
+/// fn main() {
+///     let memory = Hierarchy::default();
+///     ALLOC.attach(&memory).unwrap();
+///     let tenant = memory.root().child("tenant-a").unwrap();
+///     let boxes: Vec<Box<[u8; 16]>> = tenant.scope(|| (0..1000).map(|_| Box::new([0; 16])).collect());
+///     memory.drain_stocks();
+///     // 1,000 boxes of 16 bytes in mimalloc's 16-byte class, and the vector.
+///     assert!(tenant.usage() >= 16_000);
+///     drop(boxes);
+/// }
+/// ```
+///
+/// **The cost.** A free asks the inner allocator for the block's heap
+/// (mimalloc: about a dozen instructions) and probes a table; an
+/// allocation reads the account's heap. **The limits.** At most
+/// [`MAX_HEAPS`] accounts own a heap at once; an account that finds none
+/// free gets headers for its life (its blocks cost what `Accounted`'s
+/// do). A heap is held until its account ends (its group removed and its
+/// last block freed); a removed group whose blocks stay live keeps its
+/// heap. Requires mimalloc 3 (the `mimalloc` crate's default; its `v2`
+/// feature has no `mi_heap_of` and heaps owned by one thread).
+pub struct HeapPerGroup<A = mimalloc::MiMalloc> {
+    accounted: Accounted<A, Footprint>,
+}
+
+impl<A: InnerHeaps> HeapPerGroup<A> {
+    /// Wrap `inner`. Until [`HeapPerGroup::attach`], allocations pass
+    /// through unaccounted (with a header, in the inner allocator's
+    /// default heap).
+    pub const fn new(inner: A) -> HeapPerGroup<A> {
+        HeapPerGroup {
+            accounted: Accounted::with_charging(inner, Footprint),
+        }
+    }
+
+    /// The same allocator with strict limits: see
+    /// [`Accounted::without_reporting_grace`].
+    pub const fn without_reporting_grace(mut self) -> HeapPerGroup<A> {
+        self.accounted.reporting_grace = false;
+        self
+    }
+
+    /// Start accounting into `hierarchy`: see [`Accounted::attach`].
+    pub fn attach(&self, hierarchy: &Hierarchy) -> Result<(), AttachError> {
+        self.accounted.attach(hierarchy)
+    }
+
+    /// Return every stocked byte and this thread's reserve: see
+    /// [`Accounted::drain`].
+    pub fn drain(&self) -> u64 {
+        self.accounted.drain()
+    }
+
+    /// The most usage can run ahead of live footprints: see
+    /// [`Accounted::max_slack`] (the same stocks and reserves).
+    pub fn max_slack(&self, threads: usize) -> u64 {
+        self.accounted.max_slack(threads)
+    }
+
+    /// The groups' books beside the process: see [`Accounted::reconcile`]
+    /// (headers counted there are those of accounts that found no heap).
+    pub fn reconcile(&self) -> Option<Reconciliation> {
+        self.accounted.reconcile()
+    }
+
+    /// How many heaps exist and how many an account owns now.
+    pub fn heaps(&self) -> HeapCount {
+        HeapCount {
+            made: MADE.load(Relaxed),
+            owned: TABLE
+                .iter()
+                .filter(|e| !e.heap.load(Relaxed).is_null() && !e.account.load(Relaxed).is_null())
+                .count(),
+        }
+    }
+
+    /// An allocation: charged to the thread's account, made in its heap.
+    ///
+    /// # Safety
+    /// As `GlobalAlloc::alloc`.
+    #[inline(always)]
+    unsafe fn alloc_with(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        let inner = &self.accounted.inner;
+        if let Some(n) = inner.layout_footprint(layout) {
+            let acc = self.accounted.take_reserved(n as u64);
+            // SAFETY: the reserve held bytes of it, which keep it alive.
+            if let Some(key) = unsafe { AccountKey::from_ptr(acc) } {
+                let heap = key.heap();
+                if heap > NO_HEAP {
+                    // SAFETY: a heap from `new_heap`; a non-zero size.
+                    let block = unsafe { inner.alloc_in(heap, layout, zeroed) };
+                    if block.is_null() {
+                        self.accounted.uncharge(acc, n as u64);
+                    }
+                    return block;
+                }
+                self.accounted.uncharge(acc, n as u64);
+            }
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.alloc_general(layout, zeroed) }
+    }
+
+    /// [`HeapPerGroup::alloc_with`] past its fast path: the charge's slow
+    /// path, a bind, a footprint not known from the layout, a header block.
+    ///
+    /// # Safety
+    /// As `GlobalAlloc::alloc`.
+    #[inline(never)]
+    unsafe fn alloc_general(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        let inner = &self.accounted.inner;
+        let estimate = inner
+            .layout_footprint(layout)
+            .unwrap_or_else(|| inner.footprint_estimate(layout)) as u64;
+        let key = match self.accounted.charge(estimate) {
+            Err(()) => return std::ptr::null_mut(),
+            // Not accounted (not attached, in a hook, the reporting grace):
+            // a header block, charged nothing, as `Accounted` makes it.
+            // SAFETY: forwarded contract.
+            Ok(None) => return unsafe { self.header_block(layout, zeroed) },
+            Ok(Some(key)) => key,
+        };
+        let mut heap = key.heap();
+        if heap.is_null() {
+            heap = bind(inner, key);
+        }
+        if heap == NO_HEAP {
+            self.accounted.uncharge(key.as_ptr(), estimate);
+            // SAFETY: forwarded contract.
+            return unsafe { self.header_block(layout, zeroed) };
+        }
+        // SAFETY: a heap from `new_heap`; a non-zero size.
+        let block = unsafe { inner.alloc_in(heap, layout, zeroed) };
+        if block.is_null() {
+            self.accounted.uncharge(key.as_ptr(), estimate);
+            return block;
+        }
+        // SAFETY: live, from the inner allocator.
+        let exact = unsafe { inner.footprint(block, layout) } as u64;
+        self.settle(key, estimate, exact);
+        block
+    }
+
+    /// A block with a header in the inner allocator's default heap:
+    /// [`Accounted`]'s, charged as it charges.
+    ///
+    /// # Safety
+    /// As `GlobalAlloc::alloc`.
+    #[inline(never)]
+    unsafe fn header_block(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        // SAFETY: forwarded contract.
+        unsafe {
+            if zeroed {
+                self.accounted.alloc_zeroed(layout)
+            } else {
+                self.accounted.alloc(layout)
+            }
+        }
+    }
+
+    /// `key` was charged `charged` bytes for a block that occupies `exact`:
+    /// charge the rest (the block exists: not refusable) or give back the
+    /// excess.
+    fn settle(&self, key: AccountKey, charged: u64, exact: u64) {
+        if exact > charged {
+            self.accounted.charge_unrefused(key, exact - charged);
+        } else if exact < charged {
+            self.accounted.uncharge(key.as_ptr(), charged - exact);
+        }
+    }
+}
+
+// SAFETY: a block is made by the inner allocator — in the heap of the
+// account it is charged to (`alloc_in`), or with a header by `Accounted`
+// when no heap is its account's — and freed by the inner allocator's
+// `dealloc` with the caller's layout or by `Accounted`'s, which the heap it
+// lies in tells apart: only blocks charged to a heap's owner are made in
+// it (`InnerHeaps`' contract: `heap_of` names it; the default heap is in no
+// entry). A heap's owner cannot change while a block of it is live: the
+// block's bytes keep its account alive, and the owner is cleared only when
+// the account ends. `alloc` and `dealloc` are not inlined into their
+// callers, for the reason given in wrapper.rs.
+unsafe impl<A: InnerHeaps> GlobalAlloc for HeapPerGroup<A> {
+    #[inline(never)]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded contract.
+        unsafe { self.alloc_with(layout, false) }
+    }
+
+    #[inline(never)]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded contract.
+        unsafe { self.alloc_with(layout, true) }
+    }
+
+    #[inline(never)]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        let inner = &self.accounted.inner;
+        // SAFETY: `ptr` is a live block of ours.
+        let acc = owner_of(unsafe { inner.heap_of(ptr) });
+        if acc.is_null() {
+            // SAFETY: a block with a header, made by `Accounted`.
+            return unsafe { self.accounted.dealloc(ptr, layout) };
+        }
+        let n = match inner.layout_footprint(layout) {
+            Some(n) => n,
+            // SAFETY: live, made by `alloc_in` with this layout.
+            None => unsafe { inner.footprint(ptr, layout) },
+        } as u64;
+        self.accounted.uncharge(acc, n);
+        // SAFETY: made by the inner allocator with this layout.
+        unsafe { inner.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let inner = &self.accounted.inner;
+        // SAFETY: `ptr` is a live block of ours.
+        let heap = unsafe { inner.heap_of(ptr) };
+        let acc = owner_of(heap);
+        // SAFETY: a live block's owner, kept alive by its bytes.
+        let Some(key) = (unsafe { AccountKey::from_ptr(acc) }) else {
+            // SAFETY: a block with a header, made by `Accounted`.
+            return unsafe { self.accounted.realloc(ptr, layout, new_size) };
+        };
+        let Ok(new_layout) = Layout::from_size_align(new_size, layout.align()) else {
+            return std::ptr::null_mut();
+        };
+        // Where the layout tells both footprints and they are the same,
+        // the block stays (its footprint under the new layout is its own).
+        let (old_class, new_class) = (
+            inner.layout_footprint(layout),
+            inner.layout_footprint(new_layout),
+        );
+        if old_class.is_some() && old_class == new_class {
+            return ptr;
+        }
+        // Otherwise a new block in the same heap (the same account), so
+        // that the footprint is always that of the block's own layout.
+        // SAFETY: live, made with `layout`.
+        let old = unsafe { inner.footprint(ptr, layout) } as u64;
+        let estimate = new_class.unwrap_or_else(|| inner.footprint_estimate(new_layout)) as u64;
+        let mut charged = old;
+        if estimate > old {
+            if !self.accounted.charge_growth(key, estimate - old) {
+                return std::ptr::null_mut();
+            }
+            charged = estimate;
+        }
+        // SAFETY: the account's heap; a non-zero size.
+        let moved = unsafe { inner.alloc_in(heap, new_layout, false) };
+        if moved.is_null() {
+            self.settle(key, charged, old);
+            return moved;
+        }
+        // SAFETY: both live, distinct, each at least this long; `ptr` is
+        // freed with its own layout and not used again.
+        let exact = unsafe {
+            std::ptr::copy_nonoverlapping(ptr, moved, layout.size().min(new_size));
+            inner.dealloc(ptr, layout);
+            inner.footprint(moved, new_layout)
+        } as u64;
+        self.settle(key, charged, exact);
+        moved
+    }
+}
+
+impl<A> fmt::Debug for HeapPerGroup<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HeapPerGroup")
+            .field("heaps_made", &MADE.load(Relaxed))
+            .field("max_heaps", &MAX_HEAPS)
+            .finish()
+    }
+}
+
+// SAFETY: mimalloc 3's heaps are first-class: `mi_heap_malloc` and
+// `mi_heap_malloc_aligned` may be called from any thread, a block is freed
+// by `mi_free` from any thread, and `mi_heap_of` reads the heap of the page
+// a pointer lies in (blocks from `MiMalloc`'s own methods lie in the main
+// heap, which `new_heap` never returns). Word-aligned blocks come from
+// `mi_heap_malloc`, whose class is `mi_good_size` of the size — the class
+// `layout_footprint` reads from its checked table — and are never resized
+// in place by `HeapPerGroup` unless the class stays; others are measured
+// with `mi_usable_size`. Every method is `#[inline]`: made only in the crate
+// that uses `MiMalloc` (see `jemalloc_size_class_out_of_line`).
+#[cfg(feature = "mimalloc")]
+unsafe impl InnerHeaps for mimalloc::MiMalloc {
+    #[inline]
+    fn new_heap(&self) -> *mut u8 {
+        // SAFETY: no precondition.
+        unsafe { libmimalloc_sys::mi_heap_new().cast() }
+    }
+
+    #[inline]
+    unsafe fn heap_of(&self, block: *const u8) -> *mut u8 {
+        extern "C" {
+            // mimalloc 3's; not among `libmimalloc-sys`'s declarations.
+            fn mi_heap_of(p: *const std::ffi::c_void) -> *mut libmimalloc_sys::mi_heap_t;
+        }
+        // SAFETY: any pointer; mimalloc reads its page map.
+        unsafe { mi_heap_of(block.cast()).cast() }
+    }
+
+    #[inline]
+    unsafe fn alloc_in(&self, heap: *mut u8, layout: Layout, zeroed: bool) -> *mut u8 {
+        use libmimalloc_sys as mi;
+        let (heap, size, align) = (heap.cast(), layout.size(), layout.align());
+        // SAFETY: a heap from `mi_heap_new`.
+        unsafe {
+            match (align <= std::mem::size_of::<usize>(), zeroed) {
+                (true, false) => mi::mi_heap_malloc(heap, size).cast(),
+                (true, true) => mi::mi_heap_zalloc(heap, size).cast(),
+                (false, false) => mi::mi_heap_malloc_aligned(heap, size, align).cast(),
+                (false, true) => mi::mi_heap_zalloc_aligned(heap, size, align).cast(),
+            }
+        }
+    }
+
+    #[inline]
+    fn footprint_estimate(&self, layout: Layout) -> usize {
+        if layout.align() <= std::mem::size_of::<usize>() {
+            // SAFETY: allocates nothing.
+            unsafe { libmimalloc_sys::mi_good_size(layout.size()) }
+        } else {
+            layout.size()
+        }
+    }
+}
