@@ -344,8 +344,8 @@ fn heaps_pass_between_groups_while_threads_free_each_others_blocks() {
     // its reserve above.
     assert_eq!(settled(&parent), 0);
     assert_eq!(parent.events().underflow, 0);
-    // 1,200 groups, at most 64 heaps: those whose blocks were all freed
+    // 1,200 groups, at most `MAX_HEAPS`: those whose blocks were all freed
     // passed theirs on (how many were alive at once depends on how far the
-    // threads ran apart; past 64, the rest had headers).
+    // threads ran apart; past the last, the rest had headers).
     assert!(ALLOC.heaps().made <= splitcount::alloc::MAX_HEAPS);
 }
