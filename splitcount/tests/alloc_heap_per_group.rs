@@ -349,3 +349,43 @@ fn heaps_pass_between_groups_while_threads_free_each_others_blocks() {
     // threads ran apart; past the last, the rest had headers).
     assert!(ALLOC.heaps().made <= splitcount::alloc::MAX_HEAPS);
 }
+
+/// Threads that allocate in a group and exit while their blocks live on:
+/// mimalloc's per-thread part of each heap goes with the thread, and the
+/// blocks, freed later by another thread, still find their account. A
+/// thread-local freed at the thread's exit is uncharged too.
+#[test]
+fn blocks_outlive_the_threads_that_made_them() {
+    thread_local! {
+        static KEPT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let _s = serial();
+    let g = fresh("short-lived-threads");
+    let mut blocks: Vec<(usize, Layout)> = Vec::with_capacity(200 * 16);
+    for t in 0..200u64 {
+        let g = g.clone();
+        let made = std::thread::spawn(move || {
+            let mut rng = Rng::new(t + 1);
+            let mut mine = Vec::with_capacity(16);
+            g.scope(|| {
+                KEPT.with(|k| k.borrow_mut().resize(100 + t as usize, 1));
+                for _ in 0..16 {
+                    let layout = Layout::from_size_align(1 + rng.below(3000) as usize, 8).unwrap();
+                    // SAFETY: a non-zero size.
+                    let p = unsafe { alloc(layout) };
+                    assert!(!p.is_null());
+                    mine.push((p as usize, layout));
+                }
+            });
+            mine
+        })
+        .join()
+        .unwrap();
+        blocks.extend(made);
+    }
+    let live: Vec<(*mut u8, Layout)> = blocks.iter().map(|&(p, l)| (p as *mut u8, l)).collect();
+    assert_eq!(settled(&g), total(&live));
+    free_all(live);
+    assert_eq!(settled(&g), 0);
+    assert_eq!(g.events().underflow, 0);
+}

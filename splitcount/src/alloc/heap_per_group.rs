@@ -28,12 +28,14 @@
 //! allocator's default heap, for its whole life, exactly as [`Accounted`]
 //! does (its frees find no owner for the default heap and read the header).
 //!
-//! What a block charges is its footprint ([`Footprint`]): the inner
-//! allocator's usable size, with no header in it.
+//! What a block charges is fixed by the second type parameter, as for
+//! `Accounted`: its footprint ([`Footprint`], the default: the inner
+//! allocator's usable size, with no header in it) or its requested size
+//! ([`Requested`](super::Requested)).
 
 #![allow(unsafe_code)]
 
-use super::charging::{Footprint, InnerFootprint};
+use super::charging::{Charging, Footprint, InnerFootprint};
 use super::reconcile::Reconciliation;
 use super::wrapper::{Accounted, AttachError};
 use crate::group::{AccountKey, Hierarchy, NO_HEAP};
@@ -206,8 +208,9 @@ pub struct HeapCount {
 /// account from the heap the block lies in.
 ///
 /// Usage is the sum of the live blocks' footprints (the inner allocator's
-/// usable size: [`Footprint`]), and a block occupies exactly what the inner
-/// allocator alone would give it — a 16-byte `Box` takes mimalloc's 16-byte
+/// usable size: [`Footprint`], the default) or requested sizes
+/// ([`HeapPerGroup::with_charging`] with [`Requested`](super::Requested)),
+/// and a block occupies exactly what the inner allocator alone would give it — a 16-byte `Box` takes mimalloc's 16-byte
 /// class, where `Accounted<MiMalloc, Footprint>`'s header moves it to 32.
 /// Everything else — scopes, limits and enforcement, the reserve and the
 /// byte stock, hooks, [`HeapPerGroup::max_slack`] — is `Accounted`'s: the
@@ -242,23 +245,42 @@ pub struct HeapCount {
 /// last block freed); a removed group whose blocks stay live keeps its
 /// heap. Requires mimalloc 3 (the `mimalloc` crate's default; its `v2`
 /// feature has no `mi_heap_of` and heaps owned by one thread).
-pub struct HeapPerGroup<A = mimalloc::MiMalloc> {
-    accounted: Accounted<A, Footprint>,
+pub struct HeapPerGroup<A = mimalloc::MiMalloc, C = Footprint> {
+    accounted: Accounted<A, C>,
 }
 
 impl<A: InnerHeaps> HeapPerGroup<A> {
-    /// Wrap `inner`. Until [`HeapPerGroup::attach`], allocations pass
-    /// through unaccounted (with a header, in the inner allocator's
-    /// default heap).
+    /// Wrap `inner`, charging footprints. Until [`HeapPerGroup::attach`],
+    /// allocations pass through unaccounted (with a header, in the inner
+    /// allocator's default heap).
     pub const fn new(inner: A) -> HeapPerGroup<A> {
+        HeapPerGroup::with_charging(inner, Footprint)
+    }
+}
+
+impl<A: InnerHeaps, C: Charging> HeapPerGroup<A, C>
+where
+    Accounted<A, C>: GlobalAlloc,
+{
+    /// Wrap `inner`, charging what `charging` says: [`Footprint`] (as
+    /// [`HeapPerGroup::new`]: the inner allocator's usable size of each
+    /// block) or [`Requested`](super::Requested) (the size asked for).
+    ///
+    /// ```
+    /// use splitcount::alloc::{HeapPerGroup, Requested};
+    ///
+    /// static REQUESTED: HeapPerGroup<mimalloc::MiMalloc, Requested> =
+    ///     HeapPerGroup::with_charging(mimalloc::MiMalloc, Requested);
+    /// ```
+    pub const fn with_charging(inner: A, charging: C) -> HeapPerGroup<A, C> {
         HeapPerGroup {
-            accounted: Accounted::with_charging(inner, Footprint),
+            accounted: Accounted::with_charging(inner, charging),
         }
     }
 
     /// The same allocator with strict limits: see
     /// [`Accounted::without_reporting_grace`].
-    pub const fn without_reporting_grace(mut self) -> HeapPerGroup<A> {
+    pub const fn without_reporting_grace(mut self) -> HeapPerGroup<A, C> {
         self.accounted.reporting_grace = false;
         self
     }
@@ -303,6 +325,39 @@ impl<A: InnerHeaps> HeapPerGroup<A> {
         }
     }
 
+    /// What a block of `layout` charges, where the layout alone tells:
+    /// its size ([`Requested`](super::Requested)), or its class from the
+    /// inner allocator's table ([`Footprint`]).
+    #[inline(always)]
+    fn charge_known(&self, layout: Layout) -> Option<usize> {
+        if C::FOOTPRINT {
+            self.accounted.inner.layout_footprint(layout)
+        } else {
+            Some(layout.size())
+        }
+    }
+
+    /// What a block of `layout` is charged before it exists: the known
+    /// charge, or the inner allocator's estimate (at most the footprint).
+    #[inline(always)]
+    fn charge_before(&self, layout: Layout) -> u64 {
+        self.charge_known(layout)
+            .unwrap_or_else(|| self.accounted.inner.footprint_estimate(layout)) as u64
+    }
+
+    /// What the live `block` of `layout` charges.
+    ///
+    /// # Safety
+    /// `block` is live, made by `alloc_in` with `layout`.
+    #[inline(always)]
+    unsafe fn charge_of(&self, block: *mut u8, layout: Layout) -> u64 {
+        match self.charge_known(layout) {
+            Some(n) => n as u64,
+            // SAFETY: forwarded contract.
+            None => unsafe { self.accounted.inner.footprint(block, layout) as u64 },
+        }
+    }
+
     /// An allocation: charged to the thread's account, made in its heap.
     ///
     /// # Safety
@@ -310,7 +365,7 @@ impl<A: InnerHeaps> HeapPerGroup<A> {
     #[inline(always)]
     unsafe fn alloc_with(&self, layout: Layout, zeroed: bool) -> *mut u8 {
         let inner = &self.accounted.inner;
-        if let Some(n) = inner.layout_footprint(layout) {
+        if let Some(n) = self.charge_known(layout) {
             let acc = self.accounted.take_reserved(n as u64);
             // SAFETY: the reserve held bytes of it, which keep it alive.
             if let Some(key) = unsafe { AccountKey::from_ptr(acc) } {
@@ -338,9 +393,7 @@ impl<A: InnerHeaps> HeapPerGroup<A> {
     #[inline(never)]
     unsafe fn alloc_general(&self, layout: Layout, zeroed: bool) -> *mut u8 {
         let inner = &self.accounted.inner;
-        let estimate = inner
-            .layout_footprint(layout)
-            .unwrap_or_else(|| inner.footprint_estimate(layout)) as u64;
+        let estimate = self.charge_before(layout);
         let key = match self.accounted.charge(estimate) {
             Err(()) => return std::ptr::null_mut(),
             // Not accounted (not attached, in a hook, the reporting grace):
@@ -364,8 +417,8 @@ impl<A: InnerHeaps> HeapPerGroup<A> {
             self.accounted.uncharge(key.as_ptr(), estimate);
             return block;
         }
-        // SAFETY: live, from the inner allocator.
-        let exact = unsafe { inner.footprint(block, layout) } as u64;
+        // SAFETY: live, just made by `alloc_in` with `layout`.
+        let exact = unsafe { self.charge_of(block, layout) };
         self.settle(key, estimate, exact);
         block
     }
@@ -409,7 +462,10 @@ impl<A: InnerHeaps> HeapPerGroup<A> {
 // block's bytes keep its account alive, and the owner is cleared only when
 // the account ends. `alloc` and `dealloc` are not inlined into their
 // callers, for the reason given in wrapper.rs.
-unsafe impl<A: InnerHeaps> GlobalAlloc for HeapPerGroup<A> {
+unsafe impl<A: InnerHeaps, C: Charging> GlobalAlloc for HeapPerGroup<A, C>
+where
+    Accounted<A, C>: GlobalAlloc,
+{
     #[inline(never)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded contract.
@@ -431,11 +487,8 @@ unsafe impl<A: InnerHeaps> GlobalAlloc for HeapPerGroup<A> {
             // SAFETY: a block with a header, made by `Accounted`.
             return unsafe { self.accounted.dealloc(ptr, layout) };
         }
-        let n = match inner.layout_footprint(layout) {
-            Some(n) => n,
-            // SAFETY: live, made by `alloc_in` with this layout.
-            None => unsafe { inner.footprint(ptr, layout) },
-        } as u64;
+        // SAFETY: live, made by `alloc_in` with this layout.
+        let n = unsafe { self.charge_of(ptr, layout) };
         self.accounted.uncharge(acc, n);
         // SAFETY: made by the inner allocator with this layout.
         unsafe { inner.dealloc(ptr, layout) }
@@ -454,20 +507,27 @@ unsafe impl<A: InnerHeaps> GlobalAlloc for HeapPerGroup<A> {
         let Ok(new_layout) = Layout::from_size_align(new_size, layout.align()) else {
             return std::ptr::null_mut();
         };
-        // Where the layout tells both footprints and they are the same,
-        // the block stays (its footprint under the new layout is its own).
-        let (old_class, new_class) = (
-            inner.layout_footprint(layout),
-            inner.layout_footprint(new_layout),
-        );
-        if old_class.is_some() && old_class == new_class {
+        // SAFETY: live, made with `layout`.
+        let old = unsafe { self.charge_of(ptr, layout) };
+        // Where the new layout's class (from the table, which the first
+        // `footprint` checks) is the block's own, the block stays: its
+        // footprint under the new layout is what it occupies. Requested
+        // sizes move by the change of size.
+        // SAFETY: live, made with `layout`.
+        let occupies = unsafe { inner.footprint(ptr, layout) };
+        if inner.layout_footprint(new_layout) == Some(occupies) {
+            let new = self.charge_before(new_layout);
+            if new > old && !self.accounted.charge_growth(key, new - old) {
+                return std::ptr::null_mut();
+            }
+            if new < old {
+                self.accounted.uncharge(acc, old - new);
+            }
             return ptr;
         }
         // Otherwise a new block in the same heap (the same account), so
         // that the footprint is always that of the block's own layout.
-        // SAFETY: live, made with `layout`.
-        let old = unsafe { inner.footprint(ptr, layout) } as u64;
-        let estimate = new_class.unwrap_or_else(|| inner.footprint_estimate(new_layout)) as u64;
+        let estimate = self.charge_before(new_layout);
         let mut charged = old;
         if estimate > old {
             if !self.accounted.charge_growth(key, estimate - old) {
@@ -486,16 +546,17 @@ unsafe impl<A: InnerHeaps> GlobalAlloc for HeapPerGroup<A> {
         let exact = unsafe {
             std::ptr::copy_nonoverlapping(ptr, moved, layout.size().min(new_size));
             inner.dealloc(ptr, layout);
-            inner.footprint(moved, new_layout)
-        } as u64;
+            self.charge_of(moved, new_layout)
+        };
         self.settle(key, charged, exact);
         moved
     }
 }
 
-impl<A> fmt::Debug for HeapPerGroup<A> {
+impl<A, C: Charging> fmt::Debug for HeapPerGroup<A, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HeapPerGroup")
+            .field("charging", &C::NAME)
             .field("heaps_made", &MADE.load(Relaxed))
             .field("max_heaps", &MAX_HEAPS)
             .finish()
