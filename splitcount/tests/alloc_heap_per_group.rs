@@ -126,9 +126,9 @@ fn free_all(blocks: Vec<(*mut u8, Layout)>) {
 fn blocks_carry_no_tag_and_take_the_allocators_own_class() {
     let _s = serial();
     let g = fresh("untagged");
-    let mut blocks = Vec::with_capacity(32);
+    let mut blocks = Vec::with_capacity(1030);
     g.scope(|| {
-        for size in (8..=128).step_by(8).chain([1, 24, 1000, 1024, 5000]) {
+        for size in (1..=1024).chain([5000, 70_000]) {
             let layout = Layout::from_size_align(size, 8).unwrap();
             // SAFETY: a non-zero size.
             let p = unsafe { alloc(layout) };
@@ -184,6 +184,11 @@ fn reallocs_move_the_usage_by_the_change_in_usable_size() {
                 .iter()
                 .all(|&b| b == (i % 251) as u8));
             assert!(!in_main_heap(q));
+            // SAFETY: live.
+            let usable = unsafe { mi::mi_usable_size(q.cast()) };
+            assert!(usable >= size, "{size} B in a block of {usable}");
+            // SAFETY: the block has `size` bytes.
+            unsafe { std::ptr::write_bytes(q, 7, size) };
             *p = q;
             *l = Layout::from_size_align(size, l.align()).unwrap();
         }
@@ -388,4 +393,50 @@ fn blocks_outlive_the_threads_that_made_them() {
     free_all(live);
     assert_eq!(settled(&g), 0);
     assert_eq!(g.events().underflow, 0);
+}
+
+/// mimalloc rounds a large block by more than `mi_good_size` says (to
+/// 64 KiB where `mi_good_size` rounds to 4 KiB): the rest of its footprint
+/// is charged within the limit too — a block whose footprint would pass a
+/// refusing limit is refused, not forced past it. So is a realloc's.
+#[test]
+fn a_large_blocks_rounding_does_not_pass_a_refusing_limit() {
+    let _s = serial();
+    let size = (33 << 20) + 1;
+    // SAFETY: a live block of mimalloc's, freed at once.
+    let usable = unsafe {
+        let p = mi::mi_malloc(size);
+        let u = mi::mi_usable_size(p);
+        mi::mi_free(p);
+        u
+    };
+    // SAFETY: allocates nothing.
+    let good = unsafe { mi::mi_good_size(size) };
+    assert!(
+        usable > good,
+        "mimalloc rounds {size} B to {usable}, as it says: {good}"
+    );
+    let g = fresh("large-rounding");
+    g.set_max(((good + usable) / 2) as u64).unwrap();
+    g.set_enforcement(splitcount::Enforcement::Refuse);
+    let layout = Layout::from_size_align(size, 8).unwrap();
+    // SAFETY: a non-zero size.
+    let p = g.scope(|| unsafe { alloc(layout) });
+    assert!(
+        p.is_null(),
+        "a block of {usable} B under a limit of {} B",
+        g.max()
+    );
+    assert_eq!(settled(&g), 0);
+    // A realloc to that size: refused the same way, the block kept.
+    let small = Layout::from_size_align(100, 8).unwrap();
+    // SAFETY: a non-zero size; the block is freed below.
+    unsafe {
+        let q = g.scope(|| alloc(small));
+        assert!(!q.is_null());
+        assert!(realloc(q, small, size).is_null());
+        assert_eq!(settled(&g), footprint(q, 8));
+        dealloc(q, small);
+    }
+    assert_eq!(settled(&g), 0);
 }

@@ -37,6 +37,7 @@
 
 use super::charging::{Charging, Footprint, InnerFootprint};
 use super::reconcile::Reconciliation;
+use super::scope::without_accounting;
 use super::wrapper::{Accounted, AttachError};
 use crate::group::{AccountKey, Hierarchy, NO_HEAP};
 use std::alloc::{GlobalAlloc, Layout};
@@ -70,6 +71,10 @@ const TABLE_LEN: usize = 2 * MAX_HEAPS;
 /// - [`InnerHeaps::heap_of`] of a pointer into a live block from
 ///   `alloc_in(heap, …)` returns `heap`; of a block from the allocator's
 ///   own `GlobalAlloc` methods, a value that no `new_heap` returned.
+/// - Where [`InnerFootprint::layout_footprint`] of a layout is `None`,
+///   [`InnerFootprint::footprint`] of a block from `alloc_in` is the
+///   block's usable size under any such layout (a `realloc` that leaves the
+///   block in place charges it under the new layout).
 /// - Heaps are never destroyed: a heap from `new_heap` stays valid for the
 ///   process's life.
 pub unsafe trait InnerHeaps: InnerFootprint {
@@ -241,9 +246,10 @@ pub struct HeapCount {
 /// time of `Accounted`'s header on small blocks. **The limits.** At most
 /// [`MAX_HEAPS`] accounts own a heap at once; an account that finds none
 /// free gets headers for its life (its blocks cost what `Accounted`'s
-/// do). A heap is held until its account ends (its group removed and its
-/// last block freed); a removed group whose blocks stay live keeps its
-/// heap. Requires mimalloc 3 (the `mimalloc` crate's default; its `v2`
+/// do). A heap is held until its account ends (its group removed, its
+/// last block freed, and every thread's reserve of its bytes returned:
+/// call [`drain_thread`](super::drain_thread) where workers park); a
+/// removed group whose blocks stay live keeps its heap. Requires mimalloc 3 (the `mimalloc` crate's default; its `v2`
 /// feature has no `mi_heap_of` and heaps owned by one thread).
 pub struct HeapPerGroup<A = mimalloc::MiMalloc, C = Footprint> {
     accounted: Accounted<A, C>,
@@ -393,13 +399,27 @@ where
     #[inline(never)]
     unsafe fn alloc_general(&self, layout: Layout, zeroed: bool) -> *mut u8 {
         let inner = &self.accounted.inner;
+        // The account about to be charged: given a heap now if it has
+        // none; if none was free, its block is `Accounted`'s, charged
+        // there once (not charged here, given back and charged again).
+        if let Some(account) = self.accounted.charging_account() {
+            let heap = match account.heap() {
+                h if h.is_null() => bind(inner, account),
+                h => h,
+            };
+            if heap == NO_HEAP {
+                // SAFETY: forwarded contract.
+                return unsafe { self.header_block(layout, zeroed) };
+            }
+        }
         let estimate = self.charge_before(layout);
         let key = match self.accounted.charge(estimate) {
             Err(()) => return std::ptr::null_mut(),
-            // Not accounted (not attached, in a hook, the reporting grace):
-            // a header block, charged nothing, as `Accounted` makes it.
+            // Not accounted (the reporting grace; not attached, in a hook):
+            // a header block charged nothing, made with accounting off so
+            // that the grace is not drawn on twice.
             // SAFETY: forwarded contract.
-            Ok(None) => return unsafe { self.header_block(layout, zeroed) },
+            Ok(None) => return without_accounting(|| unsafe { self.header_block(layout, zeroed) }),
             Ok(Some(key)) => key,
         };
         let mut heap = key.heap();
@@ -407,6 +427,8 @@ where
             heap = bind(inner, key);
         }
         if heap == NO_HEAP {
+            // Charged to another account than the one looked at above (a
+            // removed group's nearest live ancestor), which has no heap.
             self.accounted.uncharge(key.as_ptr(), estimate);
             // SAFETY: forwarded contract.
             return unsafe { self.header_block(layout, zeroed) };
@@ -417,9 +439,17 @@ where
             self.accounted.uncharge(key.as_ptr(), estimate);
             return block;
         }
+        // The rest of its footprint within the limits too (mimalloc rounds
+        // a large block by up to 64 KiB more than `mi_good_size` says):
+        // refused, the block goes again.
         // SAFETY: live, just made by `alloc_in` with `layout`.
         let exact = unsafe { self.charge_of(block, layout) };
-        self.settle(key, estimate, exact);
+        if !self.recharge(key, estimate, exact) {
+            self.accounted.uncharge(key.as_ptr(), estimate);
+            // SAFETY: just made with `layout`, never handed out.
+            unsafe { inner.dealloc(block, layout) };
+            return std::ptr::null_mut();
+        }
         block
     }
 
@@ -440,15 +470,18 @@ where
         }
     }
 
-    /// `key` was charged `charged` bytes for a block that occupies `exact`:
-    /// charge the rest (the block exists: not refusable) or give back the
-    /// excess.
-    fn settle(&self, key: AccountKey, charged: u64, exact: u64) {
-        if exact > charged {
-            self.accounted.charge_unrefused(key, exact - charged);
-        } else if exact < charged {
-            self.accounted.uncharge(key.as_ptr(), charged - exact);
+    /// Make `key`, charged `from` bytes for a block, hold `to`: the rest
+    /// charged within the limits (a growth, refusable as `realloc`'s), or
+    /// the excess given back. Whether it holds `to`; if refused, nothing
+    /// changed.
+    fn recharge(&self, key: AccountKey, from: u64, to: u64) -> bool {
+        if to > from {
+            return self.accounted.charge_growth(key, to - from);
         }
+        if to < from {
+            self.accounted.uncharge(key.as_ptr(), from - to);
+        }
+        true
     }
 }
 
@@ -508,47 +541,55 @@ where
             return std::ptr::null_mut();
         };
         // SAFETY: live, made with `layout`.
-        let old = unsafe { self.charge_of(ptr, layout) };
-        // Where the new layout's class (from the table, which the first
-        // `footprint` checks) is the block's own, the block stays: its
-        // footprint under the new layout is what it occupies. Requested
+        let (old, occupies) =
+            unsafe { (self.charge_of(ptr, layout), inner.footprint(ptr, layout)) };
+        // In place where the block's footprint under the new layout is what
+        // it occupies: the new size's class (from the table, which the first
+        // `footprint` checks) is the block's own; or neither layout is in
+        // the table (the footprint is the block's usable size) and the new
+        // size fits it without wasting half (mimalloc's own rule). Requested
         // sizes move by the change of size.
-        // SAFETY: live, made with `layout`.
-        let occupies = unsafe { inner.footprint(ptr, layout) };
-        if inner.layout_footprint(new_layout) == Some(occupies) {
-            let new = self.charge_before(new_layout);
-            if new > old && !self.accounted.charge_growth(key, new - old) {
-                return std::ptr::null_mut();
-            }
-            if new < old {
-                self.accounted.uncharge(acc, old - new);
-            }
-            return ptr;
+        let new_class = inner.layout_footprint(new_layout);
+        let fits = new_class.is_none()
+            && inner.layout_footprint(layout).is_none()
+            && new_size <= occupies
+            && new_size >= occupies / 2;
+        if new_class == Some(occupies) || fits {
+            // SAFETY: live; its footprint under `new_layout` is `occupies`.
+            let new = unsafe { self.charge_of(ptr, new_layout) };
+            return if self.recharge(key, old, new) {
+                ptr
+            } else {
+                std::ptr::null_mut()
+            };
         }
         // Otherwise a new block in the same heap (the same account), so
-        // that the footprint is always that of the block's own layout.
-        let estimate = self.charge_before(new_layout);
-        let mut charged = old;
-        if estimate > old {
-            if !self.accounted.charge_growth(key, estimate - old) {
-                return std::ptr::null_mut();
-            }
-            charged = estimate;
+        // that the footprint is always that of the block's own layout:
+        // charged before as far as known, the rest once it is made.
+        let charged = old.max(self.charge_before(new_layout));
+        if !self.recharge(key, old, charged) {
+            return std::ptr::null_mut();
         }
         // SAFETY: the account's heap; a non-zero size.
         let moved = unsafe { inner.alloc_in(heap, new_layout, false) };
         if moved.is_null() {
-            self.settle(key, charged, old);
+            self.recharge(key, charged, old);
             return moved;
+        }
+        // SAFETY: live, just made with `new_layout`.
+        let exact = unsafe { self.charge_of(moved, new_layout) };
+        if !self.recharge(key, charged, exact) {
+            // SAFETY: just made with `new_layout`, never handed out.
+            unsafe { inner.dealloc(moved, new_layout) };
+            self.recharge(key, charged, old);
+            return std::ptr::null_mut();
         }
         // SAFETY: both live, distinct, each at least this long; `ptr` is
         // freed with its own layout and not used again.
-        let exact = unsafe {
+        unsafe {
             std::ptr::copy_nonoverlapping(ptr, moved, layout.size().min(new_size));
             inner.dealloc(ptr, layout);
-            self.charge_of(moved, new_layout)
-        };
-        self.settle(key, charged, exact);
+        }
         moved
     }
 }

@@ -412,6 +412,27 @@ impl<A, C: Charging> Accounted<A, C> {
         }
     }
 
+    /// The account an allocation on this thread would charge now, without
+    /// charging anything: the scope's, else this allocator's root; none
+    /// where nothing would be charged (not attached, inside a hook, past
+    /// the thread's exit). The charge itself may still pass unaccounted
+    /// (the reporting grace) or go to a removed group's nearest live
+    /// ancestor. The account is held by the scope (or is the root).
+    #[cfg(feature = "mimalloc")]
+    pub(super) fn charging_account(&self) -> Option<AccountKey> {
+        let st = self.attached()?;
+        STATE
+            .try_with(|t| {
+                if t.in_hook.get() || t.exiting.get() {
+                    None
+                } else {
+                    Some(t.scope_account().unwrap_or(st.root))
+                }
+            })
+            .ok()
+            .flatten()
+    }
+
     /// Charge the growth of a block by `realloc` (`n` bytes) to `key`, the
     /// account in its header — the one its free will uncharge. Inside a
     /// hook the growth is still charged (and may be refused), only without
