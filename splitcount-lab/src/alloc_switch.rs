@@ -224,6 +224,15 @@ pub fn attach(hierarchy: &Hierarchy) -> Result<(), String> {
     attached.map_err(|e| e.to_string())
 }
 
+/// Give `group` a heap of its own when this process runs on
+/// `HeapPerGroup` (its blocks then carry no tag); nothing otherwise.
+pub fn give_heap(group: &splitcount::group::Group) -> Result<(), String> {
+    match current() {
+        Allocator::MimallocHeaps => MI_HEAPS.give_heap(group).map_err(|e| e.to_string()),
+        _ => Ok(()),
+    }
+}
+
 /// The accounted allocator's reconciliation ([`Accounted::reconcile`]):
 /// `None` unless this process runs on one, attached.
 pub fn reconcile() -> Option<splitcount::alloc::Reconciliation> {

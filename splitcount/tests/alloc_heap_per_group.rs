@@ -39,9 +39,10 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A new group with its account made and nothing charged.
+/// A new group given a heap, with nothing charged.
 fn fresh(name: &str) -> Group {
     let g = memory().root().child(name).unwrap();
+    ALLOC.give_heap(&g).unwrap();
     g.scope(|| ());
     assert_eq!(settled(&g), 0);
     g
@@ -227,6 +228,7 @@ fn a_removed_groups_heap_goes_to_the_next_group() {
     let _s = serial();
     let parent = fresh("tenants");
     let first = parent.child("first").unwrap();
+    ALLOC.give_heap(&first).unwrap();
     let blocks = assorted(&first, 300, 5);
     let owned = ALLOC.heaps().owned;
     first.remove().unwrap();
@@ -244,6 +246,7 @@ fn a_removed_groups_heap_goes_to_the_next_group() {
     let made = ALLOC.heaps().made;
     for i in 0..500 {
         let g = parent.child(&format!("request-{i}")).unwrap();
+        ALLOC.give_heap(&g).unwrap();
         let blocks = assorted(&g, 20, i);
         assert_eq!(settled(&g), total(&blocks), "request {i}");
         free_all(blocks);
@@ -308,6 +311,8 @@ fn heaps_pass_between_groups_while_threads_free_each_others_blocks() {
                 let mut rng = Rng::new(t as u64 + 1);
                 for round in 0..300 {
                     let g = parent.child(&format!("t{t}-{round}")).unwrap();
+                    // All taken when the threads run far apart: headers.
+                    let _ = ALLOC.give_heap(&g);
                     let mut mine = Vec::with_capacity(64);
                     g.scope(|| {
                         for _ in 0..64 {
@@ -439,4 +444,50 @@ fn a_large_blocks_rounding_does_not_pass_a_refusing_limit() {
         dealloc(q, small);
     }
     assert_eq!(settled(&g), 0);
+}
+
+/// Heaps are given, not taken: a group's blocks carry headers (in
+/// mimalloc's main heap) until it is given a heap, and those made before
+/// stay where they are; both kinds are freed exactly. A removed group is
+/// given none.
+#[test]
+fn only_groups_given_a_heap_have_blocks_without_tags() {
+    let _s = serial();
+    let g = memory().root().child("given-later").unwrap();
+    let layout = Layout::from_size_align(48, 8).unwrap();
+    let mut blocks = Vec::with_capacity(200);
+    g.scope(|| {
+        for _ in 0..100 {
+            // SAFETY: a non-zero size.
+            let p = unsafe { alloc(layout) };
+            assert!(in_main_heap(p), "a group given no heap has header blocks");
+            blocks.push((p, layout));
+        }
+    });
+    ALLOC.give_heap(&g).unwrap();
+    ALLOC.give_heap(&g).unwrap();
+    g.scope(|| {
+        for _ in 0..100 {
+            // SAFETY: a non-zero size.
+            let p = unsafe { alloc(layout) };
+            assert!(!in_main_heap(p));
+            // SAFETY: live.
+            assert_eq!(unsafe { mi::mi_usable_size(p.cast()) }, 48);
+            blocks.push((p, layout));
+        }
+    });
+    assert_eq!(settled(&g), total(&blocks));
+    assert_eq!(
+        total(&blocks),
+        100 * 64 + 100 * 48,
+        "48 B + 8 of header: 64"
+    );
+    free_all(blocks);
+    assert_eq!(settled(&g), 0);
+    let removed = memory().root().child("removed").unwrap();
+    removed.remove().unwrap();
+    assert_eq!(
+        ALLOC.give_heap(&removed),
+        Err(splitcount::alloc::HeapError::Removed)
+    );
 }

@@ -1,6 +1,6 @@
-//! `HeapPerGroup`: more accounts alive at once than there are heaps. The
-//! accounts past the last heap get blocks with a header in mimalloc's main
-//! heap, and every group's usage is still exact. (A test binary of its
+//! `HeapPerGroup`: more groups given a heap at once than there are heaps.
+//! The groups past the last are refused one and keep blocks with a header
+//! in mimalloc's main heap, and every group's usage is still exact. (A test binary of its
 //! own: it takes every heap.)
 
 #![cfg(all(feature = "mimalloc", not(loom)))]
@@ -26,6 +26,13 @@ fn accounts_past_the_last_heap_get_headers_and_exact_usage() {
     let groups: Vec<_> = (0..MAX_HEAPS + 16)
         .map(|i| memory.root().child(&format!("tenant-{i}")).unwrap())
         .collect();
+    let given: Vec<bool> = groups.iter().map(|g| ALLOC.give_heap(g).is_ok()).collect();
+    assert!(given[..MAX_HEAPS].iter().all(|&g| g));
+    assert!(
+        given[MAX_HEAPS..].iter().all(|&g| !g),
+        "past the last heap: {}",
+        splitcount::alloc::HeapError::AllTaken
+    );
     let mut seed = 1u64;
     let mut blocks = Vec::new();
     for g in &groups {
@@ -67,12 +74,9 @@ fn accounts_past_the_last_heap_get_headers_and_exact_usage() {
             .sum();
         assert_eq!(g.usage(), expected, "{}", g.name());
     }
-    // The root's account and the first MAX_HEAPS − 1 groups took the
-    // heaps; the rest (17 groups, 50 blocks each) have headers.
-    assert!(
-        with_headers >= 16 * 50,
-        "{with_headers} blocks with headers"
-    );
+    // The first MAX_HEAPS groups took the heaps; the rest (16 groups, 50
+    // blocks each) have headers.
+    assert_eq!(with_headers, 16 * 50);
     for (g, mine) in groups.iter().zip(blocks) {
         for (p, l) in mine {
             // SAFETY: live, with this layout.

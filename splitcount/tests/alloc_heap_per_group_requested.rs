@@ -51,6 +51,7 @@ fn requested(blocks: &[(*mut u8, Layout)]) -> u64 {
 #[test]
 fn usage_is_the_requested_sizes_through_reallocs_and_frees_elsewhere() {
     let g = memory().root().child("requested").unwrap();
+    ALLOC.give_heap(&g).unwrap();
     let mut rng = Rng::new(9);
     let mut blocks: Vec<(*mut u8, Layout)> = Vec::with_capacity(1_500);
     g.scope(|| {
@@ -96,6 +97,7 @@ fn usage_is_the_requested_sizes_through_reallocs_and_frees_elsewhere() {
 #[test]
 fn a_sixteen_byte_block_takes_sixteen_bytes() {
     let g = memory().root().child("sixteen").unwrap();
+    ALLOC.give_heap(&g).unwrap();
     let layout = Layout::from_size_align(16, 8).unwrap();
     // SAFETY: a non-zero size; freed below.
     unsafe {

@@ -189,6 +189,9 @@ pub fn serve(
     let groups: Vec<Group> = (0..GROUPS)
         .map(|t| bench.child(&format!("t{t}")).map_err(|e| e.to_string()))
         .collect::<Result<_, _>>()?;
+    for g in &groups {
+        alloc_switch::give_heap(g)?;
+    }
     // First, when asked: memory freed before (the document's, the boxes')
     // would be reused by the blocks and hide what they take.
     let asked = std::env::var(BLOCK_RSS_ENV).ok();

@@ -5,9 +5,10 @@
 //! every block. Where the inner allocator's size class has no room for it —
 //! every size that is a multiple of 16 on jemalloc and mimalloc — the
 //! header moves the block up a class: a 16-byte block takes 32. Here the
-//! account is found from the block's address instead: every account gets a
-//! heap of the inner allocator ([`InnerHeaps`]: a first-class mimalloc
-//! heap), its blocks are made there, and a free asks the inner allocator
+//! account is found from the block's address instead: a group given a
+//! heap ([`HeapPerGroup::give_heap`]) has one of the inner allocator's
+//! ([`InnerHeaps`]: a first-class mimalloc heap), its blocks are made
+//! there, and a free asks the inner allocator
 //! which heap the block lies in (for mimalloc, `mi_heap_of`: its page map
 //! and the page's heap field) and a small table which account owns that
 //! heap. A block occupies what the inner allocator alone gives it.
@@ -19,14 +20,17 @@
 //!   inner.alloc_in(heap, layout)  ◀────┘        uncharge footprint, inner free
 //! ```
 //!
-//! **Heaps are few and reused.** At most [`MAX_HEAPS`] heaps are made,
-//! each bound to one account at a time, the first time that account
-//! allocates. An account holds its heap until it ends — its group removed
-//! and every byte charged through it given back, its last block freed — and
-//! the heap then goes to the next account that needs one. An account that
-//! finds every heap taken has its blocks made with a header in the inner
-//! allocator's default heap, for its whole life, exactly as [`Accounted`]
-//! does (its frees find no owner for the default heap and read the header).
+//! **Heaps are given, few and reused.** A heap costs memory of its own
+//! (each thread allocating in it takes pages of its own there: a few
+//! hundred KiB per thread and heap, measured), so groups get one only when
+//! asked, [`HeapPerGroup::give_heap`]: the tenants that hold many blocks.
+//! At most [`MAX_HEAPS`] heaps are made, each bound to one account at a
+//! time. An account holds its heap until it ends — its group removed and
+//! every byte charged through it given back, its last block freed — and the
+//! heap then goes to the next group given one. Groups without a heap have
+//! their blocks made with a header in the inner allocator's default heap,
+//! exactly as [`Accounted`] does (their frees find no owner for the
+//! default heap and read the header).
 //!
 //! What a block charges is fixed by the second type parameter, as for
 //! `Accounted`: its footprint ([`Footprint`], the default: the inner
@@ -39,7 +43,7 @@ use super::charging::{Charging, Footprint, InnerFootprint};
 use super::reconcile::Reconciliation;
 use super::scope::without_accounting;
 use super::wrapper::{Accounted, AttachError};
-use crate::group::{AccountKey, Hierarchy, NO_HEAP};
+use crate::group::{AccountKey, Group, Hierarchy};
 use std::alloc::{GlobalAlloc, Layout};
 use std::fmt;
 use std::sync::atomic::{
@@ -155,16 +159,14 @@ fn owner_of(heap: *mut u8) -> *const u8 {
     }
 }
 
-/// Give `account` a heap: one no live account owns, else a new one while
-/// fewer than [`MAX_HEAPS`] exist, else none ([`NO_HEAP`]). The heap bound
-/// (or `NO_HEAP`).
-#[cold]
-#[inline(never)]
-fn bind<A: InnerHeaps>(inner: &A, account: AccountKey) -> *mut u8 {
+/// Give `account` a heap: the one it has, else one no live account owns,
+/// else a new one while fewer than [`MAX_HEAPS`] exist; none if every heap
+/// is owned (or the inner allocator made none).
+fn bind<A: InnerHeaps>(inner: &A, account: AccountKey) -> Option<*mut u8> {
     let _serial = BIND.lock().unwrap_or_else(|e| e.into_inner());
     let bound = account.heap();
     if !bound.is_null() {
-        return bound;
+        return Some(bound);
     }
     let owner = account.as_ptr() as *mut u8;
     // A heap whose owner has ended. Acquire: pairs with the release that
@@ -175,28 +177,54 @@ fn bind<A: InnerHeaps>(inner: &A, account: AccountKey) -> *mut u8 {
         if !heap.is_null() && entry.account.load(Acquire).is_null() {
             entry.account.store(owner, Relaxed);
             account.bind_heap(heap, &entry.account);
-            return heap;
+            return Some(heap);
         }
     }
-    if MADE.load(Relaxed) < MAX_HEAPS {
-        let heap = inner.new_heap();
-        if !heap.is_null() {
-            MADE.fetch_add(1, Relaxed);
-            let mut i = slot_of(heap);
-            while !TABLE[i].heap.load(Relaxed).is_null() {
-                i = (i + 1) & (TABLE_LEN - 1);
-            }
-            let entry = &TABLE[i];
-            entry.account.store(owner, Relaxed);
-            // Release: the owner is written before the heap is found.
-            entry.heap.store(heap, Release);
-            account.bind_heap(heap, &entry.account);
-            return heap;
-        }
+    if MADE.load(Relaxed) >= MAX_HEAPS {
+        return None;
     }
-    account.bind_no_heap();
-    NO_HEAP
+    let heap = inner.new_heap();
+    if heap.is_null() {
+        return None;
+    }
+    MADE.fetch_add(1, Relaxed);
+    let mut i = slot_of(heap);
+    while !TABLE[i].heap.load(Relaxed).is_null() {
+        i = (i + 1) & (TABLE_LEN - 1);
+    }
+    let entry = &TABLE[i];
+    entry.account.store(owner, Relaxed);
+    // Release: the owner is written before the heap is found.
+    entry.heap.store(heap, Release);
+    account.bind_heap(heap, &entry.account);
+    Some(heap)
 }
+
+/// Why [`HeapPerGroup::give_heap`] gave none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeapError {
+    /// Every one of the [`MAX_HEAPS`] heaps is owned by a live group (or
+    /// by a removed one whose blocks, or some thread's reserve of its
+    /// bytes, are still live).
+    AllTaken,
+    /// The group is removed: it takes no new charges.
+    Removed,
+}
+
+impl fmt::Display for HeapError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HeapError::AllTaken => write!(
+                f,
+                "every one of the {MAX_HEAPS} heaps is owned by a live group; this group's blocks keep their headers"
+            ),
+            HeapError::Removed => f.write_str("the group is removed: no heap is given to it"),
+        }
+    }
+}
+
+impl std::error::Error for HeapError {}
 
 /// How the process's heaps are used: see [`HeapPerGroup::heaps`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,9 +236,10 @@ pub struct HeapCount {
 }
 
 /// A `GlobalAlloc` that charges every allocation to the current thread's
-/// group, as [`Accounted`] does, with **no tag on any block**: each
-/// account's blocks are made in a heap of their own, and a free finds the
-/// account from the heap the block lies in.
+/// group, as [`Accounted`] does, with **no tag on the blocks of the groups
+/// given a heap** ([`HeapPerGroup::give_heap`]): their blocks are made in a
+/// heap of their own, and a free finds the group from the heap the block
+/// lies in. Other groups' blocks carry `Accounted`'s header.
 ///
 /// Usage is the sum of the live blocks' footprints (the inner allocator's
 /// usable size: [`Footprint`], the default) or requested sizes
@@ -232,6 +261,7 @@ pub struct HeapCount {
 ///     let memory = Hierarchy::default();
 ///     ALLOC.attach(&memory).unwrap();
 ///     let tenant = memory.root().child("tenant-a").unwrap();
+///     ALLOC.give_heap(&tenant).unwrap();
 ///     let boxes: Vec<Box<[u8; 16]>> = tenant.scope(|| (0..1000).map(|_| Box::new([0; 16])).collect());
 ///     memory.drain_stocks();
 ///     // 1,000 boxes of 16 bytes in mimalloc's 16-byte class, and the vector.
@@ -243,10 +273,17 @@ pub struct HeapCount {
 /// **The cost.** A free asks the inner allocator for the block's heap
 /// (`mi_heap_of`: about 30 instructions, a page-map look-up) and probes a
 /// table; an allocation reads the account's heap. In all, about ×1.3 the
-/// time of `Accounted`'s header on small blocks. **The limits.** At most
-/// [`MAX_HEAPS`] accounts own a heap at once; an account that finds none
-/// free gets headers for its life (its blocks cost what `Accounted`'s
-/// do). A heap is held until its account ends (its group removed, its
+/// time of `Accounted`'s header on small blocks. **The memory of a heap.**
+/// Each thread that allocates in a heap gets mimalloc's thread-local part
+/// of it and its own partly filled page (64 KiB) per size class it uses
+/// there: measured with blocks of three size classes, about 2 MiB for a
+/// heap's first blocks, +448 KiB per heap with one thread in 64 heaps,
+/// +260 KiB per thread and heap with 8 threads in 64 heaps (with headers
+/// instead: +0.3 and +4.2 KiB). A heap pays where its
+/// group holds many small blocks — tens of thousands per thread allocating
+/// in it — not for short-lived groups. **The limits.** At most
+/// [`MAX_HEAPS`] groups own a heap at once ([`HeapError::AllTaken`]
+/// beyond). A heap is held until its account ends (its group removed, its
 /// last block freed, and every thread's reserve of its bytes returned:
 /// call [`drain_thread`](super::drain_thread) where workers park); a
 /// removed group whose blocks stay live keeps its heap. Requires mimalloc 3 (the `mimalloc` crate's default; its `v2`
@@ -320,6 +357,45 @@ where
         self.accounted.reconcile()
     }
 
+    /// Make `group`'s blocks from now on in a heap of their own, with no
+    /// tag: a heap no live group owns, or a new one while fewer than
+    /// [`MAX_HEAPS`] exist. Its blocks made before keep their headers (a
+    /// free tells the two apart). The group holds the heap until it ends —
+    /// removed, its last block freed and every thread's reserve of its
+    /// bytes returned ([`drain_thread`](super::drain_thread)) — and the
+    /// next group given one takes it. Giving a heap again is `Ok` and
+    /// changes nothing. Groups given none (the default, the root included)
+    /// have `Accounted`'s header blocks.
+    ///
+    /// A heap costs memory of its own: each thread that allocates in it
+    /// gets mimalloc's thread-local part of it and partly filled pages of
+    /// each size class it uses — measured here, a few hundred KiB per
+    /// thread and heap (see the type's docs). Give heaps to the groups
+    /// that hold many blocks (tenants), not to every short-lived one.
+    ///
+    /// ```no_run
+    /// use splitcount::alloc::HeapPerGroup;
+    /// use splitcount::group::Hierarchy;
+    ///
+    /// #[global_allocator]
+    /// static ALLOC: HeapPerGroup = HeapPerGroup::new(mimalloc::MiMalloc);
+    ///
+    /// let memory = Hierarchy::default();
+    /// ALLOC.attach(&memory).unwrap();
+    /// let tenant = memory.root().child("tenant-a").unwrap();
+    /// ALLOC.give_heap(&tenant).unwrap();
+    /// let cache: Vec<Box<[u8; 16]>> = tenant.scope(|| (0..1_000_000).map(|_| Box::new([0; 16])).collect());
+    /// ```
+    pub fn give_heap(&self, group: &Group) -> Result<(), HeapError> {
+        if group.is_removed() {
+            return Err(HeapError::Removed);
+        }
+        let account = group.account();
+        bind(&self.accounted.inner, account)
+            .map(|_| ())
+            .ok_or(HeapError::AllTaken)
+    }
+
     /// How many heaps exist and how many an account owns now.
     pub fn heaps(&self) -> HeapCount {
         HeapCount {
@@ -376,7 +452,7 @@ where
             // SAFETY: the reserve held bytes of it, which keep it alive.
             if let Some(key) = unsafe { AccountKey::from_ptr(acc) } {
                 let heap = key.heap();
-                if heap > NO_HEAP {
+                if !heap.is_null() {
                     // SAFETY: a heap from `new_heap`; a non-zero size.
                     let block = unsafe { inner.alloc_in(heap, layout, zeroed) };
                     if block.is_null() {
@@ -399,15 +475,11 @@ where
     #[inline(never)]
     unsafe fn alloc_general(&self, layout: Layout, zeroed: bool) -> *mut u8 {
         let inner = &self.accounted.inner;
-        // The account about to be charged: given a heap now if it has
-        // none; if none was free, its block is `Accounted`'s, charged
-        // there once (not charged here, given back and charged again).
+        // The account about to be charged: without a heap, its block is
+        // `Accounted`'s, charged there once (not charged here, given back
+        // and charged again).
         if let Some(account) = self.accounted.charging_account() {
-            let heap = match account.heap() {
-                h if h.is_null() => bind(inner, account),
-                h => h,
-            };
-            if heap == NO_HEAP {
+            if account.heap().is_null() {
                 // SAFETY: forwarded contract.
                 return unsafe { self.header_block(layout, zeroed) };
             }
@@ -422,11 +494,8 @@ where
             Ok(None) => return without_accounting(|| unsafe { self.header_block(layout, zeroed) }),
             Ok(Some(key)) => key,
         };
-        let mut heap = key.heap();
+        let heap = key.heap();
         if heap.is_null() {
-            heap = bind(inner, key);
-        }
-        if heap == NO_HEAP {
             // Charged to another account than the one looked at above (a
             // removed group's nearest live ancestor), which has no heap.
             self.accounted.uncharge(key.as_ptr(), estimate);

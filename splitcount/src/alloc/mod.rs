@@ -125,7 +125,7 @@ mod wrapper;
 pub use crate::group::{AllocRefusalHook, OverLimit, Refusal};
 pub use charging::{Charging, Footprint, InnerFootprint, Requested};
 #[cfg(feature = "mimalloc")]
-pub use heap_per_group::{HeapCount, HeapPerGroup, InnerHeaps, MAX_HEAPS};
+pub use heap_per_group::{HeapCount, HeapError, HeapPerGroup, InnerHeaps, MAX_HEAPS};
 pub use reconcile::{Reconciliation, ResidentPart};
 pub use reserve::{drain_thread, MAX_THREAD_RESERVE, RESERVE_BATCH};
 pub use scope::AllocScope;

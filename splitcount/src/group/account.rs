@@ -55,7 +55,7 @@ pub(crate) struct Account {
     refs: AtomicU64,
     removed: AtomicBool,
     /// The inner allocator's heap this account's blocks are placed in
-    /// (`HeapPerGroup`): null until bound, [`NO_HEAP`] if none was free.
+    /// (`HeapPerGroup`): null while it has none.
     /// std's atomics: the table it pairs with is a `static`.
     heap: std::sync::atomic::AtomicPtr<u8>,
     /// The table entry that names this account as its heap's owner
@@ -63,11 +63,6 @@ pub(crate) struct Account {
     /// for another account.
     heap_owner: std::sync::atomic::AtomicPtr<std::sync::atomic::AtomicPtr<u8>>,
 }
-
-#[cfg_attr(not(feature = "mimalloc"), allow(dead_code))]
-/// [`AccountKey::heap`] of an account that found no heap free: its blocks
-/// carry a header instead, for the account's life.
-pub(crate) const NO_HEAP: *mut u8 = 1 as *mut u8;
 
 /// A pointer to an [`Account`], valid while its holder's references (bytes,
 /// a scope, the node's `LIVE`) are counted in it.
@@ -225,7 +220,7 @@ impl AccountKey {
 
     #[cfg_attr(not(feature = "mimalloc"), allow(dead_code))]
     /// The heap this account's blocks go to: null until
-    /// [`AccountKey::bind_heap`], [`NO_HEAP`] if none was free.
+    /// [`AccountKey::bind_heap`].
     #[inline(always)]
     pub(crate) fn heap(self) -> *mut u8 {
         // Acquire: pairs with `bind_heap`'s release, so the table entry
@@ -246,14 +241,6 @@ impl AccountKey {
         // Release: the owner entry (written before by the caller) and the
         // field above are visible to whoever reads the heap.
         a.heap.store(heap, std::sync::atomic::Ordering::Release);
-    }
-
-    #[cfg_attr(not(feature = "mimalloc"), allow(dead_code))]
-    /// Mark this account as having no heap: its blocks carry headers.
-    pub(crate) fn bind_no_heap(self) {
-        self.get()
-            .heap
-            .store(NO_HEAP, std::sync::atomic::Ordering::Release);
     }
 
     /// References held (for tests of the lifetime).

@@ -36,8 +36,6 @@ mod reservation;
 mod snapshot;
 
 pub(crate) use account::AccountKey;
-#[cfg(feature = "mimalloc")]
-pub(crate) use account::NO_HEAP;
 pub use error::{
     ChargeError, ChargeErrorKind, Consumer, GroupError, OverLimit, Refusal, ThreadError,
     TOP_CONSUMERS,
