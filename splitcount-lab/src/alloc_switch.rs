@@ -1,7 +1,7 @@
 //! The lab's global allocator: an inner allocator — the system's (glibc),
 //! jemalloc or mimalloc — alone or wrapped in [`Accounted`] (charging
 //! requested sizes or footprints), or mimalloc under [`HeapPerGroup`] (no
-//! tag on any block), chosen once per process.
+//! tag on the blocks of groups given a heap), chosen once per process.
 //!
 //! `bench alloc` compares the two *as a program uses them*: every
 //! allocation of its workloads goes through `std::alloc` (a `Vec`, a
@@ -57,8 +57,8 @@ pub enum Allocator {
     /// `Accounted<MiMalloc, Footprint>` (`mi_usable_size`).
     #[serde(rename = "mimalloc-footprint")]
     MimallocFootprint,
-    /// `HeapPerGroup<MiMalloc>`: footprints, no tag on any block (a
-    /// mimalloc heap per account).
+    /// `HeapPerGroup<MiMalloc>`: footprints; the worker's groups are given
+    /// heaps (see [`give_heap`]), so their blocks carry no tag.
     #[serde(rename = "mimalloc-heaps")]
     MimallocHeaps,
 }

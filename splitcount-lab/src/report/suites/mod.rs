@@ -183,8 +183,8 @@ pub const SUITES: &[Suite] = &[
                 Accounted<System>) — and the same over jemalloc and mimalloc (each alone, \
                 divided by System; accounted, divided by the allocator alone; footprint, \
                 charging its usable size, divided by accounted), plus HeapPerGroup<MiMalloc> \
-                (mimalloc-heaps: no tag on any block, a mimalloc heap per group; divided by \
-                mimalloc alone) — interleaved round by round, each \
+                (mimalloc-heaps: each worker group given a mimalloc heap of its own, its \
+                blocks without a tag; divided by mimalloc alone) — interleaved round by round, each \
                 thread in a group scope: mixed (free the oldest of 64 blocks, allocate 16 to \
                 512 bytes), small (17 to 24 bytes, where the 8-byte header moves a block to \
                 the next malloc size class), cross-thread (two threads each freeing the \
