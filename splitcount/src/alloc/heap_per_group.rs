@@ -1,5 +1,6 @@
-//! [`HeapPerGroup`]: accounting without a tag on any block — each group's
-//! blocks in a heap of their own, the heap telling whose a block is.
+//! [`HeapPerGroup`]: accounting without a tag on the blocks of the groups
+//! given a heap — their blocks in a heap of their own, the heap telling
+//! whose a block is.
 //!
 //! [`Accounted`] writes the charged account in an 8-byte header in front of
 //! every block. Where the inner allocator's size class has no room for it —
@@ -26,8 +27,9 @@
 //! asked, [`HeapPerGroup::give_heap`]: the tenants that hold many blocks.
 //! At most [`MAX_HEAPS`] heaps are made, each bound to one account at a
 //! time. An account holds its heap until it ends — its group removed and
-//! every byte charged through it given back, its last block freed — and the
-//! heap then goes to the next group given one. Groups without a heap have
+//! every handle on it dropped (a `Group`, an open scope, a child group all
+//! hold it), every byte charged through it given back, its last block
+//! freed — and the heap then goes to the next group given one. Groups without a heap have
 //! their blocks made with a header in the inner allocator's default heap,
 //! exactly as [`Accounted`] does (their frees find no owner for the
 //! default heap and read the header).
@@ -204,9 +206,9 @@ fn bind<A: InnerHeaps>(inner: &A, account: AccountKey) -> Option<*mut u8> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum HeapError {
-    /// Every one of the [`MAX_HEAPS`] heaps is owned by a live group (or
-    /// by a removed one whose blocks, or some thread's reserve of its
-    /// bytes, are still live).
+    /// Every one of the [`MAX_HEAPS`] heaps is owned by a group that has
+    /// not ended: live, or removed with a handle, a child, a block or some
+    /// thread's reserve of its bytes still live.
     AllTaken,
     /// The group is removed: it takes no new charges.
     Removed,
@@ -217,7 +219,7 @@ impl fmt::Display for HeapError {
         match self {
             HeapError::AllTaken => write!(
                 f,
-                "every one of the {MAX_HEAPS} heaps is owned by a live group; this group's blocks keep their headers"
+                "every one of the {MAX_HEAPS} heaps is owned by a group that has not ended (live, or removed with handles, blocks or reserves left); this group's blocks keep their headers"
             ),
             HeapError::Removed => f.write_str("the group is removed: no heap is given to it"),
         }
@@ -283,10 +285,12 @@ pub struct HeapCount {
 /// group holds many small blocks — tens of thousands per thread allocating
 /// in it — not for short-lived groups. **The limits.** At most
 /// [`MAX_HEAPS`] groups own a heap at once ([`HeapError::AllTaken`]
-/// beyond). A heap is held until its account ends (its group removed, its
-/// last block freed, and every thread's reserve of its bytes returned:
-/// call [`drain_thread`](super::drain_thread) where workers park); a
-/// removed group whose blocks stay live keeps its heap. Requires mimalloc 3 (the `mimalloc` crate's default; its `v2`
+/// beyond). A heap is held until its account ends: its group removed and
+/// every handle on it dropped (a `Group`, an open scope, a child group),
+/// its last block freed, and every thread's reserve of its bytes returned
+/// (call [`drain_thread`](super::drain_thread) where workers park). A
+/// removed group whose blocks stay live, or whose handle a map still
+/// holds, keeps its heap. Requires mimalloc 3 (the `mimalloc` crate's default; its `v2`
 /// feature has no `mi_heap_of` and heaps owned by one thread).
 pub struct HeapPerGroup<A = mimalloc::MiMalloc, C = Footprint> {
     accounted: Accounted<A, C>,
@@ -352,7 +356,7 @@ where
     }
 
     /// The groups' books beside the process: see [`Accounted::reconcile`]
-    /// (headers counted there are those of accounts that found no heap).
+    /// (headers counted there are those of the groups without a heap).
     pub fn reconcile(&self) -> Option<Reconciliation> {
         self.accounted.reconcile()
     }
@@ -361,7 +365,8 @@ where
     /// tag: a heap no live group owns, or a new one while fewer than
     /// [`MAX_HEAPS`] exist. Its blocks made before keep their headers (a
     /// free tells the two apart). The group holds the heap until it ends —
-    /// removed, its last block freed and every thread's reserve of its
+    /// removed and every handle on it dropped (a `Group`, an open scope, a
+    /// child group), its last block freed and every thread's reserve of its
     /// bytes returned ([`drain_thread`](super::drain_thread)) — and the
     /// next group given one takes it. Giving a heap again is `Ok` and
     /// changes nothing. Groups given none (the default, the root included)
@@ -468,7 +473,7 @@ where
     }
 
     /// [`HeapPerGroup::alloc_with`] past its fast path: the charge's slow
-    /// path, a bind, a footprint not known from the layout, a header block.
+    /// path, a footprint not known from the layout, a header block.
     ///
     /// # Safety
     /// As `GlobalAlloc::alloc`.
