@@ -163,6 +163,47 @@ fn a_refusal_still_drains_stocked_units_that_make_room() {
     assert_eq!(g.events().refused, 0);
 }
 
+/// After a refusal the thread's reporting grace lets small allocations
+/// through, uncharged, while the refusing limit stays in the way — no
+/// refusal, no drain — and it ends with the first allocation whose charge
+/// fits: once the tenant has freed below its limit, the next block is
+/// charged again. (The grace's allocations pass without trying the charge;
+/// the block after the frees checks that the grace still asks whether the
+/// limit is in the way.)
+#[test]
+fn the_reporting_grace_passes_while_the_limit_is_in_the_way_and_ends_once_a_charge_fits() {
+    // More than a thread's reserve holds, less than the grace lets through:
+    // a charge that the frees' bytes in the reserve cannot pay.
+    const FITS: usize = 48 << 10;
+    let _turn = one_at_a_time();
+    let (g, held) = breached("grace-ends", Enforcement::Refuse);
+    let _ = live_bytes(&g); // the reserve and the stocks emptied
+    let before = memory().stock_activity();
+    // Nothing else may allocate in between: the first charge that succeeds,
+    // of any group, ends the thread's grace.
+    let (refused, in_grace, fits) = g.scope(|| {
+        let mut v: Vec<u8> = Vec::new();
+        let refused = v.try_reserve_exact(128 << 10).is_err();
+        let in_grace: Vec<Box<[u8; 64]>> = (0..1_000).map(|_| Box::new([1; 64])).collect();
+        drop(held); // frees only: back below the limit, still in the grace
+        let mut fits: Vec<u8> = Vec::new();
+        let fits = fits.try_reserve_exact(FITS).map(|_| fits);
+        (refused, in_grace, fits)
+    });
+    let d = since(before);
+    assert!(refused, "1 MiB over its limit: refused");
+    assert_eq!(g.events().refused, 1, "the grace's allocations passed");
+    assert_eq!((d.drains, d.fences), (0, 0), "and ran no reclaim");
+    assert!(fits.is_ok());
+    assert_eq!(
+        live_bytes(&g),
+        FITS as u64,
+        "the grace's blocks uncharged; the block that fits charged"
+    );
+    drop((fits, in_grace));
+    assert_eq!(live_bytes(&g), 0, "every charged byte uncharged once");
+}
+
 #[test]
 fn cooperative_over_charges_count_max_each_and_one_breach_per_crossing() {
     let _turn = one_at_a_time();

@@ -5,9 +5,10 @@
 //! ```text
 //!  charge_slow(account, n)
 //!   1. a removed group's scope charges its nearest live ancestor
+//!  1b. over a refusing limit, in the reporting grace¹ a refusal began ──────────▶ unaccounted
 //!   2. refill the reserve: charge n + RESERVE_BATCH (stock or counter)  ── fits ──▶ done
 //!   3. already over a cooperative limit, in a breach episode           ──────────▶ over-charge, cheaply
-//!      over a refusing limit, in the thread's reporting grace¹         ──────────▶ unaccounted
+//!      over a refusing limit, the thread panicking¹                    ──────────▶ unaccounted
 //!   4. exact charge: reclaim hooks, a drain that could make room       ── fits ──▶ done
 //!   5. over a cooperative limit, no ceiling in the way                  ──────────▶ over-charge, breach
 //!      in the thread's reporting grace¹ (after a refusal, a panic)     ──────────▶ unaccounted
@@ -76,6 +77,16 @@ impl<A, C: Charging> Accounted<A, C> {
         } else {
             acc
         };
+        // 1b. In the reporting grace that a refusal began (the refusal ran
+        // reclaim and the drain already): while a refusing limit (or a
+        // ceiling) stays in the way, the allocation passes unaccounted
+        // without trying the charge again — step 2's two failing charges up
+        // the hierarchy were most of what each allocation of the grace cost.
+        // The stock is not asked either: a block of the grace is unaccounted
+        // whichever way it passes.
+        if in_grace() && refusal_in_the_way(acc.usage(), n) && self.in_reporting_grace(n) {
+            return Ok(None);
+        }
         // 2. A reserve refill, unless the thread is past its exit guard (no
         // one would return it).
         let exiting = STATE.try_with(|t| t.exiting.get()).unwrap_or(true);
@@ -92,9 +103,8 @@ impl<A, C: Charging> Accounted<A, C> {
         if let Some(blocking) = breach_in_progress(acc.usage(), n) {
             return Ok(self.over_charge_cheaply(st, acc, blocking, n, refill));
         }
-        // … or over a refusing limit (or a ceiling) while the thread is in
-        // the reporting grace that a refusal began: the refusal ran reclaim
-        // and the drain already.
+        // … or over a refusing limit (or a ceiling) while the thread panics
+        // (the grace a refusal began was asked for above).
         if refusal_in_the_way(acc.usage(), n) && self.in_reporting_grace(n) {
             return Ok(None);
         }
@@ -307,6 +317,13 @@ fn breach_in_progress(counter: &UsageCounter, n: u64) -> Option<&UsageCounter> {
     // A ceiling anywhere: step 5 decides (a reserve batch must not pass it).
     let ceilings = counter.chain().any(|c| c.ceiling() != UNLIMITED);
     blocking.filter(|_| !ceilings)
+}
+
+/// Whether the thread has bytes left of a reporting grace a refusal began
+/// (one thread-local load; false past the thread's exit).
+#[inline]
+fn in_grace() -> bool {
+    STATE.try_with(|t| t.grace.get() != 0).unwrap_or(false)
 }
 
 /// Whether a charge of `n` through `counter` would pass a refusing limit
