@@ -260,14 +260,20 @@ fn a_removed_groups_heap_goes_to_the_next_group() {
     );
 }
 
+/// A new group given a heap, with a refusing limit of `max` bytes.
+fn refusing(name: &str, max: u64) -> Group {
+    let g = fresh(name);
+    g.set_max(max).unwrap();
+    g.set_enforcement(splitcount::Enforcement::Refuse);
+    g
+}
+
 /// Under a refusing limit allocations are refused (null) and usage still
 /// counts every block handed out, exactly.
 #[test]
 fn a_refusing_limit_refuses_and_counts_every_block() {
     let _s = serial();
-    let g = fresh("limited");
-    g.set_max(256 << 10).unwrap();
-    g.set_enforcement(splitcount::Enforcement::Refuse);
+    let g = refusing("limited", 256 << 10);
     let layout = Layout::from_size_align(96, 8).unwrap();
     // Made outside the group: its growth would be refused too.
     let mut live = Vec::with_capacity(10_000);
@@ -286,6 +292,62 @@ fn a_refusing_limit_refuses_and_counts_every_block() {
     assert!(live.len() * 96 <= 256 << 10);
     assert_eq!(settled(&g), total(&live));
     free_all(live);
+    assert_eq!(settled(&g), 0);
+}
+
+/// After a refusal, the reporting grace lets 1 MiB of small blocks through
+/// charged to nothing, each drawing its size on the grace once (such a block
+/// gets a header and is made with accounting off: were it charged through
+/// the header path again, the grace would run out twice as fast), and then
+/// refuses again. The group is charged exactly its blocks from before the
+/// refusal.
+#[test]
+fn the_reporting_grace_lets_a_mebibyte_through_charged_to_nothing() {
+    const GRACE_BLOCKS: usize = (splitcount::alloc::REPORTING_GRACE / 64) as usize;
+    let _s = serial();
+    let g = refusing("grace", 64 << 10);
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    // Made outside the group: its growth would be refused too.
+    let mut charged = Vec::with_capacity(2_000);
+    let mut in_grace = Vec::with_capacity(2 * GRACE_BLOCKS);
+    g.scope(|| {
+        // SAFETY (every `alloc`): a non-zero size.
+        while charged.len() < 2_000 {
+            let p = unsafe { alloc(layout) };
+            if p.is_null() {
+                break; // the refusal: the grace begins
+            }
+            charged.push((p, layout));
+        }
+        while in_grace.len() < 2 * GRACE_BLOCKS {
+            let p = unsafe { alloc(layout) };
+            if p.is_null() {
+                break; // the grace is spent
+            }
+            in_grace.push((p, layout));
+        }
+    });
+    assert!(
+        charged.len() < 2_000,
+        "64 KiB holds fewer than 2,000 blocks of 64 B"
+    );
+    assert!(
+        in_grace.len() > GRACE_BLOCKS * 9 / 10 && in_grace.len() <= GRACE_BLOCKS,
+        "{} blocks passed in the grace, about {GRACE_BLOCKS} expected",
+        in_grace.len()
+    );
+    assert!(
+        in_grace.iter().all(|&(p, _)| in_main_heap(p)),
+        "header blocks"
+    );
+    assert_eq!(
+        settled(&g),
+        total(&charged),
+        "the grace's blocks charged to nothing"
+    );
+    free_all(in_grace);
+    assert_eq!(settled(&g), total(&charged));
+    free_all(charged);
     assert_eq!(settled(&g), 0);
 }
 
@@ -421,9 +483,7 @@ fn a_large_blocks_rounding_does_not_pass_a_refusing_limit() {
         usable > good,
         "mimalloc rounds {size} B to {usable}, as it says: {good}"
     );
-    let g = fresh("large-rounding");
-    g.set_max(((good + usable) / 2) as u64).unwrap();
-    g.set_enforcement(splitcount::Enforcement::Refuse);
+    let g = refusing("large-rounding", ((good + usable) / 2) as u64);
     let layout = Layout::from_size_align(size, 8).unwrap();
     // SAFETY: a non-zero size.
     let p = g.scope(|| unsafe { alloc(layout) });
