@@ -166,7 +166,18 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    if matches!(cli.command, Command::Bench { .. } | Command::Report { .. })
+        && splitcount::alloc::STATIC_TLS_CHECK
+    {
+        eprintln!(
+            "splitcount-lab: note: this binary's splitcount has the feature `static-tls` (a \
+             workspace build enables it for the preload), which adds a check to every access \
+             of the allocator's thread state: the allocator suites read slower than a lab \
+             built with `cargo run --release` or `cargo build --release -p splitcount-lab`"
+        );
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("splitcount-lab: {e}");

@@ -640,3 +640,29 @@ fn footprint_json_gives_bytes_per_counter_and_per_cpu_for_every_design() {
     let (ok, _, err) = lab(&["footprint", "--cpus", "0"], "");
     assert!(!ok && err.contains("CPU count"), "{err}");
 }
+
+/// A lab whose `splitcount` has the preload's `static-tls` (cargo unifies
+/// features in a workspace build, as this test's own build may) says so
+/// before it times anything; one built alone says nothing.
+#[test]
+fn a_lab_built_with_static_tls_says_its_allocator_figures_read_slower() {
+    let (ok, _, err) = lab(
+        &[
+            "bench",
+            "cpu-id",
+            "--threads",
+            "1",
+            "--seconds",
+            "0.01",
+            "--rounds",
+            "1",
+        ],
+        "",
+    );
+    assert!(ok, "{err}");
+    assert_eq!(
+        err.contains("has the feature `static-tls`"),
+        splitcount::alloc::STATIC_TLS_CHECK,
+        "{err}"
+    );
+}

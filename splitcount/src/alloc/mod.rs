@@ -131,7 +131,7 @@ pub use reserve::{drain_thread, MAX_THREAD_RESERVE, RESERVE_BATCH};
 pub use scope::AllocScope;
 pub(crate) use scope::{current, enter_held, without_accounting};
 #[doc(hidden)]
-pub use thread::use_static_tls;
+pub use thread::{use_static_tls, STATIC_TLS_CHECK};
 pub(crate) use trim::group_removed;
 pub use trim::{TrimPolicy, Trimmed, DEFAULT_TRIM_INTERVAL};
 #[doc(hidden)]

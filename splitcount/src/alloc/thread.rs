@@ -173,6 +173,9 @@ fn from_thread_local() -> &'static ThreadState {
 mod static_tls {
     use super::{from_thread_local, ThreadState};
 
+    /// No check: the `thread_local!` always.
+    pub(super) const CHECK: bool = false;
+
     #[inline(always)]
     pub(super) fn this_thread() -> &'static ThreadState {
         from_thread_local()
@@ -198,6 +201,9 @@ mod static_tls {
 mod static_tls {
     use super::{from_thread_local, ThreadState};
     use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
+
+    /// Every access checks whether the offset was learned.
+    pub(super) const CHECK: bool = true;
 
     /// The state's offset from the thread pointer, the same in every
     /// thread; 0: not known (the `thread_local!` answers).
@@ -265,6 +271,14 @@ mod static_tls {
 }
 
 use static_tls::this_thread;
+
+/// Whether this build reaches the allocator's per-thread state through a
+/// check of the thread pointer (feature `static-tls` on Linux x86-64 with
+/// glibc): a load and a branch on every access, where the `thread_local!`
+/// of an executable is one `fs:`-relative load. For the lab, which warns
+/// when a workspace build gave it the preload's feature.
+#[doc(hidden)]
+pub const STATIC_TLS_CHECK: bool = static_tls::CHECK;
 
 /// Reach the allocator's per-thread state through the thread pointer from
 /// now on (feature `static-tls`; without it, or off Linux x86-64 with
