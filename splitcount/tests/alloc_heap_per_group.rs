@@ -14,7 +14,7 @@ use std::alloc::{alloc, alloc_zeroed, dealloc, realloc, Layout};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 mod common;
-use common::Rng;
+use common::{free_on_another_thread, Rng};
 
 #[global_allocator]
 static ALLOC: HeapPerGroup<mimalloc::MiMalloc> = HeapPerGroup::new(mimalloc::MiMalloc);
@@ -206,15 +206,7 @@ fn blocks_freed_on_another_thread_are_given_back_exactly() {
     let g = fresh("cross-thread");
     let blocks = assorted(&g, 2_000, 13);
     assert_eq!(settled(&g), total(&blocks));
-    let addresses: Vec<(usize, Layout)> = blocks.iter().map(|&(p, l)| (p as usize, l)).collect();
-    std::thread::spawn(move || {
-        for (p, l) in addresses {
-            // SAFETY: allocated above, handed over whole.
-            unsafe { dealloc(p as *mut u8, l) };
-        }
-    })
-    .join()
-    .unwrap();
+    free_on_another_thread(&blocks);
     assert_eq!(settled(&g), 0);
     assert_eq!(g.events().underflow, 0);
 }

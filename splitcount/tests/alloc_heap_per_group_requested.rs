@@ -13,7 +13,7 @@ use std::alloc::{alloc, dealloc, realloc, Layout};
 use std::sync::OnceLock;
 
 mod common;
-use common::Rng;
+use common::{free_on_another_thread, Rng};
 
 #[global_allocator]
 static ALLOC: HeapPerGroup<mimalloc::MiMalloc, Requested> =
@@ -80,15 +80,7 @@ fn usage_is_the_requested_sizes_through_reallocs_and_frees_elsewhere() {
         *l = Layout::from_size_align(size, l.align()).unwrap();
     }
     assert_eq!(settled(&g), requested(&blocks));
-    let handed: Vec<(usize, Layout)> = blocks.iter().map(|&(p, l)| (p as usize, l)).collect();
-    std::thread::spawn(move || {
-        for (p, l) in handed {
-            // SAFETY: live, handed over whole.
-            unsafe { dealloc(p as *mut u8, l) };
-        }
-    })
-    .join()
-    .unwrap();
+    free_on_another_thread(&blocks);
     assert_eq!(settled(&g), 0);
     assert_eq!(g.events().underflow, 0);
 }

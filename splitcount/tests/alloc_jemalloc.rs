@@ -16,4 +16,6 @@ unsafe fn usable(block: *mut u8) -> usize {
     unsafe { tikv_jemallocator::usable_size(block) }
 }
 
+mod common;
+
 include!("inner/body.rs");

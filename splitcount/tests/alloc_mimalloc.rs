@@ -16,6 +16,8 @@ unsafe fn usable(block: *mut u8) -> usize {
     unsafe { mimalloc::MiMalloc.usable_size(block) }
 }
 
+mod common;
+
 include!("inner/body.rs");
 
 /// `MiMalloc`'s own `alloc` (`mi_malloc_aligned`) sometimes serves a size

@@ -306,3 +306,20 @@ pub fn churn(g: &splitcount::group::Group, rng: &mut Rng, held: &mut u64) {
         }
     }
 }
+
+/// Free `blocks` (made by this binary's global allocator with those
+/// layouts, none used again) on a thread of their own, and wait for it:
+/// frees of blocks another thread charged.
+pub fn free_on_another_thread(blocks: &[(*mut u8, std::alloc::Layout)]) {
+    let handed: Vec<(usize, std::alloc::Layout)> =
+        blocks.iter().map(|&(p, l)| (p as usize, l)).collect();
+    std::thread::spawn(move || {
+        for (p, l) in handed {
+            // SAFETY: the caller's contract: live, made with `l`, handed
+            // over whole.
+            unsafe { std::alloc::dealloc(p as *mut u8, l) };
+        }
+    })
+    .join()
+    .unwrap();
+}

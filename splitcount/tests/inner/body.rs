@@ -1,7 +1,7 @@
 // The tests of `Accounted<Inner, Footprint>` for an inner allocator other
 // than glibc's: included by `alloc_jemalloc.rs` and `alloc_mimalloc.rs`,
 // which define `Inner`, `INNER` and `usable(block)` (the allocator's usable
-// size of a block it returned) before including this.
+// size of a block it returned) and declare `mod common` before including this.
 //
 // A group's usage is the sum of its live blocks' footprints — the inner
 // allocator's usable size of the whole allocation, the wrapper's header
@@ -11,6 +11,7 @@
 use splitcount::alloc::{Accounted, Footprint};
 use splitcount::group::{Group, Hierarchy};
 use std::alloc::{alloc, dealloc, realloc, Layout};
+use common::free_on_another_thread;
 
 #[global_allocator]
 static ALLOC: Accounted<Inner, Footprint> = Accounted::with_charging(INNER, Footprint);
@@ -122,15 +123,7 @@ fn blocks_freed_on_another_thread_are_given_back_exactly() {
     let g = fresh("cross-thread");
     let blocks = assorted(&g, 2_000, 13);
     assert_eq!(settled(&g), total(&blocks));
-    let addresses: Vec<(usize, Layout)> = blocks.iter().map(|&(p, l)| (p as usize, l)).collect();
-    std::thread::spawn(move || {
-        for (p, l) in addresses {
-            // SAFETY: allocated above, handed over whole.
-            unsafe { dealloc(p as *mut u8, l) };
-        }
-    })
-    .join()
-    .unwrap();
+    free_on_another_thread(&blocks);
     assert_eq!(settled(&g), 0);
     assert_eq!(g.events().underflow, 0);
 }
