@@ -453,19 +453,22 @@ where
     unsafe fn alloc_with(&self, layout: Layout, zeroed: bool) -> *mut u8 {
         let inner = &self.accounted.inner;
         if let Some(n) = self.charge_known(layout) {
-            let acc = self.accounted.take_reserved(n as u64);
-            // SAFETY: the reserve held bytes of it, which keep it alive.
-            if let Some(key) = unsafe { AccountKey::from_ptr(acc) } {
-                let heap = key.heap();
-                if !heap.is_null() {
-                    // SAFETY: a heap from `new_heap`; a non-zero size.
-                    let block = unsafe { inner.alloc_in(heap, layout, zeroed) };
-                    if block.is_null() {
-                        self.accounted.uncharge(acc, n as u64);
-                    }
-                    return block;
+            // Taken only for an account with a heap: one without makes a
+            // header block, charged by `Accounted` (through `alloc_general`),
+            // not taken here to be given back.
+            let mut heap = std::ptr::null_mut();
+            let acc = self.accounted.take_reserved_if(n as u64, |acc| {
+                // SAFETY: the reserve holds bytes of it, which keep it alive.
+                heap = unsafe { AccountKey::from_ptr(acc) }.map_or(heap, |k| k.heap());
+                !heap.is_null()
+            });
+            if !acc.is_null() {
+                // SAFETY: a heap from `new_heap`; a non-zero size.
+                let block = unsafe { inner.alloc_in(heap, layout, zeroed) };
+                if block.is_null() {
+                    self.accounted.uncharge(acc, n as u64);
                 }
-                self.accounted.uncharge(acc, n as u64);
+                return block;
             }
         }
         // SAFETY: forwarded contract.

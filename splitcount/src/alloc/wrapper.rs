@@ -369,11 +369,23 @@ impl<A, C: Charging> Accounted<A, C> {
     /// nothing.
     #[inline(always)]
     pub(super) fn take_reserved(&self, n: u64) -> *const u8 {
+        self.take_reserved_if(n, |_| true)
+    }
+
+    /// [`Accounted::take_reserved`] only where `wanted` says yes of the
+    /// account (alive while the reserve holds its bytes): otherwise nothing
+    /// is taken and null returned, so no bytes are taken to be given back.
+    #[inline(always)]
+    pub(super) fn take_reserved_if(
+        &self,
+        n: u64,
+        wanted: impl FnOnce(*const u8) -> bool,
+    ) -> *const u8 {
         let me = self as *const Self as usize;
         STATE.with(|t| {
             let acc = t.charge.get();
             let bytes = t.reserve.bytes.get();
-            if t.owner.get() == me && t.reserve.account.get() == acc && bytes >= n {
+            if t.owner.get() == me && t.reserve.account.get() == acc && bytes >= n && wanted(acc) {
                 t.reserve.bytes.set(bytes - n);
                 acc
             } else {
