@@ -278,7 +278,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 "charge" => bench::charge::run(&threads, &plan),
                 "fault" => bench::fault::run(&threads, &plan),
                 "stats" => bench::stats::run(stats_groups(groups)?, &plan),
-                "alloc" => bench::alloc::run(&exe, &threads, &plan),
+                "alloc" => bench::alloc::run(&exe, &threads, &plan, bench::alloc::RssPlan::FULL),
                 "async" => bench::requests::run(&exe, &threads, &plan),
                 "metrics" => bench::recorders::run(&threads, &plan),
                 "groups" => bench::groups::run(

@@ -485,6 +485,35 @@ fn bench_alloc_compares_the_wrapper_with_system_and_footprints_with_requested_si
     }
 }
 
+/// `THP_enabled` of process `pid` (`/proc/<pid>/status`, Linux 5.0 and
+/// later; `None` without it).
+fn thp_enabled(pid: u32) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .map(|v| v.trim().to_owned())
+}
+
+/// `bench alloc` measures the resident bytes per block in workers without
+/// transparent huge pages, where a block's bytes are not rounded to 2 MiB
+/// pages; a worker started as the allocators ask has the lab's own
+/// setting.
+#[test]
+fn a_worker_started_without_huge_pages_has_none() {
+    use splitcount_lab::alloc_switch::Allocator;
+    use splitcount_lab::bench::worker::{HugePages, Worker};
+    let Some(own) = thp_enabled(std::process::id()) else {
+        eprintln!("no THP_enabled in /proc/self/status: nothing to check");
+        return;
+    };
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_splitcount-lab"));
+    let off = Worker::start_with(exe, Allocator::System, &[], HugePages::Off).unwrap();
+    assert_eq!(thp_enabled(off.pid()).as_deref(), Some("0"));
+    let asked = Worker::start_with(exe, Allocator::System, &[], HugePages::AsAsked).unwrap();
+    assert_eq!(thp_enabled(asked.pid()), Some(own));
+}
+
 #[test]
 fn bench_layout_reports_each_role_against_the_padded_layout() {
     let lines = bench_json("layout", &["--seconds", "0.03", "--rounds", "3"]);

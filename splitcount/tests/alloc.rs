@@ -420,6 +420,43 @@ fn every_alignment_is_honoured_and_accounted() {
     assert_eq!(live_bytes(&g), 0);
 }
 
+/// An over-aligned block's tag trails its bytes, at its size rounded up to
+/// 8: every realloc — in place or moved, smaller or larger — writes it again
+/// where the new size puts it, so the group is charged exactly the live
+/// size after each step, the bytes come along, and nothing is left once
+/// the block is freed.
+#[test]
+fn an_over_aligned_block_keeps_its_account_through_every_realloc() {
+    use std::alloc::{GlobalAlloc, Layout};
+    let g = fresh("trailer");
+    for align in [16usize, 64, 4096] {
+        g.scope(|| {
+            let mut l = Layout::from_size_align(5_000, align).unwrap();
+            // SAFETY: non-zero size; freed below with its last layout.
+            let mut p = unsafe { ALLOC.alloc(l) };
+            assert!(!p.is_null());
+            for new in [10usize, 20_000, 100, 4_097, 1, 33] {
+                let kept = l.size().min(new);
+                // SAFETY: `l.size()` bytes live at `p`.
+                unsafe { p.write_bytes(0xCD, l.size()) };
+                // SAFETY: allocated with `l`; a non-zero new size.
+                p = unsafe { ALLOC.realloc(p, l, new) };
+                assert!(!p.is_null());
+                assert_eq!(p as usize % align, 0, "align {align}");
+                // SAFETY: the first `kept` bytes were copied.
+                assert!(unsafe { std::slice::from_raw_parts(p, kept) }
+                    .iter()
+                    .all(|&b| b == 0xCD));
+                l = Layout::from_size_align(new, align).unwrap();
+                assert_eq!(live_bytes(&g), new as u64, "align {align}, size {new}");
+            }
+            // SAFETY: allocated with `l`, freed once.
+            unsafe { ALLOC.dealloc(p, l) };
+        });
+        assert_eq!(live_bytes(&g), 0, "align {align}");
+    }
+}
+
 fn panic_in_hook(_: &splitcount::alloc::Refusal) -> bool {
     panic!("this refusal hook fails");
 }

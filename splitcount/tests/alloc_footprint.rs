@@ -5,8 +5,8 @@
 //! what was charged.
 //!
 //! The expected figures are computed here from glibc, with the layout the
-//! docs give: the chunk starts a header before the user pointer, the header
-//! being 8 bytes or the alignment when larger.
+//! docs give: the chunk starts an 8-byte header before the user pointer, or
+//! at the user pointer for an alignment above 8 (whose tag trails).
 
 #![cfg(all(not(loom), target_os = "linux", target_env = "gnu"))]
 #![allow(unsafe_code)]
@@ -47,9 +47,20 @@ fn settled(g: &Group) -> u64 {
 /// define it: `malloc_usable_size(chunk) + 8`.
 fn footprint(user: *mut u8, align: usize) -> u64 {
     // SAFETY: `user` is live, from the wrapper: its chunk starts a header
-    // (8 bytes, or the alignment when larger) before it.
-    let usable = unsafe { libc::malloc_usable_size(user.sub(align.max(8)).cast()) };
+    // (8 bytes) before it, or at it for an alignment above 8 (whose tag
+    // trails).
+    let usable = unsafe { libc::malloc_usable_size(user.sub(front(align)).cast()) };
     (usable + 8) as u64
+}
+
+/// The bytes of a block in front of the user pointer: the 8-byte header
+/// up to alignment 8; none above (the tag trails the caller's bytes).
+fn front(align: usize) -> usize {
+    if align <= 8 {
+        8
+    } else {
+        0
+    }
 }
 
 /// A small deterministic generator (xorshift64*).

@@ -68,8 +68,10 @@ fn in_main_heap(p: *mut u8) -> bool {
 fn footprint(p: *mut u8, align: usize) -> u64 {
     // SAFETY: `p` is live, from the allocator.
     unsafe {
-        let start = if in_main_heap(p) {
-            p.sub(align.max(8))
+        // A header block starts 8 bytes before `p`, or at `p` for an
+        // alignment above 8 (its tag trails).
+        let start = if in_main_heap(p) && align <= 8 {
+            p.sub(8)
         } else {
             p
         };
@@ -139,6 +141,35 @@ fn blocks_carry_no_tag_and_take_the_allocators_own_class() {
             // SAFETY: allocates nothing.
             assert_eq!(usable, unsafe { mi::mi_good_size(size) }, "{size} B");
             blocks.push((p, layout));
+        }
+    });
+    assert_eq!(settled(&g), total(&blocks));
+    free_all(blocks);
+    assert_eq!(settled(&g), 0);
+}
+
+/// An over-aligned block in a heap asks mimalloc for its size rounded up
+/// to the alignment, a class every block of which is aligned: a 100-byte
+/// block at 4,096 takes one page (`mi_heap_malloc_aligned(100, 4096)` took
+/// a 5 KiB block from a larger class), 64 bytes at 64 take 64.
+#[test]
+fn over_aligned_blocks_take_the_class_of_their_size_rounded_to_the_alignment() {
+    let _s = serial();
+    let g = fresh("aligned-heap");
+    // Made outside the scope, large enough: not charged to the group.
+    let mut blocks = Vec::with_capacity(400);
+    g.scope(|| {
+        for (size, align) in [(100, 4096), (64, 64), (16, 16), (200, 64)] {
+            for _ in 0..100 {
+                let layout = Layout::from_size_align(size, align).unwrap();
+                // SAFETY: a non-zero size.
+                let p = unsafe { alloc(layout) };
+                assert!(!in_main_heap(p) && p as usize % align == 0);
+                // SAFETY: live.
+                let usable = unsafe { mi::mi_usable_size(p.cast()) };
+                assert_eq!(usable, size.next_multiple_of(align), "{size} B at {align}");
+                blocks.push((p, layout));
+            }
         }
     });
     assert_eq!(settled(&g), total(&blocks));

@@ -40,7 +40,9 @@ pub struct Hello {
     /// group (`None`: no `/proc/self/statm`).
     pub box_bytes: Option<f64>,
     /// Resident bytes per block of the size [`BLOCK_RSS_ENV`] names (one
-    /// of [`BLOCK_SIZES`]), [`BLOCKS`] held at once in a group — measured
+    /// of [`BLOCK_SIZES`], or of [`ALIGNED_BLOCKS`] with its alignment),
+    /// [`blocks_at`] its alignment (of [`BLOCK_COUNT_ENV`]'s count) held at
+    /// once in a group — measured
     /// first thing, only when the worker is started with it set (`bench
     /// alloc` starts one such worker per allocator and size just for
     /// this: its other figures then come after memory it freed); empty
@@ -54,17 +56,83 @@ pub const BLOCK_SIZES: [usize; 16] = [
     8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128,
 ];
 
-/// How many blocks [`Hello::block_bytes`] holds.
+/// How many blocks [`Hello::block_bytes`] holds unless
+/// [`BLOCK_COUNT_ENV`] says otherwise.
 pub const BLOCKS: usize = 1_000_000;
 
+/// The environment variable that sets how many blocks of a size
+/// [`Hello::block_bytes`] holds (1,000 to 10,000,000; default [`BLOCKS`]):
+/// a quick report holds fewer.
+pub const BLOCK_COUNT_ENV: &str = "SPLITCOUNT_LAB_BLOCK_COUNT";
+
+/// The over-aligned layouts, `(size, align)`, whose resident bytes a worker
+/// measures when asked: a 16-aligned value (`u128`, SSE), a cache line
+/// (`#[repr(align(64))]`), a small page-aligned buffer
+/// (`posix_memalign(4096, 100)`).
+pub const ALIGNED_BLOCKS: [(usize, usize); 3] = [(16, 16), (64, 64), (100, 4096)];
+
+/// How many blocks of alignment `align` [`Hello::block_bytes`] holds when
+/// asked for `blocks` of a size: that many, or a 50th of them of a page's
+/// alignment (20,000 of 1,000,000: 80 MB alone).
+pub fn blocks_at(align: usize, blocks: usize) -> usize {
+    if align >= 4096 {
+        (blocks / 50).max(1)
+    } else {
+        blocks
+    }
+}
+
+/// The value of [`BLOCK_RSS_ENV`] that asks for blocks of `size` bytes at
+/// alignment `align` (`"24"` at 8 and below, `"64@64"` above).
+pub fn block_rss_request(size: usize, align: usize) -> String {
+    if align <= 8 {
+        size.to_string()
+    } else {
+        format!("{size}@{align}")
+    }
+}
+
+/// The `(size, align)` a [`BLOCK_RSS_ENV`] value asks for, if it is one of
+/// [`BLOCK_SIZES`] (at 8) or [`ALIGNED_BLOCKS`].
+fn parse_block_rss(v: &str) -> Option<(usize, usize)> {
+    let (size, align) = match v.split_once('@') {
+        Some((s, a)) => (s.parse().ok()?, a.parse().ok()?),
+        None => (v.parse().ok()?, 8),
+    };
+    (BLOCK_SIZES.contains(&size) && align == 8 || ALIGNED_BLOCKS.contains(&(size, align)))
+        .then_some((size, align))
+}
+
 /// The environment variable that asks a worker for [`Hello::block_bytes`]
-/// of a size (its value, e.g. `24`).
+/// of a size (its value, e.g. `24`), or of an aligned layout (`64@64`: see
+/// [`block_rss_request`]).
 pub const BLOCK_RSS_ENV: &str = "SPLITCOUNT_LAB_BLOCK_RSS";
 
 /// The environment variable that tells a worker to skip
 /// [`Hello::box_bytes`] (a worker started again for a new round: the first
 /// one measured it).
 pub const NO_BOXES_ENV: &str = "SPLITCOUNT_LAB_NO_BOXES";
+
+/// Whether a worker's memory may be backed by transparent huge pages.
+///
+/// mimalloc asks for them (`madvise(MADV_HUGEPAGE)` on its arenas, which a
+/// kernel in `madvise` mode grants), and then the resident set grows 2 MiB
+/// at a time: at [`BLOCKS`] blocks of 8 bytes (8 MB), where a run starts in
+/// a huge page decides a whole page more or less, ±25% — noise as large as
+/// what [`Hello::block_bytes`] is there to tell apart. With them off, a
+/// block's resident bytes are what its allocator gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HugePages {
+    /// As the allocator asks for them (and the kernel's setting grants).
+    AsAsked,
+    /// None, whatever the allocator asks (`PR_SET_THP_DISABLE`, Linux).
+    Off,
+}
+
+impl HugePages {
+    /// Both settings, in the order `bench alloc` reports them.
+    pub const ALL: [HugePages; 2] = [HugePages::Off, HugePages::AsAsked];
+}
 
 /// How many boxes [`Hello::box_bytes`] holds.
 pub const BOXES: usize = 1_000_000;
@@ -136,16 +204,17 @@ pub struct Context {
 /// Groups the worker's threads allocate in (one per thread).
 const GROUPS: usize = 2;
 
-/// Resident bytes per block of `size`, 8-aligned, as a `Box` of that size
-/// asks for them: the growth of the resident set while [`BLOCKS`] of them
-/// are made, then all are freed. One size per process: in one process
+/// Resident bytes per block of `size` at alignment `align`, as a `Box` of
+/// that layout asks for them: the growth of the resident set while
+/// [`blocks_at`] of them are made, then all are freed. One size per process: in one process
 /// after another size, a size's blocks land in pages the last size's
 /// bookkeeping had touched already, or not, by ±20% on mimalloc. Empty
 /// without `/proc/self/statm`.
-fn block_bytes(size: usize) -> Vec<f64> {
-    let layout = Layout::from_size_align(size, 8).expect("small sizes");
+fn block_bytes(size: usize, align: usize, blocks: usize) -> Vec<f64> {
+    let layout = Layout::from_size_align(size, align).expect("small sizes");
+    let count = blocks_at(align, blocks);
     // Non-zero: a zeroed vector may be untouched pages until written.
-    let mut blocks = vec![1usize; BLOCKS];
+    let mut blocks = vec![1usize; count];
     let Some(before) = crate::bench::groups::rss_bytes() else {
         return Vec::new();
     };
@@ -165,7 +234,7 @@ fn block_bytes(size: usize) -> Vec<f64> {
         unsafe { std::alloc::dealloc(b as *mut u8, layout) };
     }
     after
-        .map(|after| vec![after.saturating_sub(before) as f64 / BLOCKS as f64])
+        .map(|after| vec![after.saturating_sub(before) as f64 / count as f64])
         .unwrap_or_default()
 }
 
@@ -195,12 +264,17 @@ pub fn serve(
     // First, when asked: memory freed before (the document's, the boxes')
     // would be reused by the blocks and hide what they take.
     let asked = std::env::var(BLOCK_RSS_ENV).ok();
-    let block_bytes = match asked.and_then(|s| s.parse::<usize>().ok()) {
-        Some(size) if BLOCK_SIZES.contains(&size) => {
+    let block_bytes = match asked.as_deref().and_then(parse_block_rss) {
+        Some((size, align)) => {
+            let blocks = std::env::var(BLOCK_COUNT_ENV)
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .filter(|n| (1_000..=10_000_000).contains(n))
+                .unwrap_or(BLOCKS);
             let _scope = groups[0].enter();
-            block_bytes(size)
+            block_bytes(size, align, blocks)
         }
-        _ => Vec::new(),
+        None => Vec::new(),
     };
     let doc = workloads::json_document(workloads::JSON_BYTES);
     let io = |e: std::io::Error| format!("alloc worker: {e}");
@@ -260,12 +334,44 @@ impl Worker {
         allocator: Allocator,
         env: &[(&str, &std::ffi::OsStr)],
     ) -> Result<Worker, String> {
-        let mut child = Command::new(exe)
+        Worker::start_with(exe, allocator, env, HugePages::AsAsked)
+    }
+
+    /// [`Worker::start_with_env`], with transparent huge pages as `pages`
+    /// says.
+    pub fn start_with(
+        exe: &std::path::Path,
+        allocator: Allocator,
+        env: &[(&str, &std::ffi::OsStr)],
+        pages: HugePages,
+    ) -> Result<Worker, String> {
+        let mut command = Command::new(exe);
+        command
             .arg("alloc-worker")
             .env(ENV, allocator.name())
             .envs(env.iter().copied())
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
+            .stdout(Stdio::piped());
+        if pages == HugePages::Off {
+            #[cfg(target_os = "linux")]
+            {
+                use std::os::unix::process::CommandExt;
+                // SAFETY: the closure runs in the child between `fork` and
+                // `exec` and only makes a system call (async-signal-safe),
+                // touching no memory of the parent's.
+                unsafe {
+                    command.pre_exec(|| {
+                        // The flag is kept across `exec`: no huge page for
+                        // any mapping of the worker, `madvise` or not.
+                        if libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    })
+                };
+            }
+        }
+        let mut child = command
             .spawn()
             .map_err(|e| format!("cannot start {} alloc-worker: {e}", exe.display()))?;
         let (Some(input), Some(output)) = (child.stdin.take(), child.stdout.take()) else {
@@ -288,6 +394,11 @@ impl Worker {
         }
         w.hello = Some(hello);
         Ok(w)
+    }
+
+    /// The worker's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Run one slice in the worker.

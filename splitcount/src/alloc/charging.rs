@@ -32,7 +32,7 @@
 #[cfg(any(feature = "jemalloc", feature = "mimalloc"))]
 use super::size_class;
 use super::thread::STATE;
-use super::wrapper::{extended, header, header_slot, resized, word_aligned, Accounted};
+use super::wrapper::{extended, front, moved_tag, resized, tag_slot, word_aligned, Accounted, TAG};
 use crate::group::AccountKey;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt;
@@ -361,7 +361,7 @@ unsafe impl InnerFootprint for mimalloc::MiMalloc {
             unsafe { libmimalloc_sys::mi_malloc(layout.size()).cast() }
         } else {
             // SAFETY: forwarded contract.
-            unsafe { self.alloc(layout) }
+            unsafe { self.alloc(mimalloc_aligned(layout)) }
         }
     }
 
@@ -372,7 +372,7 @@ unsafe impl InnerFootprint for mimalloc::MiMalloc {
             unsafe { libmimalloc_sys::mi_zalloc(layout.size()).cast() }
         } else {
             // SAFETY: forwarded contract.
-            unsafe { self.alloc_zeroed(layout) }
+            unsafe { self.alloc_zeroed(mimalloc_aligned(layout)) }
         }
     }
 
@@ -437,6 +437,24 @@ fn mimalloc_table_holds() -> bool {
     MIMALLOC_CLASSES.holds(|s| unsafe { libmimalloc_sys::mi_good_size(s) } == size_class::class(s))
 }
 
+/// An over-aligned block's layout as asked of mimalloc: the size rounded up
+/// to the alignment. `mi_malloc_aligned` serves a size whose class is a
+/// multiple of the alignment from that class, every block of which is
+/// aligned; another size, when the first free block of its class is not
+/// aligned, takes `size + align − 1` from a larger class — a 64-aligned
+/// block of 72 bytes (a cache line and `Accounted`'s trailing tag) took 160
+/// bytes, where 128 do.
+#[cfg(feature = "mimalloc")]
+#[inline(always)]
+pub(super) fn mimalloc_aligned(layout: Layout) -> Layout {
+    // A layout's size rounded up to its alignment is at most `isize::MAX`
+    // (the `Layout` invariant): the rounding cannot overflow.
+    let size = layout.size().next_multiple_of(layout.align());
+    // SAFETY: a power-of-two alignment; the size, a multiple of it, is at
+    // most `isize::MAX` (above).
+    unsafe { Layout::from_size_align_unchecked(size, layout.align()) }
+}
+
 /// Whether the inline table serves `layout` for mimalloc (once checked): a
 /// small block that `alloc_for_footprint` makes with `mi_malloc`.
 #[cfg(feature = "mimalloc")]
@@ -446,8 +464,8 @@ fn in_mimalloc_table(layout: Layout) -> bool {
 }
 
 // SAFETY: as for `Accounted<A, Requested>` (wrapper.rs): every method
-// forwards to `inner` with the caller's layout extended by the header, and
-// returns `block + header(align)`. What a block charges is its footprint,
+// forwards to `inner` with the caller's layout extended by the tag, and
+// returns `block + front(align)`. What a block charges is its footprint,
 // read while it is live — after `alloc`, before `dealloc`, on both sides of
 // a `realloc` — so the bytes uncharged at its free are those charged for
 // it (the `InnerFootprint` contract). `alloc` and `dealloc` are never
@@ -486,13 +504,14 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let h = header(layout.align());
+        let align = layout.align();
         // The new layout must be valid before anything is charged.
         let Some(new_ext) = resized(layout, new_size) else {
             return std::ptr::null_mut();
         };
         // SAFETY: as in `dealloc`.
-        let (acc, block) = unsafe { (*header_slot(ptr), ptr.sub(h)) };
+        let acc = unsafe { *tag_slot(ptr, align, layout.size()) };
+        let block = ptr.wrapping_sub(front(align));
         // SAFETY: as in `dealloc`.
         let ext = unsafe { extended(layout).unwrap_unchecked() };
         // SAFETY: a header holds null or the account its block was charged
@@ -501,11 +520,11 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
             // Unaccounted, and stays so.
             // SAFETY: the block was allocated by `inner` with `ext`.
             let base = unsafe { self.inner.realloc_for_footprint(block, ext, new_ext.size()) };
-            // SAFETY: `base` is null or a block of `new_ext.size()` bytes.
+            // SAFETY: `base` is null or a block made for the new size.
             return if base.is_null() {
                 base
             } else {
-                unsafe { base.add(h) }
+                unsafe { moved_tag(base, align, new_size, acc) }
             };
         };
         // SAFETY: live, from `inner` with `ext`.
@@ -515,8 +534,8 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
         if grow > 0 && !self.charge_growth(key, grow) {
             return std::ptr::null_mut();
         }
-        // SAFETY: the block was allocated by `inner` with `ext`; the header
-        // is copied along with the contents.
+        // SAFETY: the block was allocated by `inner` with `ext`; a header
+        // is copied along with the contents (a trailer is written again).
         let base = unsafe { self.inner.realloc_for_footprint(block, ext, new_ext.size()) };
         if base.is_null() {
             self.uncharge(acc, grow);
@@ -530,8 +549,8 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
         } else if now < charged {
             self.uncharge(acc, charged - now);
         }
-        // SAFETY: `base` is a block of `new_ext.size()` bytes.
-        unsafe { base.add(h) }
+        // SAFETY: `base` is a block made for the new size.
+        unsafe { moved_tag(base, align, new_size, acc) }
     }
 }
 
@@ -553,10 +572,11 @@ impl<A: InnerFootprint> Accounted<A, Footprint> {
     /// As `GlobalAlloc::dealloc`.
     #[inline(always)]
     unsafe fn dealloc_footprint(&self, ptr: *mut u8, layout: Layout) {
-        let h = header(layout.align());
-        // SAFETY: `ptr` came from `alloc` with this layout: the header is
-        // there and the block starts `h` bytes earlier.
-        let (acc, block) = unsafe { (*header_slot(ptr), ptr.sub(h)) };
+        let h = TAG;
+        // SAFETY: `ptr` came from `alloc` with this layout: the tag is
+        // there and the block starts `front` bytes earlier.
+        let acc = unsafe { *tag_slot(ptr, layout.align(), layout.size()) };
+        let block = ptr.wrapping_sub(front(layout.align()));
         // SAFETY: `layout` is the one the block was allocated with, for
         // which `extended` succeeded then.
         let ext = unsafe { extended(layout).unwrap_unchecked() };
@@ -650,20 +670,20 @@ impl<A: InnerFootprint> Accounted<A, Footprint> {
     }
 }
 
-/// Write `acc` in the header of `block` (made for `extended(layout)`),
-/// count the header; the user pointer.
+/// Write `acc` in the tag of `block` (made for `extended(layout)`), count
+/// the tag; the user pointer.
 ///
 /// # Safety
-/// `block` has `header + layout.size()` bytes.
+/// `block` is live, made for `extended(layout)`.
 #[inline(always)]
 unsafe fn with_header(acc: *const u8, block: *mut u8, layout: Layout) -> *mut u8 {
-    let h = header(layout.align());
-    STATE.with(|t| t.headers.set(t.headers.get() + h as i64));
-    // SAFETY: the block has `header + size` bytes; the user part starts
-    // at `block + header`, aligned to `layout.align()`.
+    STATE.with(|t| t.headers.set(t.headers.get() + TAG as i64));
+    // SAFETY: the block has `extended(layout)` bytes: the user part starts
+    // at `block + front`, aligned to `layout.align()`, the tag where
+    // `tag_slot` says.
     unsafe {
-        let user = block.add(h);
-        header_slot(user).write(acc);
+        let user = block.add(front(layout.align()));
+        tag_slot(user, layout.align(), layout.size()).write(acc);
         user
     }
 }

@@ -100,8 +100,8 @@ pub struct Reconciliation {
     pub requested_at_least: u64,
     /// … and at most (`accounted − stocked`).
     pub requested_at_most: u64,
-    /// Header bytes of the live blocks (8 per block, the alignment when
-    /// larger). Each thread adds its own count at its slow paths, so the
+    /// Tag bytes of the live blocks (8 per block: a header in front, or
+    /// trailing an over-aligned block). Each thread adds its own count at its slow paths, so the
     /// figure may lag by a reserve's worth of allocations per thread.
     pub headers: u64,
     /// Bytes the inner allocator has handed out and not taken back (glibc:

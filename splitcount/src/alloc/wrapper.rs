@@ -39,10 +39,16 @@ pub const REPORTING_GRACE: u64 = 1 << 20;
 /// The largest allocation the reporting grace lets through.
 pub const REPORTING_GRACE_ALLOCATION: u64 = 64 << 10;
 
-/// Bytes in front of every allocation: the charged group's account (a
-/// pointer). Alignments above 8 take a header of their own size, so that
-/// the user pointer stays aligned.
+/// The alignment up to which a block's tag is a header in front of it.
 const MIN_HEADER: usize = std::mem::size_of::<*const u8>();
+
+/// Bytes every block carries besides the caller's: its *tag*, the address
+/// of the account its bytes were charged to (null: none). For an alignment
+/// of at most 8 the tag is a header, the 8 bytes in front of the user
+/// pointer; for a larger one it trails the caller's bytes (at the size
+/// rounded up to 8), so that the block keeps the alignment without a whole
+/// alignment unit in front — see [`front`] and [`tag_slot`].
+pub(super) const TAG: usize = std::mem::size_of::<*const u8>();
 
 thread_local! {
     static LAST_REFUSAL: RefCell<Option<Refusal>> = const { RefCell::new(None) };
@@ -651,42 +657,75 @@ pub(super) fn uncharge_hit_in(t: &ThreadState, acc: *const u8, n: u64) -> bool {
     kept
 }
 
-/// The header size for an alignment: 8 bytes, or the alignment when larger
-/// (a multiple of it either way).
-#[inline]
-pub(super) fn header(align: usize) -> usize {
-    align.max(MIN_HEADER)
+/// The bytes of a block in front of the user pointer, for an alignment:
+/// the tag (a header) up to 8, nothing above (the tag trails).
+///
+/// ```text
+///  align ≤ 8:   block ─▶ ┌─────────┬──────────────────────┐
+///                        │ tag (8) │ size bytes …         │   user = block + 8
+///                        └─────────┴──────────────────────┘
+///  align > 8:   block ─▶ ┌──────────────────────┬─────┬─────────┐
+///               = user   │ size bytes …         │ pad │ tag (8) │   at round_up(size, 8)
+///                        └──────────────────────┴─────┴─────────┘
+/// ```
+///
+/// A header in front of an over-aligned block would have to be a whole
+/// alignment unit (so that the user pointer stays aligned): 4 KiB more for
+/// a page-aligned block, and an over-aligned size class the block might not
+/// need. The trailer costs 8 bytes and the rounding to 8, like the header.
+#[inline(always)]
+pub(super) fn front(align: usize) -> usize {
+    if align <= MIN_HEADER {
+        TAG
+    } else {
+        0
+    }
 }
 
-/// The layout actually requested from the inner allocator: the header in
-/// front, the alignment at least the header's. `None` when the total would
-/// pass `isize::MAX` once rounded up to the alignment.
+/// Where the trailing tag of an over-aligned block of `size` bytes lies,
+/// from its start: the size rounded up to the tag's alignment.
+#[inline(always)]
+fn trailer_offset(size: usize) -> usize {
+    // No overflow: `extended` admits only sizes at least 2·align below
+    // `isize::MAX`.
+    (size + (TAG - 1)) & !(TAG - 1)
+}
+
+/// The layout actually requested from the inner allocator: the tag added
+/// (in front, or trailing for an alignment above 8), the alignment at
+/// least 8. `None` when the total would pass `isize::MAX` once rounded up
+/// to the alignment.
 #[inline(always)]
 pub(super) fn extended(layout: Layout) -> Option<Layout> {
     let align = layout.align().max(MIN_HEADER);
-    // `header(align) ≤ align`, so `size + header` rounded up to `align` is at
-    // most `size + 2·align − 1`: one comparison rules out every overflow —
-    // a sum past `isize::MAX` has its top bit set. (The sum cannot wrap: a
-    // layout of non-zero size has `size ≤ isize::MAX − align + 1` and
-    // `align ≤ 2^62`, so it is below 2^63 + 2^62. It is an add and a sign
-    // test, where a saturating subtraction took five instructions.)
+    // The total is at most `size + 8` with a header (alignment 8) and
+    // `size + 15` with a trailer (alignment 16 or more), so rounded up to
+    // `align` it is at most `size + 2·align − 1`: one comparison rules out every
+    // overflow — a sum past `isize::MAX` has its top bit set. (The sum
+    // cannot wrap: a layout of non-zero size has `size ≤ isize::MAX −
+    // align + 1` and `align ≤ 2^62`, so it is below 2^63 + 2^62. It is an
+    // add and a sign test, where a saturating subtraction took five
+    // instructions.)
     if layout.size().wrapping_add(2 * align) > isize::MAX as usize {
         return None;
     }
+    let total = if layout.align() <= MIN_HEADER {
+        layout.size() + TAG
+    } else {
+        trailer_offset(layout.size()) + TAG
+    };
     // SAFETY: `align` is a power of two (a layout's alignment, or 8) and
-    // the size rounded up to it is at most `isize::MAX` (checked above).
-    Some(unsafe {
-        Layout::from_size_align_unchecked(layout.size() + header(layout.align()), align)
-    })
+    // the total rounded up to it is at most `isize::MAX` (checked above).
+    Some(unsafe { Layout::from_size_align_unchecked(total, align) })
 }
 
 /// `layout` with its alignment raised to the header's, when it is at most
 /// that (the common case: every type without an over-aligned field) and
 /// the size leaves room for the header; `None` otherwise.
 ///
-/// For such a layout the header and the inner layout are those of the
-/// layout itself — [`header`] and [`extended`] take the larger of the
-/// alignment and `MIN_HEADER` — but with the alignment a constant the
+/// For such a layout the tag and the inner layout are those of the
+/// layout itself — [`front`] and [`extended`] treat every alignment up to
+/// `MIN_HEADER` alike — but with the alignment a constant the
 /// compiler sees, so the branches on it fold away: ours, and the inner
 /// allocator's own (jemalloc's and mimalloc's choice between their plain
 /// and aligned entry points). `alloc` and `dealloc` each take this path
@@ -704,7 +743,7 @@ pub(super) fn word_aligned(layout: Layout) -> Option<Layout> {
 }
 
 /// The layout asked of the inner allocator when a block of `layout` is
-/// resized to `new_size`: the header in front, at the same alignment.
+/// resized to `new_size`: the tag added, at the same alignment.
 /// `None` where [`extended`] refuses the new size: `dealloc` takes
 /// `extended` of the block's layout as given, so no block may exist
 /// without one (a bound 8 bytes looser passed sizes within 16 of
@@ -716,18 +755,28 @@ pub(super) fn resized(layout: Layout, new_size: usize) -> Option<Layout> {
         .and_then(extended)
 }
 
+/// The tag of the block at `user`, of `size` bytes at alignment `align`
+/// (see [`front`]): the header in front, or the trailer.
+///
 /// # Safety
-/// `user` must be a pointer returned by `Accounted::alloc` (a header lies
-/// before it).
-#[inline]
-pub(super) unsafe fn header_slot(user: *mut u8) -> *mut *const u8 {
-    // SAFETY: the header's last 8 bytes are just before the user pointer.
-    unsafe { (user as *mut *const u8).sub(1) }
+/// `user` is a pointer returned by `Accounted` for a block of this size
+/// and alignment (for a trailer, the block's current size after a
+/// `realloc`); the slot is 8-aligned.
+#[inline(always)]
+pub(super) unsafe fn tag_slot(user: *mut u8, align: usize, size: usize) -> *mut *const u8 {
+    if align <= MIN_HEADER {
+        // SAFETY: the header is the 8 bytes just before the user pointer.
+        unsafe { (user as *mut *const u8).sub(1) }
+    } else {
+        // SAFETY: the trailer lies inside the block (`extended`), 8-aligned
+        // (the user pointer is aligned to more than 8).
+        unsafe { user.add(trailer_offset(size)).cast() }
+    }
 }
 
 // SAFETY: every method forwards to `inner` with a layout that keeps the
-// caller's alignment and adds a header; the pointer returned is `base +
-// header(align)`, which is aligned to `align` and lies inside the block.
+// caller's alignment and adds the tag; the pointer returned is `base +
+// front(align)`, which is aligned to `align` and lies inside the block.
 //
 // `alloc` and `dealloc` are never inlined into their callers (the
 // `__rust_alloc` shim, and through it user code): the compiler treats those
@@ -766,13 +815,13 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Accounted<A, Requested> {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let h = header(layout.align());
+        let f = front(layout.align());
         // The new block's layout must be valid before anything is charged.
         let Some(new_ext) = resized(layout, new_size) else {
             return std::ptr::null_mut();
         };
         // SAFETY: as in `dealloc`.
-        let acc = unsafe { *header_slot(ptr) };
+        let acc = unsafe { *tag_slot(ptr, layout.align(), layout.size()) };
         let (old, new) = (layout.size() as u64, new_size as u64);
         // SAFETY: as in `uncharge`.
         if let (true, Some(key)) = (new > old, unsafe { AccountKey::from_ptr(acc) }) {
@@ -783,9 +832,9 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Accounted<A, Requested> {
         let new_total = new_ext.size();
         // SAFETY: as in `dealloc`.
         let ext = unsafe { extended(layout).unwrap_unchecked() };
-        // SAFETY: the block was allocated by `inner` with `ext`; the header
-        // is copied along with the contents.
-        let base = unsafe { self.inner.realloc(ptr.sub(h), ext, new_total) };
+        // SAFETY: the block was allocated by `inner` with `ext`; a header
+        // is copied along with the contents (a trailer is written again).
+        let base = unsafe { self.inner.realloc(ptr.sub(f), ext, new_total) };
         if base.is_null() {
             if new > old {
                 self.uncharge(acc, new - old);
@@ -795,8 +844,9 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Accounted<A, Requested> {
         if new < old {
             self.uncharge(acc, old - new);
         }
-        // SAFETY: `base` is a block of `new_total` bytes.
-        unsafe { base.add(h) }
+        // SAFETY: `base` is a block of `new_total` bytes, made for the new
+        // size at the same alignment.
+        unsafe { moved_tag(base, layout.align(), new_size, acc) }
     }
 }
 
@@ -807,15 +857,15 @@ impl<A: GlobalAlloc> Accounted<A> {
     /// As `GlobalAlloc::dealloc`.
     #[inline(always)]
     unsafe fn dealloc_with(&self, ptr: *mut u8, layout: Layout) {
-        let h = header(layout.align());
-        // SAFETY: `ptr` came from `alloc` with this layout: the header is
-        // there and the block starts `h` bytes earlier.
-        let acc = unsafe { *header_slot(ptr) };
+        // SAFETY: `ptr` came from `alloc` with this layout: the tag is
+        // there and the block starts `front` bytes earlier.
+        let acc = unsafe { *tag_slot(ptr, layout.align(), layout.size()) };
+        let block = ptr.wrapping_sub(front(layout.align()));
         // SAFETY: `layout` is the one the block was allocated with (the
         // `GlobalAlloc` contract), for which `extended` succeeded then.
         let ext = unsafe { extended(layout).unwrap_unchecked() };
         // SAFETY: the block was allocated by `inner` with `ext`.
-        unsafe { self.uncharge_and_free(acc, layout.size() as u64, ptr.sub(h), ext, h) }
+        unsafe { self.uncharge_and_free(acc, layout.size() as u64, block, ext, TAG) }
     }
 
     /// `alloc` of a layout that is not [`word_aligned`], in a function of
@@ -892,18 +942,18 @@ impl<A> Accounted<A> {
         // Counted before the inner call (taken back if it fails): after it,
         // the thread state is not touched again, so no register holds its
         // address across the call.
-        let h = header(layout.align());
-        STATE.with(|t| t.headers.set(t.headers.get() + h as i64));
+        STATE.with(|t| t.headers.set(t.headers.get() + TAG as i64));
         let base = inner(ext);
         if base.is_null() {
-            self.alloc_failed(acc, layout.size() as u64, h);
+            self.alloc_failed(acc, layout.size() as u64, TAG);
             return base;
         }
-        // SAFETY: the block has `header + size` bytes; the user part starts
-        // at `base + header`, aligned to `layout.align()`.
+        // SAFETY: the block has `extended(layout)` bytes: the user part
+        // starts at `base + front`, aligned to `layout.align()`, the tag
+        // where `tag_slot` says.
         unsafe {
-            let user = base.add(h);
-            header_slot(user).write(acc);
+            let user = base.add(front(layout.align()));
+            tag_slot(user, layout.align(), layout.size()).write(acc);
             user
         }
     }
@@ -932,6 +982,29 @@ impl<A, C: Charging> fmt::Debug for Accounted<A, C> {
 #[allow(dead_code)]
 fn _doc_links(_: &Group) {}
 
+/// The user pointer of `base`, a block just made (or moved) by the inner
+/// allocator for `size` bytes at alignment `align` whose tag must hold
+/// `acc`: a header came along with the contents; a trailer is written at
+/// its place for the new size.
+///
+/// # Safety
+/// `base` is a live block of `extended` of that size and alignment, its
+/// header (for an alignment up to 8) holding `acc` already.
+#[inline]
+pub(super) unsafe fn moved_tag(
+    base: *mut u8,
+    align: usize,
+    size: usize,
+    acc: *const u8,
+) -> *mut u8 {
+    let user = base.wrapping_add(front(align));
+    if align > MIN_HEADER {
+        // SAFETY: the caller's contract: the trailer lies inside the block.
+        unsafe { tag_slot(user, align, size).write(acc) };
+    }
+    user
+}
+
 mod limit;
 mod raw;
 #[doc(hidden)]
@@ -943,7 +1016,7 @@ mod tests {
     use crate::alloc::Footprint;
     use std::alloc::System;
 
-    /// The largest alignments a `Layout` allows leave no room for a header:
+    /// The largest alignments a `Layout` allows leave no room for a tag:
     /// refused (null), never a wrapped size handed to the inner allocator
     /// nor a panic inside `GlobalAlloc::alloc`.
     #[test]
@@ -962,10 +1035,17 @@ mod tests {
                 assert!(requested.alloc_zeroed(layout).is_null());
             }
         }
+        // An over-aligned block asks for its size rounded up to 8 and the
+        // trailing tag, at its alignment — not an alignment unit more.
         let fits = Layout::from_size_align(100, 1 << 20).unwrap();
         assert_eq!(
             extended(fits).map(|l| (l.size(), l.align())),
-            Some((100 + (1 << 20), 1 << 20))
+            Some((104 + 8, 1 << 20))
+        );
+        let word = Layout::from_size_align(100, 8).unwrap();
+        assert_eq!(
+            extended(word).map(|l| (l.size(), l.align())),
+            Some((108, 8))
         );
     }
 

@@ -40,12 +40,14 @@ fn settled(g: &Group) -> u64 {
 }
 
 /// The footprint of the block at `user`, allocated at `align`: the inner
-/// allocator's usable size of the allocation, which starts a header (8
-/// bytes, or the alignment when larger) before `user`.
+/// allocator's usable size of the allocation, which starts an 8-byte
+/// header before `user`, or at `user` for an alignment above 8 (whose tag
+/// trails the caller's bytes).
 fn footprint(user: *mut u8, align: usize) -> u64 {
-    // SAFETY: `user` is live, from the wrapper: its allocation starts a
-    // header before it.
-    unsafe { usable(user.sub(align.max(8))) as u64 }
+    let front = if align <= 8 { 8 } else { 0 };
+    // SAFETY: `user` is live, from the wrapper: its allocation starts
+    // `front` bytes before it.
+    unsafe { usable(user.sub(front)) as u64 }
 }
 
 /// A small deterministic generator (xorshift64*).

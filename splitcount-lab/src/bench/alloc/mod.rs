@@ -25,7 +25,7 @@
 
 pub mod workloads;
 
-use super::worker::{self, Request, Worker};
+use super::worker::{self, HugePages, Request, Worker};
 use super::{Bench, Entry};
 use crate::alloc_switch::Allocator;
 use crate::timing::slice::SliceRun;
@@ -63,28 +63,41 @@ pub fn baseline_of(case: &str) -> Option<String> {
     Some(format!("{workload}-{}", allocator.baseline().name()))
 }
 
+/// How `bench alloc` measures the resident bytes per block.
+#[derive(Debug, Clone, Copy)]
+pub struct RssPlan<'a> {
+    /// Once with each of these (huge pages off, as the allocators ask).
+    pub pages: &'a [HugePages],
+    /// Blocks of each size held at once ([`worker::BLOCKS`] in full).
+    pub blocks: usize,
+}
+
+impl RssPlan<'_> {
+    /// Both huge-page settings, [`worker::BLOCKS`] blocks of each size.
+    pub const FULL: RssPlan<'static> = RssPlan {
+        pages: &HugePages::ALL,
+        blocks: worker::BLOCKS,
+    };
+}
+
 /// Measure every workload on every allocator; the rings at each of
-/// `threads`, `cross-thread` at 2 and `json` at 1. `exe` is the lab binary
-/// (its `alloc-worker` command runs the workers).
-pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> {
+/// `threads`, `cross-thread` at 2 and `json` at 1; and the resident bytes
+/// per block as `rss` says. `exe` is the lab binary (its `alloc-worker`
+/// command runs the workers).
+pub fn run(exe: &Path, threads: &[usize], plan: &Plan, rss: RssPlan) -> Result<Bench, String> {
     // The resident memory per block, each allocator and size in a fresh
     // worker of its own (which measures it first thing, then goes).
-    let blocks = ALLOCATORS
+    let word: Vec<(usize, usize)> = worker::BLOCK_SIZES.iter().map(|&s| (s, 8)).collect();
+    let blocks = rss
+        .pages
         .iter()
-        .map(|&a| {
-            let mut per_size = Vec::new();
-            for size in worker::BLOCK_SIZES {
-                let size = size.to_string();
-                let ask_rss = [(worker::BLOCK_RSS_ENV, std::ffi::OsStr::new(&size))];
-                let w = Worker::start_with_env(exe, a, &ask_rss)?;
-                match w.hello.as_ref().and_then(|h| h.block_bytes.first()) {
-                    Some(&b) => per_size.push(b),
-                    None => return Ok((a, Vec::new())),
-                }
-            }
-            Ok((a, per_size))
+        .copied()
+        .map(|pages| {
+            let sized = block_rss(exe, pages, &word, rss.blocks)?;
+            let aligned = block_rss(exe, pages, &worker::ALIGNED_BLOCKS, rss.blocks)?;
+            Ok((pages, sized, aligned))
         })
-        .collect::<Result<Vec<(Allocator, Vec<f64>)>, String>>()?;
+        .collect::<Result<Vec<_>, String>>()?;
     // The cases each worker runs in a round: after that many slices, a
     // new round begins (the warm-up included: each case runs once in it).
     let per_round: usize = Workload::ALL
@@ -126,8 +139,47 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<Bench, String> 
         worker::BOXES,
         boxes.join(", ")
     ));
-    bench.legend.extend(block_rss_legend(&blocks));
+    for (pages, sized, aligned) in &blocks {
+        bench
+            .legend
+            .extend(block_rss_legend(sized, *pages, rss.blocks));
+        bench
+            .legend
+            .extend(aligned_rss_legend(aligned, *pages, rss.blocks));
+    }
     Ok(bench)
+}
+
+/// Each allocator's resident bytes per block of each of `layouts`
+/// (`(size, align)`), with huge pages as `pages` says: one fresh worker per
+/// allocator and layout (empty where the worker could not tell).
+fn block_rss(
+    exe: &Path,
+    pages: HugePages,
+    layouts: &[(usize, usize)],
+    blocks: usize,
+) -> Result<Vec<(Allocator, Vec<f64>)>, String> {
+    let blocks = blocks.to_string();
+    ALLOCATORS
+        .iter()
+        .map(|&a| {
+            let mut per_size = Vec::new();
+            for &(size, align) in layouts {
+                let asked = worker::block_rss_request(size, align);
+                let env = [
+                    (worker::BLOCK_RSS_ENV, std::ffi::OsStr::new(&asked)),
+                    (worker::NO_BOXES_ENV, std::ffi::OsStr::new("1")),
+                    (worker::BLOCK_COUNT_ENV, std::ffi::OsStr::new(&blocks)),
+                ];
+                let w = Worker::start_with(exe, a, &env, pages)?;
+                match w.hello.as_ref().and_then(|h| h.block_bytes.first()) {
+                    Some(&b) => per_size.push(b),
+                    None => return Ok((a, Vec::new())),
+                }
+            }
+            Ok((a, per_size))
+        })
+        .collect()
 }
 
 /// An allocator's worker, replaced by a fresh one every `per_round`
@@ -209,56 +261,112 @@ pub fn alone(a: Allocator) -> Allocator {
     }
 }
 
-/// Resident bytes per block over `sizes` against the same on the
-/// allocator alone: the mean over the sizes of the per-size growth, and
-/// the worst size (`None` when either has no figures, or the allocator
-/// alone grew by less than a byte a block at some size: memory it had
-/// already, a figure not to divide by).
-pub fn rss_growth(ours: &[f64], alone: &[f64], sizes: &[usize]) -> Option<(f64, f64, usize)> {
-    if ours.len() != sizes.len() || alone.len() != sizes.len() || alone.iter().any(|&a| a < 1.0) {
+/// Resident bytes per block over the block kinds `labels` (sizes, or
+/// layouts) against the same on the allocator alone: the mean over the
+/// kinds of the per-kind growth, and the worst kind (`None` when either has
+/// no figures, or the allocator alone grew by less than a byte a block for
+/// some kind: memory it had already, a figure not to divide by).
+pub fn rss_growth<L: Copy>(ours: &[f64], alone: &[f64], labels: &[L]) -> Option<(f64, f64, L)> {
+    if ours.len() != labels.len() || alone.len() != labels.len() || alone.iter().any(|&a| a < 1.0) {
         return None;
     }
     let growth: Vec<f64> = ours.iter().zip(alone).map(|(o, a)| o / a - 1.0).collect();
     let mean = growth.iter().sum::<f64>() / growth.len() as f64;
-    let (worst, at) =
-        growth.iter().zip(sizes).fold(
-            (f64::MIN, 0),
-            |(w, s), (g, size)| if *g > w { (*g, *size) } else { (w, s) },
-        );
+    let (worst, at) = growth
+        .iter()
+        .zip(labels)
+        .map(|(g, l)| (*g, *l))
+        .reduce(|w, x| if x.0 > w.0 { x } else { w })?;
     Some((mean, worst, at))
 }
 
-/// The legend lines of the per-size resident memory: each allocator's
-/// bytes per block, and each accounted one's growth over its allocator
-/// alone.
-fn block_rss_legend(blocks: &[(Allocator, Vec<f64>)]) -> Vec<String> {
-    let sizes = worker::BLOCK_SIZES;
+/// The legend lines of the per-size resident memory measured with huge
+/// pages as `pages` says, `count` blocks of each size.
+fn block_rss_legend(
+    blocks: &[(Allocator, Vec<f64>)],
+    pages: HugePages,
+    count: usize,
+) -> Vec<String> {
+    let setting = match pages {
+        HugePages::Off => "transparent huge pages off: what each block takes",
+        HugePages::AsAsked => {
+            "transparent huge pages as each allocator asks for them (mimalloc does, and its \
+             resident set then grows 2 MiB at a time: a whole huge page more or less, at \
+             random, for the smallest sizes)"
+        }
+    };
+    let sizes = worker::BLOCK_SIZES.map(|s| s.to_string());
+    let labels = worker::BLOCK_SIZES.map(|s| format!("{s} B"));
+    rss_legend(
+        blocks,
+        &format!(
+            "resident bytes per block of {} B ({count} of each held at once; {setting})",
+            sizes.join(", ")
+        ),
+        &labels,
+        &format!("resident memory per block ({})", pages_short(pages)),
+    )
+}
+
+/// The legend lines of the over-aligned layouts' resident memory
+/// ([`worker::ALIGNED_BLOCKS`]), as [`block_rss_legend`] for the sizes.
+fn aligned_rss_legend(
+    blocks: &[(Allocator, Vec<f64>)],
+    pages: HugePages,
+    count: usize,
+) -> Vec<String> {
+    let labels = worker::ALIGNED_BLOCKS.map(|(size, align)| format!("{size} B at {align}"));
+    let held: Vec<String> = worker::ALIGNED_BLOCKS
+        .iter()
+        .zip(&labels)
+        .map(|(&(_, align), l)| format!("{l} ({} held)", worker::blocks_at(align, count)))
+        .collect();
+    rss_legend(
+        blocks,
+        &format!(
+            "resident bytes per over-aligned block, {} ({})",
+            held.join(", "),
+            pages_short(pages)
+        ),
+        &labels,
+        &format!(
+            "resident memory per over-aligned block ({})",
+            pages_short(pages)
+        ),
+    )
+}
+
+/// Two legend lines for resident bytes per block of each kind in `labels`:
+/// `table`, then each allocator's figures; `growth`, then each accounted
+/// allocator's mean and worst growth over the same allocator alone.
+fn rss_legend(
+    blocks: &[(Allocator, Vec<f64>)],
+    table: &str,
+    labels: &[String],
+    growth: &str,
+) -> Vec<String> {
     let of = |a: Allocator| {
         blocks
             .iter()
             .find(|(b, _)| *b == a)
             .map(|(_, v)| v.as_slice())
     };
-    let mut lines = vec![format!(
-        "resident bytes per block of {} B ({} of each held at once): {}",
-        sizes.map(|s| s.to_string()).join(", "),
-        worker::BLOCKS,
-        blocks
-            .iter()
-            .map(|(a, v)| {
-                let cells: Vec<String> = v.iter().map(|b| format!("{b:.1}")).collect();
-                format!("{} [{}]", a.name(), cells.join(" "))
-            })
-            .collect::<Vec<_>>()
-            .join("; ")
-    )];
-    let growth: Vec<String> = blocks
+    let cells: Vec<String> = blocks
+        .iter()
+        .map(|(a, v)| {
+            let cells: Vec<String> = v.iter().map(|b| format!("{b:.1}")).collect();
+            format!("{} [{}]", a.name(), cells.join(" "))
+        })
+        .collect();
+    let mut lines = vec![format!("{table}: {}", cells.join("; "))];
+    let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+    let growths: Vec<String> = blocks
         .iter()
         .filter(|(a, _)| alone(*a) != *a)
         .filter_map(|(a, v)| {
-            let (mean, worst, at) = rss_growth(v, of(alone(*a))?, &sizes)?;
+            let (mean, worst, at) = rss_growth(v, of(alone(*a))?, &labels)?;
             Some(format!(
-                "{} over {}: mean {:+.1}%, worst {:+.1}% at {at} B",
+                "{} over {}: mean {:+.1}%, worst {:+.1}% at {at}",
                 a.name(),
                 alone(*a).name(),
                 mean * 100.0,
@@ -266,10 +374,18 @@ fn block_rss_legend(blocks: &[(Allocator, Vec<f64>)]) -> Vec<String> {
             ))
         })
         .collect();
-    if !growth.is_empty() {
-        lines.push(format!("resident memory per block: {}", growth.join("; ")));
+    if !growths.is_empty() {
+        lines.push(format!("{growth}: {}", growths.join("; ")));
     }
     lines
+}
+
+/// How the legend names a huge-page setting in short.
+fn pages_short(pages: HugePages) -> &'static str {
+    match pages {
+        HugePages::Off => "huge pages off",
+        HugePages::AsAsked => "huge pages as asked",
+    }
 }
 
 #[cfg(test)]

@@ -191,7 +191,9 @@ pub const SUITES: &[Suite] = &[
                 other's blocks), json (serde_json parsing and re-serializing a 2 MB \
                 document) and btree (a BTreeMap<u64, String> of 1,000 random keys built \
                 and dropped); and the resident bytes per block of 8 to 128 bytes on each \
-                allocator (a note). The cost of the header, the thread reserve and the per-CPU byte \
+                allocator (notes: with transparent huge pages off in the worker, what a \
+                block takes, and — not in a quick report — as the allocators ask for \
+                them). The cost of the header, the thread reserve and the per-CPU byte \
                 stock.",
         run: timed::alloc,
     },

@@ -8,6 +8,7 @@
 //! measures.
 
 use super::{counted, with_case, Outcome, Settings};
+use crate::bench::worker::HugePages;
 use crate::bench::{self, Bench, Record};
 use crate::report::plots::{self, Axis, Bar, Chart, Series, Style};
 use crate::report::published;
@@ -92,7 +93,20 @@ pub fn stats(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
 /// worker processes.
 pub fn alloc(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
     let exe = std::env::current_exe().map_err(|e| format!("the lab binary: {e}"))?;
-    let b = counted(progress, || bench::alloc::run(&exe, &[1, 2], &s.plan()))?;
+    // The resident bytes per block take a fresh worker per allocator and
+    // size: a quick report holds a quarter of the blocks, and only with huge
+    // pages off (as the allocators ask for them would take as long again).
+    let rss = if s.quick {
+        bench::alloc::RssPlan {
+            pages: &[HugePages::Off],
+            blocks: bench::worker::BLOCKS / 4,
+        }
+    } else {
+        bench::alloc::RssPlan::FULL
+    };
+    let b = counted(progress, || {
+        bench::alloc::run(&exe, &[1, 2], &s.plan(), rss)
+    })?;
     let mut out = outcome("alloc", &b, "op")?;
     let bars: Vec<Bar> = b
         .records
