@@ -68,8 +68,9 @@ pub const BLOCK_COUNT_ENV: &str = "SPLITCOUNT_LAB_BLOCK_COUNT";
 /// The over-aligned layouts, `(size, align)`, whose resident bytes a worker
 /// measures when asked: a 16-aligned value (`u128`, SSE), a cache line
 /// (`#[repr(align(64))]`), a small page-aligned buffer
-/// (`posix_memalign(4096, 100)`).
-pub const ALIGNED_BLOCKS: [(usize, usize); 3] = [(16, 16), (64, 64), (100, 4096)];
+/// (`posix_memalign(4096, 100)`'s shape) and a page-aligned page (a Rust
+/// type's size is a multiple of its alignment: `#[repr(align(4096))]`).
+pub const ALIGNED_BLOCKS: [(usize, usize); 4] = [(16, 16), (64, 64), (100, 4096), (4096, 4096)];
 
 /// How many blocks of alignment `align` [`Hello::block_bytes`] holds when
 /// asked for `blocks` of a size: that many, or a 50th of them of a page's
