@@ -207,10 +207,10 @@ const GROUPS: usize = 2;
 
 /// Resident bytes per block of `size` at alignment `align`, as a `Box` of
 /// that layout asks for them: the growth of the resident set while
-/// [`blocks_at`] of them are made, then all are freed. One size per process: in one process
-/// after another size, a size's blocks land in pages the last size's
-/// bookkeeping had touched already, or not, by ±20% on mimalloc. Empty
-/// without `/proc/self/statm`.
+/// [`blocks_at`] of them are made, then all are freed. One size per
+/// process: in one process after another size, a size's blocks land in
+/// pages the last size's bookkeeping had touched already, or not, by ±20%
+/// on mimalloc. Empty without `/proc/self/statm`.
 fn block_bytes(size: usize, align: usize, blocks: usize) -> Vec<f64> {
     let layout = Layout::from_size_align(size, align).expect("small sizes");
     let count = blocks_at(align, blocks);
