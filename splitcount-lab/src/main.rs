@@ -114,8 +114,8 @@ enum Command {
     /// verdicts against the targets, and write `report.json` and
     /// `index.html`.
     Report {
-        /// Fewer, shorter rounds, for smoke tests (about 10 s on 2 cores,
-        /// instead of about 2 minutes).
+        /// Fewer, shorter rounds, for smoke tests (about 35 s on 2 cores,
+        /// instead of about 6 minutes).
         #[arg(long)]
         quick: bool,
         #[arg(long, help = report::suites::suites_help())]
