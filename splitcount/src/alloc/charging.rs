@@ -32,7 +32,9 @@
 #[cfg(any(feature = "jemalloc", feature = "mimalloc"))]
 use super::size_class;
 use super::thread::STATE;
-use super::wrapper::{extended, front, moved_tag, resized, tag_slot, word_aligned, Accounted, TAG};
+use super::wrapper::{
+    extended, front, moved_tag, resized, tag_slot, tagged, word_aligned, Accounted, TAG,
+};
 use crate::group::AccountKey;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt;
@@ -678,14 +680,8 @@ impl<A: InnerFootprint> Accounted<A, Footprint> {
 #[inline(always)]
 unsafe fn with_header(acc: *const u8, block: *mut u8, layout: Layout) -> *mut u8 {
     STATE.with(|t| t.headers.set(t.headers.get() + TAG as i64));
-    // SAFETY: the block has `extended(layout)` bytes: the user part starts
-    // at `block + front`, aligned to `layout.align()`, the tag where
-    // `tag_slot` says.
-    unsafe {
-        let user = block.add(front(layout.align()));
-        tag_slot(user, layout.align(), layout.size()).write(acc);
-        user
-    }
+    // SAFETY: forwarded contract.
+    unsafe { tagged(block, layout, acc) }
 }
 
 /// `Jemalloc`'s flags for `layout` (as `tikv_jemallocator` computes them):

@@ -834,7 +834,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Accounted<A, Requested> {
         let ext = unsafe { extended(layout).unwrap_unchecked() };
         // SAFETY: the block was allocated by `inner` with `ext`; a header
         // is copied along with the contents (a trailer is written again).
-        let base = unsafe { self.inner.realloc(ptr.sub(f), ext, new_total) };
+        let base = unsafe { self.inner.realloc(ptr.wrapping_sub(f), ext, new_total) };
         if base.is_null() {
             if new > old {
                 self.uncharge(acc, new - old);
@@ -948,14 +948,8 @@ impl<A> Accounted<A> {
             self.alloc_failed(acc, layout.size() as u64, TAG);
             return base;
         }
-        // SAFETY: the block has `extended(layout)` bytes: the user part
-        // starts at `base + front`, aligned to `layout.align()`, the tag
-        // where `tag_slot` says.
-        unsafe {
-            let user = base.add(front(layout.align()));
-            tag_slot(user, layout.align(), layout.size()).write(acc);
-            user
-        }
+        // SAFETY: the block was made for `ext`, which is `extended(layout)`.
+        unsafe { tagged(base, layout, acc) }
     }
 
     /// The inner allocator failed: give back the `n` bytes charged to
@@ -981,6 +975,26 @@ impl<A, C: Charging> fmt::Debug for Accounted<A, C> {
 /// Whether a group is the allocator's concern: for `Group` docs.
 #[allow(dead_code)]
 fn _doc_links(_: &Group) {}
+
+/// The user pointer of `block`, a block just made by the inner allocator
+/// for `extended(layout)`, with `acc` written in its tag: the one step
+/// every allocation path ends with (the tag's byte count is the caller's:
+/// `Accounted::alloc_charged` counts it before the inner call, so that no
+/// register holds the thread state across it).
+///
+/// # Safety
+/// `block` is live, made for `extended(layout)`.
+#[inline(always)]
+pub(super) unsafe fn tagged(block: *mut u8, layout: Layout, acc: *const u8) -> *mut u8 {
+    // SAFETY: the block has `extended(layout)` bytes: the user part starts
+    // at `block + front`, aligned to `layout.align()`, the tag where
+    // `tag_slot` says.
+    unsafe {
+        let user = block.add(front(layout.align()));
+        tag_slot(user, layout.align(), layout.size()).write(acc);
+        user
+    }
+}
 
 /// The user pointer of `base`, a block just made (or moved) by the inner
 /// allocator for `size` bytes at alignment `align` whose tag must hold
