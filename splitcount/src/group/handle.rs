@@ -680,9 +680,7 @@ impl Group {
             return;
         }
         let machine = &self.shared.config.machine;
-        let _ = stock
-            .give_back_after_miss(machine.current_cpu(), &node.usage, n)
-            .uncharge();
+        stock.return_after_miss(machine.current_cpu(), &node.usage, n);
     }
 
     /// Remove the group: refused for the root and for a group with live
