@@ -17,8 +17,8 @@
 //! | [`cpu_id`] | each CPU-id source on its own: the lab's `bench cpu-id` and `machine` |
 
 pub use crate::charge::stock::{
-    Consumed, Leftovers, Stock, StockError, StockKey, ADMIT_EVERY, DEFAULT_BUDGET_BATCHES,
-    MAX_STOCK_BATCH, MAX_STOCK_SLOTS, WINDOW,
+    Consumed, Leftovers, Stock, StockError, StockKey, ADMIT_EVERY, ADMIT_EVERY_MAX,
+    DEFAULT_BUDGET_BATCHES, MAX_STOCK_BATCH, MAX_STOCK_SLOTS, RECENT_VICTIMS, WINDOW,
 };
 pub use crate::charge::usage::UsageCounter;
 

@@ -15,7 +15,7 @@ use common::{online_cpu_ids, pin_to, unpin};
 use proptest::prelude::*;
 use splitcount::cpu::Machine;
 use splitcount::group::{Group, Hierarchy, HierarchyConfig};
-use splitcount::raw::ADMIT_EVERY;
+use splitcount::raw::{ADMIT_EVERY, ADMIT_EVERY_MAX};
 
 fn machine(cpus: usize) -> Machine {
     Machine::simulated(cpus, 1).unwrap()
@@ -155,17 +155,87 @@ fn a_new_working_set_replaces_an_idle_one() {
     let h = one_cpu_with_slots(7);
     let old = tenants(&h, 7);
     take_turns(&old, 4);
+    let rounds = ADMIT_EVERY as usize * 7 + 7;
+    let warm_up = seven_new_tenants_take_over(&h, &old, rounds);
+    assert!(warm_up <= 7 * rounds);
+}
+
+/// 7 new tenants take `rounds` turns on `h`'s 7 slots, which `old` held:
+/// then every slot is theirs — none of `old` has units stocked, and the
+/// new ones hit (a refill per batch of their charges). The charges of the
+/// `rounds` that refilled or charged directly.
+fn seven_new_tenants_take_over(h: &Hierarchy, old: &[Group], rounds: usize) -> usize {
     let new: Vec<Group> = (0..7)
         .map(|i| h.root().child(&format!("n{i}")).unwrap())
         .collect();
-    let warm_up = take_turns(&new, ADMIT_EVERY as usize * 7 + 7);
-    assert!(warm_up <= 7 * (ADMIT_EVERY as usize * 7 + 7));
-    for g in &old {
+    let warm_up = take_turns(&new, rounds);
+    for g in old {
         assert_eq!(g.stocked(), 0, "the old set was evicted");
     }
-    // Every new tenant holds a slot: a refill per batch of its charges.
     let misses = take_turns(&new, 128);
     assert!(misses <= 7 * 3, "{misses} misses in {} charges", 7 * 128);
+    warm_up
+}
+
+/// Charge one unit to each tenant in turn, `rounds` times; the number of
+/// times a tenant left out took a slot: its charge before was direct (the
+/// usage rose by the unit) and this one refilled (by more than the unit).
+fn admissions_in_turns(groups: &[Group], rounds: usize) -> usize {
+    let mut admitted = 0;
+    let mut direct = vec![false; groups.len()];
+    for _ in 0..rounds {
+        for (g, direct) in groups.iter().zip(&mut direct) {
+            let before = g.usage();
+            g.charge(1).unwrap();
+            let rise = g.usage() - before;
+            if rise > 1 && *direct {
+                admitted += 1;
+            }
+            *direct = rise == 1;
+        }
+    }
+    admitted
+}
+
+#[test]
+fn a_cyclic_pattern_longer_than_the_slots_backs_off_its_evictions() {
+    // 8 tenants in turn over 7 slots: each eviction admits the key the one
+    // before evicted (it hands the miss on, nothing more), so the CPU's
+    // admission period doubles at each — 8, 16, 32, 64, 128 misses — and
+    // then stays at ADMIT_EVERY_MAX: a slot changes hands once per 128
+    // misses of the key left out instead of once per 8 (100 evictions in
+    // 800 rounds, each an uncharge of the victim's units and a refill).
+    let h = one_cpu_with_slots(7);
+    let groups = tenants(&h, 8);
+    take_turns(&groups, 8);
+    let rounds = 800;
+    let admitted = admissions_in_turns(&groups, rounds);
+    let backing_off = 5; // the admissions at 8, 8, 16, 32 and 64 misses
+    let at_most = backing_off + rounds / ADMIT_EVERY_MAX as usize;
+    assert!(
+        admitted <= at_most,
+        "{admitted} admissions in {rounds} rounds (at most {at_most})"
+    );
+    // The slot still changes hands: no tenant is left out for good.
+    assert!(admitted >= rounds / ADMIT_EVERY_MAX as usize, "{admitted}");
+    h.drain_stocks();
+    for g in &groups {
+        assert_eq!((g.usage(), g.stocked()), ((8 + rounds) as u64, 0));
+    }
+}
+
+#[test]
+fn after_backing_off_a_new_working_set_still_replaces_the_old_one() {
+    // The filter backed off to ADMIT_EVERY_MAX serving 8 tenants over 7
+    // slots; 7 new tenants come: the keys they bring in were not evicted
+    // lately, so each admission halves the period again — 128, 64, 32,
+    // 16, 8, 8, 8 misses, 264 in all — and the new set holds every slot.
+    let h = one_cpu_with_slots(7);
+    let old = tenants(&h, 8);
+    take_turns(&old, 808);
+    // 264 misses at 7, 6, … 1 a round take at most 19 + 11 + 7 + 4 + 3 +
+    // 4 + 8 rounds (the count left from before only shortens the first).
+    seven_new_tenants_take_over(&h, &old, 56);
 }
 
 #[test]

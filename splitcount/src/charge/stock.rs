@@ -41,9 +41,13 @@
 //! eviction's uncharge and a batch's refill on every level of two
 //! hierarchies; with the filter the keys in the slots keep hitting, the
 //! one left out pays one direct charge per op, and the slot it takes now
-//! and then is handed on the same way. A new working set still displaces
-//! an idle one: every miss counts, so after at most `ADMIT_EVERY` misses
-//! per slot the old keys are gone. The filter decides without the block's
+//! and then is handed on the same way. Each CPU remembers the keys its
+//! last [`RECENT_VICTIMS`] evictions took out: an eviction that admits one
+//! of them only hands the miss on, so the CPU doubles its period, up to
+//! [`ADMIT_EVERY_MAX`]; one that admits a key not evicted lately halves it
+//! again. A new working set still displaces an idle one: every miss
+//! counts, so after at most `ADMIT_EVERY` misses per slot the old keys
+//! are gone — or, on a CPU that had backed off, 128 + 64 + … + 8 misses. The filter decides without the block's
 //! lock (a scan of the window and a per-block count), so a key left out
 //! pays its direct charge or return and no lock; only an admitted key
 //! locks the block to take its slot.
@@ -100,8 +104,23 @@ pub const WINDOW: usize = 16;
 
 /// When a key misses and every slot of its window is taken, one such miss
 /// in this many (per CPU) evicts a slot for it; the others charge the
-/// usage counter directly (see `Block::admits`).
+/// usage counter directly (see `Block::admits`). The least period: a CPU
+/// whose evictions bring back keys it evicted shortly before backs off to
+/// [`ADMIT_EVERY_MAX`] (see [`Stock`]'s admission docs).
 pub const ADMIT_EVERY: u8 = 8;
+
+/// The longest admission period a CPU backs off to: one eviction per this
+/// many misses of keys left out, while the keys it admits are ones it
+/// evicted among its last [`RECENT_VICTIMS`] evictions (a cyclic pattern
+/// one or two keys longer than the slots).
+pub const ADMIT_EVERY_MAX: u8 = ADMIT_EVERY << MAX_BACKOFF;
+
+/// Doublings of the admission period at most.
+const MAX_BACKOFF: u8 = 4;
+
+/// Evicted keys a CPU remembers to tell an admission that brings one back
+/// (thrashing) from one that brings in a new key.
+pub const RECENT_VICTIMS: usize = 4;
 
 /// The largest batch: units are kept as `u32`.
 pub const MAX_STOCK_BATCH: u64 = u32::MAX as u64;
@@ -385,8 +404,9 @@ impl Block {
     }
 
     /// Whether a key that is not in `window` may take a slot there: yes if
-    /// one is empty; if all are taken, only one miss in [`ADMIT_EVERY`]
-    /// (counted per block, without the lock) evicts a victim — the others
+    /// one is empty; if all are taken, only one miss in `period` (the
+    /// CPU's admission period, [`ADMIT_EVERY`] to [`ADMIT_EVERY_MAX`];
+    /// counted per block, without the lock) evicts a victim — the others
     /// bypass the stock. Round-robin eviction of a cyclic pattern one key
     /// longer than the window (8 tenants in turn over 7 slots) would
     /// otherwise evict on every charge, each eviction an uncharge and a
@@ -394,19 +414,20 @@ impl Block {
     /// in the slots keep hitting and the one left out pays a direct
     /// charge, and a new working set still replaces an old one after at
     /// most `ADMIT_EVERY` misses per slot.
-    fn admits(&self, (start, end): (usize, usize)) -> bool {
-        (start..end).any(|i| self.key(i) == 0) || self.count_miss()
+    fn admits(&self, (start, end): (usize, usize), period: u8) -> bool {
+        (start..end).any(|i| self.key(i) == 0) || self.count_miss(period)
     }
 
     /// Count a miss of a key left out of a full window: whether it is the
-    /// one in [`ADMIT_EVERY`] that may evict.
-    fn count_miss(&self) -> bool {
+    /// one in `period` that may evict.
+    fn count_miss(&self, period: u8) -> bool {
         // Relaxed, and not one read-modify-write: a heuristic's count,
         // kept without the lock by the miss paths (two threads of a CPU
         // that interleave may count one miss where there were two).
-        let m = (self.misses.load(Relaxed) + 1) % ADMIT_EVERY;
-        self.misses.store(m, Relaxed);
-        m == 0
+        let m = self.misses.load(Relaxed).wrapping_add(1);
+        let admit = m >= period;
+        self.misses.store(if admit { 0 } else { m }, Relaxed);
+        admit
     }
 
     /// [`Block::find`] without the lock.
@@ -521,7 +542,56 @@ pub struct Stock<K: StockKey = Arc<UsageCounter>> {
     /// their own, so that a drain's count never invalidates the line every
     /// hit reads `mode`, `cpus` and `slots` from.
     activity: crossbeam_utils::CachePadded<Activity>,
+    /// Per CPU, beside its block (outside the 1 KiB the sequences read):
+    /// the admission filter's memory of its evictions.
+    admission: Box<[Admission]>,
     _keys: std::marker::PhantomData<K>,
+}
+
+/// What one CPU's admission filter learned from its evictions: the keys
+/// it evicted last, and how far it backed off. Written under the CPU's
+/// block lock (an eviction); `backoff` read without it (a miss's hint).
+#[derive(Default)]
+struct Admission {
+    /// The words of the keys the last [`RECENT_VICTIMS`] evictions took
+    /// out of their slots (0: none), `next` the place of the next.
+    recent: [AtomicUsize; RECENT_VICTIMS],
+    next: AtomicU8,
+    /// The admission period is `ADMIT_EVERY << backoff`.
+    backoff: AtomicU8,
+}
+
+impl Admission {
+    /// The admission period: one miss of a key left out in this many may
+    /// evict.
+    fn period(&self) -> u8 {
+        // Relaxed: a heuristic's setting (see `Admission`).
+        ADMIT_EVERY << self.backoff.load(Relaxed).min(MAX_BACKOFF)
+    }
+
+    /// An eviction of `victim` to admit `admitted` (words of keys), under
+    /// the block's lock: an admitted key that one of the last evictions
+    /// took out means the CPU serves a cyclic pattern longer than its
+    /// slots — every eviction only hands the miss on — so the period
+    /// doubles (up to [`ADMIT_EVERY_MAX`]); a key not evicted lately is a
+    /// new working set coming in, and the period halves again.
+    fn evicted(&self, victim: usize, admitted: usize) {
+        // Relaxed (all): under the block's lock, which orders them for
+        // the next holder; the miss paths read `backoff` only as a hint.
+        let thrash = self.recent.iter().any(|r| r.load(Relaxed) == admitted);
+        let b = self.backoff.load(Relaxed);
+        self.backoff.store(
+            if thrash {
+                (b + 1).min(MAX_BACKOFF)
+            } else {
+                b.saturating_sub(1)
+            },
+            Relaxed,
+        );
+        let at = self.next.load(Relaxed) as usize % RECENT_VICTIMS;
+        self.recent[at].store(victim, Relaxed);
+        self.next.store(((at + 1) % RECENT_VICTIMS) as u8, Relaxed);
+    }
 }
 
 #[derive(Default)]
@@ -701,6 +771,7 @@ impl<K: StockKey> Stock<K> {
             window_len,
             mode,
             activity: Default::default(),
+            admission: (0..cpus).map(|_| Admission::default()).collect(),
             _keys: std::marker::PhantomData,
         };
         #[cfg(all(unix, not(loom)))]
@@ -796,6 +867,13 @@ impl<K: StockKey> Stock<K> {
 
     fn block(&self, cpu: usize) -> &Block {
         &self.cpus[cpu % self.cpus.len()]
+    }
+
+    /// The admission state of the CPU whose block is `b`.
+    fn admission(&self, b: &Block) -> &Admission {
+        let at = (b as *const Block as usize - self.cpus.as_ptr() as usize)
+            / std::mem::size_of::<Block>();
+        &self.admission[at]
     }
 
     #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
@@ -1066,14 +1144,14 @@ impl<K: StockKey> Stock<K> {
         }) {
             return Some(false);
         }
-        b.count_miss().then_some(true)
+        b.count_miss(self.admission(b).period()).then_some(true)
     }
 
     /// The refill of a key that has no slot in block `b`: a
     /// batch if `b` admits it ([`Block::admits`]), else 0 (the key is left
     /// out). The one admission decision of both modes' misses.
     fn refill_absent(&self, b: &Block, key: &K) -> u64 {
-        if b.admits(self.window(key.as_raw())) {
+        if b.admits(self.window(key.as_raw()), self.admission(b).period()) {
             self.refill(None)
         } else {
             0
@@ -1260,6 +1338,7 @@ impl<K: StockKey> Stock<K> {
                     b.swap_key(i, key.clone().into_raw())
                 };
                 if old != 0 {
+                    self.admission(b).evicted(old, raw);
                     // SAFETY: the slot owned the victim's word.
                     let victim = unsafe { K::from_raw(old) };
                     victim.counter().note_stock_slot(false);

@@ -67,8 +67,10 @@ impl HierarchyConfig {
     /// default). When more groups than that charge on one CPU, the ones
     /// without a slot charge the usage counters directly, and one of their
     /// misses in [`crate::raw::ADMIT_EVERY`] takes a slot from another
-    /// group: the groups in the slots keep hitting rather than evicting
-    /// each other on every charge.
+    /// group (one in up to [`crate::raw::ADMIT_EVERY_MAX`] on a CPU whose
+    /// evictions keep bringing back keys it evicted shortly before): the
+    /// groups in the slots keep hitting rather than evicting each other on
+    /// every charge.
     pub fn stock_slots(mut self, slots: usize) -> Self {
         self.stock_slots = slots;
         self
