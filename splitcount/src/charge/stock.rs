@@ -47,10 +47,11 @@
 //! [`ADMIT_EVERY_MAX`]; one that admits a key not evicted lately halves it
 //! again. A new working set still displaces an idle one: every miss
 //! counts, so after at most `ADMIT_EVERY` misses per slot the old keys
-//! are gone — or, on a CPU that had backed off, 128 + 64 + … + 8 misses. The filter decides without the block's
-//! lock (a scan of the window and a per-block count), so a key left out
-//! pays its direct charge or return and no lock; only an admitted key
-//! locks the block to take its slot.
+//! are gone — or, on a CPU that had backed off, after 128 + 64 + … + 8
+//! misses. The filter decides without the block's lock (a scan of the
+//! window and a per-block count), so a key left out pays its direct
+//! charge or return and no lock; only an admitted key locks the block to
+//! take its slot.
 //!
 //! **Locking.** Threads that share a CPU can preempt each other, so each
 //! CPU's block has a try-lock. The hot path never waits: if the lock is
@@ -413,7 +414,8 @@ impl Block {
     /// refill on every level of two hierarchies; with the filter the keys
     /// in the slots keep hitting and the one left out pays a direct
     /// charge, and a new working set still replaces an old one after at
-    /// most `ADMIT_EVERY` misses per slot.
+    /// most `period` misses per slot (see [`Admission`] for how the
+    /// period moves).
     fn admits(&self, (start, end): (usize, usize), period: u8) -> bool {
         (start..end).any(|i| self.key(i) == 0) || self.count_miss(period)
     }
