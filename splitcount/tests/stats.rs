@@ -526,24 +526,47 @@ fn full_walk(own: &[i64], parents: &[Option<usize>]) -> (Vec<i64>, Vec<i64>) {
 /// hierarchical values equal to the full walk's, without any other flush.
 #[test]
 fn flushes_of_a_ten_thousand_group_tree_equal_the_full_walk() {
+    flushes_racing_updates_equal_the_full_walk(10_000, 2, 60_000);
+}
+
+/// The same with 11 items: three chunks of folded values (4 + 4 + 3) and
+/// two lines of pending values, every item updated.
+#[test]
+fn flushes_of_a_schema_of_many_items_fold_every_item() {
+    flushes_racing_updates_equal_the_full_walk(2_000, 11, 40_000);
+}
+
+/// `groups` groups in a random tree with `items` items (even ones gauges,
+/// odd ones events); three updater threads of `updates` each and a thread
+/// flushing the root and random subtrees; then one flush of the root and
+/// every group's values against the full walk.
+fn flushes_racing_updates_equal_the_full_walk(groups: usize, items: usize, updates: usize) {
     use splitcount::stat::Stats;
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-    const GROUPS: usize = 10_000;
     let m = Machine::simulated(8, 1).unwrap();
-    let stats = Stats::new(&m, vec![StatItem::gauge("x"), StatItem::event("y")]).unwrap();
-    let mut rng = Rng::new(10_000);
-    let (groups, parents) = standalone_tree(&stats, GROUPS, &mut rng);
+    let schema = (0..items)
+        .map(|i| {
+            if i % 2 == 0 {
+                StatItem::gauge(&format!("g{i}"))
+            } else {
+                StatItem::event(&format!("e{i}"))
+            }
+        })
+        .collect();
+    let stats = Stats::new(&m, schema).unwrap();
+    let mut rng = Rng::new(groups as u64 + items as u64);
+    let (all, parents) = standalone_tree(&stats, groups, &mut rng);
     let stop = AtomicBool::new(false);
-    let own: Vec<[Vec<i64>; 2]> = std::thread::scope(|s| {
-        let (stats, groups, stop, m) = (&stats, &groups, &stop, &m);
+    let own: Vec<Vec<Vec<i64>>> = std::thread::scope(|s| {
+        let (stats, all, stop, m) = (&stats, &all, &stop, &m);
         s.spawn(move || {
             let mut rng = Rng::new(7);
             let mut flushes = 0u64;
             while !stop.load(Relaxed) || flushes < 50 {
                 let g = if rng.below(3) == 0 {
-                    &groups[0]
+                    &all[0]
                 } else {
-                    &groups[rng.below(GROUPS as u64) as usize]
+                    &all[rng.below(groups as u64) as usize]
                 };
                 stats.flush(g, true);
                 flushes += 1;
@@ -553,19 +576,19 @@ fn flushes_of_a_ten_thousand_group_tree_equal_the_full_walk() {
             .map(|t| {
                 s.spawn(move || {
                     let mut rng = Rng::new(100 + t);
-                    let mut own = [vec![0i64; GROUPS], vec![0i64; GROUPS]];
-                    for _ in 0..60_000 {
+                    let mut own = vec![vec![0i64; groups]; items];
+                    for _ in 0..updates {
                         // The simulated CPU is shared by the threads: an
                         // update lands on whichever CPU was set last.
                         m.set_current_cpu(rng.below(8) as usize).unwrap();
-                        let g = rng.below(GROUPS as u64) as usize;
-                        let item = rng.below(2) as usize;
-                        let d = if item == 0 {
+                        let g = rng.below(groups as u64) as usize;
+                        let item = rng.below(items as u64) as usize;
+                        let d = if item % 2 == 0 {
                             rng.delta(1000)
                         } else {
                             rng.below(10) as i64
                         };
-                        groups[g].mod_stat(stats, item, d).unwrap();
+                        all[g].mod_stat(stats, item, d).unwrap();
                         own[item][g] += d;
                     }
                     own
@@ -576,16 +599,17 @@ fn flushes_of_a_ten_thousand_group_tree_equal_the_full_walk() {
         stop.store(true, Relaxed);
         own
     });
-    assert!(stats.flush(&groups[0], true));
-    for item in 0..2 {
-        let own: Vec<i64> = (0..GROUPS)
+    assert!(stats.flush(&all[0], true));
+    for item in 0..items {
+        let own: Vec<i64> = (0..groups)
             .map(|g| own.iter().map(|o| o[item][g]).sum())
             .collect();
         let (local, hier) = full_walk(&own, &parents);
-        for (i, g) in groups.iter().enumerate() {
+        for (i, g) in all.iter().enumerate() {
             assert_eq!(g.local_value(item), Some(local[i]), "local {item} of {i}");
             assert_eq!(g.value(item), Some(hier[i]), "hierarchical {item} of {i}");
         }
+        assert_eq!(all[0].value(items), None, "past the schema");
     }
 }
 
