@@ -14,6 +14,7 @@
 //! ([`crate::bench::alloc`]). Every side pays the same dispatch: a
 //! predictable indirect jump on a static.
 
+use crossbeam_utils::CachePadded;
 use mimalloc::MiMalloc;
 use serde::{Deserialize, Serialize};
 use splitcount::alloc::{Accounted, Footprint, HeapPerGroup};
@@ -140,7 +141,10 @@ impl Allocator {
 
 const UNDECIDED: u8 = 0;
 
-static MODE: AtomicU8 = AtomicU8::new(UNDECIDED);
+/// The decided allocator's mode, read on every allocation: on a cache line
+/// of its own, so that no static the linker puts beside it (a counter a
+/// bench writes) makes every allocation of another thread miss.
+static MODE: CachePadded<AtomicU8> = CachePadded::new(AtomicU8::new(UNDECIDED));
 static ACCOUNTED: Accounted<System> = Accounted::new(System);
 static FOOTPRINT: Accounted<System, Footprint> = Accounted::with_charging(System, Footprint);
 static JE_ACCOUNTED: Accounted<Jemalloc> = Accounted::new(Jemalloc);
