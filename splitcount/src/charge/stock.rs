@@ -1448,7 +1448,10 @@ impl<K: StockKey> Stock<K> {
     /// taking it all from the counter would take units that back this slot.
     /// It is clamped instead — only what the usage can account for comes back
     /// (to be uncharged from the counter directly) — and the counter records
-    /// an `underflow` event.
+    /// an `underflow` event. The bound reads this CPU's slot only: units
+    /// stocked for `key` on other CPUs are in the usage too and can cover an
+    /// excess, which is then clamped when they drain (see
+    /// [`crate::group::Group::uncharge`]).
     pub fn give_back(&self, cpu: usize, key: &K, n: u64) -> Leftovers<K> {
         self.give_back_with(|| cpu, key, n)
     }

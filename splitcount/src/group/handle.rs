@@ -662,11 +662,39 @@ impl Group {
     ///
     /// Uncharging more than was charged is a caller's bug with a defined
     /// outcome: the usage is clamped at zero and an `underflow` event is
-    /// recorded. An uncharge the group's usage cannot account for is never
-    /// stocked (stocked units are charged ones: keeping it would let later
-    /// charges exceed the limit); it goes to the counter, which clamps and
-    /// counts. Only what the group held is subtracted from its ancestors, so
-    /// siblings are never harmed.
+    /// recorded. Only what the group held is subtracted from its ancestors,
+    /// so siblings are never harmed. *Where* it is seen:
+    ///
+    /// - An uncharge larger than the usage less what this CPU's stock holds
+    ///   of the group is never stocked (stocked units are charged ones:
+    ///   keeping it would let later charges take units no one paid for);
+    ///   only what the usage can account for goes back, and the event is
+    ///   recorded at once. With the group's stocked units all on this CPU
+    ///   (one thread, or one CPU at a time) that is every over-uncharge.
+    /// - Units the group's stocks hold on *other* CPUs are in its usage too,
+    ///   and no CPU reads another's stock on an uncharge: they can cover an
+    ///   excess. It is clamped and counted when those stocks drain
+    ///   ([`Hierarchy::drain_stocks`], a limit's refusal, removal). If
+    ///   charges take those units first, nothing ever reads below zero: the
+    ///   usage stays exactly what the group's charges and uncharges add up
+    ///   to, so a caller that returned `x` units it did not hold holds up to
+    ///   `x` beyond its limit — never more than the other CPUs stocked of
+    ///   the group (at most `(CPUs − 1) · batch` units in each stock).
+    ///
+    /// ```
+    /// use splitcount::cpu::Machine;
+    /// use splitcount::group::{Hierarchy, HierarchyConfig};
+    /// let m = Machine::simulated(2, 1).unwrap();
+    /// let h = Hierarchy::new(HierarchyConfig::default().machine(&m).stock_batch(64)).unwrap();
+    /// let g = h.root().child("g").unwrap();
+    /// m.set_current_cpu(0).unwrap();
+    /// g.charge(1).unwrap(); // a batch of 64 charged: 63 stocked on CPU 0
+    /// m.set_current_cpu(1).unwrap();
+    /// g.uncharge(10); // 9 more than held, covered by CPU 0's stock
+    /// assert_eq!(g.events().underflow, 0);
+    /// h.drain_stocks();
+    /// assert_eq!((g.usage(), g.events().underflow), (0, 1));
+    /// ```
     #[inline]
     pub fn uncharge(&self, n: u64) {
         if n == 0 {
