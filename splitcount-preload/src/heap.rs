@@ -282,9 +282,12 @@ pub(crate) fn inner() -> Inner {
 }
 
 impl Heap {
-    /// Where a new ordinary block comes from now.
+    /// Where a new ordinary block comes from now. The first call in the
+    /// process sets the accounting up first (`libc_heap::ensure_resolved`):
+    /// every general path picks its heap here before it makes a block.
     #[inline]
     pub(crate) fn current() -> Heap {
+        libc_heap::ensure_resolved();
         // Acquire: pairs with the Release store in `set_up`.
         if ON.load(Ordering::Acquire) {
             Heap::Inner

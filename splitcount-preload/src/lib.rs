@@ -10,8 +10,9 @@
 //! ```
 //!
 //! It interposes `malloc`, `free`, `calloc`, `realloc`, `reallocarray`,
-//! `posix_memalign`, `aligned_alloc`, `memalign`, `valloc`, `pvalloc` and
-//! `malloc_usable_size`; the blocks come from glibc (`__libc_malloc`,
+//! `posix_memalign`, `aligned_alloc`, `memalign`, `valloc`, `pvalloc`,
+//! `malloc_usable_size` and C++'s `operator new` and `operator delete`
+//! (see `src/cxx.rs`); the blocks come from glibc (`__libc_malloc`,
 //! `__libc_memalign`, …) or from the inner allocator chosen by name, with
 //! a 16-byte header in front (a 16-byte trailer for alignments above 16)
 //! that names the block's **account**, exactly as the Rust wrapper [`splitcount::alloc::Accounted`] does — this library *is* that
@@ -42,6 +43,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod code_pages;
+mod cxx;
 mod fast;
 mod header;
 mod heap;
@@ -674,8 +676,11 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     match unsafe { Block::find(ptr.cast()) } {
         // SAFETY: ours and live.
         Some(block) => unsafe { block.realloc(size) },
-        // SAFETY: not ours: glibc's, and it stays glibc's (unaccounted).
-        None => unsafe { libc_heap::realloc(ptr.cast(), size) }.cast(),
+        None => {
+            libc_heap::ensure_resolved();
+            // SAFETY: not ours: glibc's, and it stays glibc's (unaccounted).
+            unsafe { libc_heap::realloc(ptr.cast(), size) }.cast()
+        }
     }
 }
 
@@ -700,7 +705,7 @@ pub unsafe extern "C" fn reallocarray(ptr: *mut c_void, count: usize, size: usiz
 ///
 /// # Safety
 /// `align` is a power of two.
-unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
+pub(crate) unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
     if align <= HEADER {
         // SAFETY: glibc's blocks are 16-aligned.
         return unsafe { malloc(size) };
@@ -711,6 +716,7 @@ unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
     }
     // The tag and account go at the block's end (a header in front would
     // take a whole alignment unit: see `header`).
+    libc_heap::ensure_resolved();
     let Some(total) = with_header(size, header::TRAILER) else {
         set_errno(libc::ENOMEM);
         return std::ptr::null_mut();

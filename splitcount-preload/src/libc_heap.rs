@@ -40,12 +40,42 @@ fn libc_handle() -> *mut c_void {
     unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) }
 }
 
+/// Whether [`resolve`] has run (whatever it found).
+static RESOLVED: AtomicBool = AtomicBool::new(false);
+
+/// Make sure glibc's entry points are libc.so.6's before a block is made
+/// through them: the first time, by setting the accounting up (whose first
+/// step is [`resolve`]) — an allocation can come before the preload's
+/// constructor. C++ programs make one: libstdc++'s constructor runs before
+/// the preload's, and with mimalloc preloaded too its block came from
+/// mimalloc's `__libc_malloc` (the name as bound) while the set-up, started
+/// by the same call's charge, switched `free` to glibc's — glibc aborted
+/// (`free(): invalid pointer`) before `main`. A call during the set-up
+/// itself (the loader allocating while `resolve` looks) goes on with the
+/// names as bound, as it did.
+#[inline(always)]
+pub(crate) fn ensure_resolved() {
+    // Relaxed: set by the thread setting up, before READY's Release;
+    // another thread that reads it false only calls `state`, which waits
+    // for nothing and sets nothing up twice.
+    if !RESOLVED.load(Ordering::Relaxed) {
+        resolve_first();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn resolve_first() {
+    let _ = crate::state();
+}
+
 /// Replace glibc's entry points with libc.so.6's own definitions (see
 /// [`MALLOC`]): all five, or none if one cannot be found. Call once,
 /// first thing in the set-up, before any block is made through them.
 pub(crate) fn resolve() {
     let handle = libc_handle();
     if handle.is_null() {
+        RESOLVED.store(true, Ordering::Relaxed);
         return;
     }
     let names: [&CStr; 5] = [
@@ -64,6 +94,7 @@ pub(crate) fn resolve() {
     // SAFETY: the handle from `libc_handle`, released once.
     unsafe { libc::dlclose(handle) };
     if found.iter().any(|f| f.is_null()) {
+        RESOLVED.store(true, Ordering::Relaxed);
         return;
     }
     for (slot, f) in [&MALLOC, &CALLOC, &REALLOC, &FREE, &MEMALIGN]
@@ -74,6 +105,7 @@ pub(crate) fn resolve() {
         // publishes (see `lib.rs`'s `init`).
         slot.store(f, Ordering::Relaxed);
     }
+    RESOLVED.store(true, Ordering::Relaxed);
 }
 
 /// glibc's alignment of every block.

@@ -1605,3 +1605,93 @@ fn sqlite_under_a_tiny_limit_stops_with_out_of_memory() {
         assert!(number(&ours, "events.refused") >= 1);
     }
 }
+
+/// Compiles `tests/c/<name>.cpp` (C++17) alone, linked with nothing of
+/// ours.
+fn plain_cxx_program(name: &str) -> PathBuf {
+    let exe = deps_dir().join(format!("splitcount_preload_{name}"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.cpp"));
+    let status = Command::new("c++")
+        .args([
+            "-std=c++17",
+            "-O1",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(src)
+        .status()
+        .expect("c++ runs (install g++)");
+    assert!(status.success(), "tests/c/{name}.cpp does not compile");
+    exe
+}
+
+/// C++'s `new` and `delete` are the preload's whatever else the process
+/// loaded: with jemalloc or mimalloc preloaded too (both export the C++
+/// operators, and came first in the lookup), `new` took the allocator's
+/// own path — never charged, the limit never refused — and the first
+/// `delete` handed the preload's `free` a block it had not made: glibc
+/// aborted (`free(): invalid pointer`). With mimalloc preloaded, a block
+/// libstdc++'s constructor made before the preload's came from mimalloc's
+/// `__libc_malloc` and went to glibc's `free`: the same abort, before
+/// `main`. Now, with each inner allocator, preloaded too or not, tags on
+/// and off: `tests/c/cxx_new_test.cpp` (every form of `new` and `delete`,
+/// then 16 MiB of strings) is charged all it holds, and under a 4 MiB
+/// limit gets the new-handler, then `std::bad_alloc`, and the nothrow
+/// forms' null.
+#[test]
+fn cxx_new_and_delete_are_charged_and_refused_with_every_inner_allocator() {
+    let exe = plain_cxx_program("cxx_new_test");
+    let preload = preload_so().display().to_string();
+    let jemalloc = format!("{preload} {}", system_jemalloc().display());
+    let mimalloc = format!("{preload} {}", system_mimalloc().display());
+    for (inner, preloads, tags) in [
+        ("glibc", &preload, "on"),
+        ("glibc", &preload, "off"),
+        ("glibc", &mimalloc, "on"),
+        ("jemalloc", &jemalloc, "on"),
+        ("jemalloc", &jemalloc, "off"),
+        ("mimalloc", &preload, "on"),
+        ("mimalloc", &mimalloc, "on"),
+        ("mimalloc", &mimalloc, "off"),
+    ] {
+        let run = |max: &str| {
+            let out = Command::new(&exe)
+                .env("LD_PRELOAD", preloads)
+                .env("SPLITCOUNT_PRELOAD_INNER", inner)
+                .env("SPLITCOUNT_PRELOAD_TAGS", tags)
+                .env("SPLITCOUNT_PRELOAD_MAX", max)
+                .env("SPLITCOUNT_PRELOAD_REPORT", "1")
+                .output()
+                .unwrap();
+            let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+            let case = format!("{inner}, tags {tags}, LD_PRELOAD={preloads}, max {max}");
+            assert!(
+                out.status.success(),
+                "{case}: {}\n{stdout}\n{stderr}",
+                out.status
+            );
+            assert!(stdout.contains("nothrow_null=1"), "{case}: {stdout}");
+            (stdout, report(&stderr, "/preload"), case)
+        };
+        let (stdout, preload_group, case) = run("max");
+        assert!(
+            stdout.contains("strings=131072 caught=0"),
+            "{case}: {stdout}"
+        );
+        // 131,072 strings of 100 bytes and their vector: all charged.
+        let peak = number(&preload_group, "peak");
+        assert!(peak > 13_000_000, "{case}: peak {peak}");
+        let (stdout, preload_group, case) = run("4M");
+        assert!(
+            stdout.contains("caught=1 handler_calls=1"),
+            "{case}: {stdout}"
+        );
+        assert!(number(&preload_group, "events.refused") > 0, "{case}");
+        let peak = number(&preload_group, "peak");
+        assert!(peak <= 4 << 20, "{case}: peak {peak}");
+    }
+}
