@@ -30,7 +30,7 @@ use crate::settings::{Report, BAD_CONFIG_EXIT};
 use splitcount::charge::{Enforcement, UNLIMITED};
 use splitcount::group::Group;
 use std::fmt::Write;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// Where the exit report goes: set once, at load.
@@ -50,9 +50,77 @@ fn write_all(fd: i32, text: &str) {
     }
 }
 
-/// Write `text` to stderr.
+/// Write `text` to stderr: see [`stderr_fd`].
 pub(crate) fn say(text: &str) {
-    write_all(2, text);
+    write_all(stderr_fd(), text);
+}
+
+/// A copy of the stderr the process started with, taken at load when a
+/// report or a snapshot may go there (`-1`: none kept). A program may close
+/// its stderr before it ends — coreutils' `close_stdout` does, in an
+/// `atexit` handler that runs before the preload's — and the exit report
+/// was lost (`write` failed with `EBADF`: `ls`, `cat` never reported); or
+/// it may then open a file that takes descriptor 2, which the report would
+/// have been written into.
+static STDERR_COPY: AtomicI32 = AtomicI32::new(-1);
+
+/// What the kept stderr is (its device and inode): descriptor 2 is used
+/// while it is still that file.
+static STDERR_DEV: AtomicU64 = AtomicU64::new(0);
+static STDERR_INO: AtomicU64 = AtomicU64::new(0);
+
+/// The lowest descriptor the copy may take: far from the lowest free ones,
+/// which programs count on getting (a process allowed fewer descriptors
+/// keeps no copy).
+const STDERR_COPY_MIN: i32 = 1000;
+
+/// The device and inode of the file open at `fd`, if any. `fstat` is
+/// async-signal-safe.
+fn identity(fd: i32) -> Option<(u64, u64)> {
+    // SAFETY: a plain-data struct, filled by `fstat`.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer; a closed descriptor fails.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+/// Keep a copy of stderr (close-on-exec: a program it `exec`s keeps its
+/// own). At load, before any report.
+fn keep_stderr() {
+    let Some((dev, ino)) = identity(2) else {
+        return; // no stderr to keep
+    };
+    // SAFETY: duplicates descriptor 2 at or above the minimum.
+    let copy = unsafe { libc::fcntl(2, libc::F_DUPFD_CLOEXEC, STDERR_COPY_MIN) };
+    if copy < 0 {
+        return;
+    }
+    // Relaxed: set at load, before any thread reports.
+    STDERR_DEV.store(dev, Ordering::Relaxed);
+    STDERR_INO.store(ino, Ordering::Relaxed);
+    STDERR_COPY.store(copy, Ordering::Relaxed);
+}
+
+/// Where stderr's text goes: descriptor 2 while it is the stderr the
+/// process started with (or none was kept); the kept copy once 2 is closed
+/// or names another file (the program's own data, or a log it moved its
+/// stderr to: the report goes where the program's stderr first went). If
+/// the copy is gone too (a program that closed every descriptor), 2 as it
+/// is.
+fn stderr_fd() -> i32 {
+    // Relaxed: see `keep_stderr`.
+    let copy = STDERR_COPY.load(Ordering::Relaxed);
+    if copy < 0 {
+        return 2;
+    }
+    let kept = Some((
+        STDERR_DEV.load(Ordering::Relaxed),
+        STDERR_INO.load(Ordering::Relaxed),
+    ));
+    if identity(2) == kept || identity(copy) != kept {
+        2
+    } else {
+        copy
+    }
 }
 
 /// The program's name, as on the report lines: the base name of
@@ -494,6 +562,9 @@ pub(crate) fn set_up(to: Report, snapshot: Option<libc::c_int>) {
         to => to,
     };
     let on = to != Report::Off;
+    if !matches!(to, Report::File(_)) && (on || snapshot.is_some()) {
+        keep_stderr();
+    }
     let _ = REPORT_TO.set(to);
     if on {
         // SAFETY: registers a function without arguments that never unwinds.

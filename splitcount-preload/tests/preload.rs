@@ -1695,3 +1695,34 @@ fn cxx_new_and_delete_are_charged_and_refused_with_every_inner_allocator() {
         assert!(peak <= 4 << 20, "{case}: peak {peak}");
     }
 }
+
+/// A program that takes its stderr away before it ends
+/// (`tests/c/stderr_closed_test.c`): closed in an `atexit` handler, as
+/// coreutils' `close_stdout` does (`ls` and `cat` never reported: the
+/// report's `write` failed with `EBADF`), or closed and reopened as the
+/// program's own data file (which the report was written into). The report
+/// reaches the stderr the program started with, once, and the file holds
+/// only the program's data.
+#[test]
+fn the_report_reaches_the_stderr_the_program_started_with() {
+    let exe = plain_c_program("stderr_closed_test");
+    let data = deps_dir().join(format!("stderr_closed_test.{}.txt", std::process::id()));
+    let data_arg = data.display().to_string();
+    for args in [vec!["close"], vec!["reuse", data_arg.as_str()]] {
+        let out = preloaded(&exe, &[("SPLITCOUNT_PRELOAD_REPORT", "1")])
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {}\n{stderr}", out.status);
+        assert_eq!(text(&out.stdout), "running\n", "{args:?}");
+        let lines = report_lines(&stderr);
+        let preload_lines = lines
+            .iter()
+            .filter(|l| l.get("group").map(String::as_str) == Some("/preload"))
+            .count();
+        assert_eq!(preload_lines, 1, "{args:?}: {stderr}");
+    }
+    assert_eq!(std::fs::read_to_string(&data).unwrap(), "data\n");
+    let _ = std::fs::remove_file(&data);
+}
