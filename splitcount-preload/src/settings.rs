@@ -132,22 +132,24 @@ pub(crate) fn parse_inner(s: Option<&str>) -> Result<Inner, String> {
 
 /// What a block is charged: `usable` (also unset or empty: its usable
 /// size, what `malloc_usable_size` says) or `footprint` (what it takes
-/// from the heap); whether footprints.
+/// from the heap), any case; whether footprints.
 pub(crate) fn parse_charge(s: Option<&str>) -> Result<bool, String> {
     match s {
-        None | Some("") | Some("usable") => Ok(false),
-        Some("footprint") => Ok(true),
+        None | Some("") => Ok(false),
+        Some(s) if s.eq_ignore_ascii_case("usable") => Ok(false),
+        Some(s) if s.eq_ignore_ascii_case("footprint") => Ok(true),
         Some(_) => Err("not usable or footprint".to_owned()),
     }
 }
 
-/// Whether blocks carry tags: `on` (also unset or empty) or `off`
-/// (exactly: the mode is read with no allocation, before anything else;
-/// see `untagged`).
+/// Whether blocks carry tags: `on` (also unset or empty) or `off`, any
+/// case (`untagged` reads the mode the same way, with no allocation,
+/// before anything else).
 pub(crate) fn parse_tags(s: Option<&str>) -> Result<bool, String> {
     match s {
-        None | Some("") | Some("on") => Ok(true),
-        Some("off") => Ok(false),
+        None | Some("") => Ok(true),
+        Some(s) if s.eq_ignore_ascii_case("on") => Ok(true),
+        Some(s) if s.eq_ignore_ascii_case("off") => Ok(false),
         Some(_) => Err("not on or off".to_owned()),
     }
 }
@@ -243,8 +245,9 @@ impl Settings {
             }
         };
         let enforcement = match enforce.as_deref() {
-            None | Some("refuse") => Enforcement::Refuse,
-            Some("cooperative") => Enforcement::Cooperative,
+            None => Enforcement::Refuse,
+            Some(e) if e.eq_ignore_ascii_case("refuse") => Enforcement::Refuse,
+            Some(e) if e.eq_ignore_ascii_case("cooperative") => Enforcement::Cooperative,
             Some(other) => {
                 bad(
                     "SPLITCOUNT_PRELOAD_ENFORCE",
@@ -354,7 +357,26 @@ mod tests {
         assert_eq!(parse_charge(None), Ok(false));
         assert_eq!(parse_charge(Some("usable")), Ok(false));
         assert_eq!(parse_charge(Some("footprint")), Ok(true));
+        assert_eq!(parse_charge(Some("FootPrint")), Ok(true));
+        assert_eq!(parse_charge(Some("USABLE")), Ok(false));
         assert!(parse_charge(Some("requested")).is_err());
+    }
+
+    #[test]
+    fn tags_are_on_or_off_in_any_case() {
+        for (v, tags) in [
+            ("", true),
+            ("on", true),
+            ("ON", true),
+            ("off", false),
+            ("Off", false),
+        ] {
+            assert_eq!(parse_tags(Some(v)), Ok(tags), "{v:?}");
+        }
+        assert_eq!(parse_tags(None), Ok(true));
+        for bad in ["no", "0", "false", " off"] {
+            assert!(parse_tags(Some(bad)).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
@@ -410,6 +432,14 @@ mod tests {
         );
         let c = Settings::parse(None, Some("cooperative".into()), None).unwrap();
         assert_eq!((c.max, c.enforcement), (None, Enforcement::Cooperative));
+        let upper = Settings::parse(None, Some("Cooperative".into()), None).unwrap();
+        assert_eq!(upper.enforcement, Enforcement::Cooperative);
+        let refuse = Settings::parse(None, Some("REFUSE".into()), None).unwrap();
+        assert_eq!(refuse.enforcement, Enforcement::Refuse);
+        assert!(
+            Settings::parse(None, Some(String::new()), None).is_err(),
+            "set but empty"
+        );
         let u = Settings::parse(Some("unlimited".into()), None, Some("0".into())).unwrap();
         assert_eq!((u.max, u.report), (None, Report::Off));
     }

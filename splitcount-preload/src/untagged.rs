@@ -80,7 +80,10 @@ fn settle() -> bool {
     // SAFETY: a NUL-terminated name; the value is read at once.
     let value = unsafe { libc::getenv(c"SPLITCOUNT_PRELOAD_TAGS".as_ptr()) };
     // SAFETY: null or a NUL-terminated string.
-    let off = !value.is_null() && unsafe { std::ffi::CStr::from_ptr(value) } == c"off";
+    let off = !value.is_null()
+        && unsafe { std::ffi::CStr::from_ptr(value) }
+            .to_bytes()
+            .eq_ignore_ascii_case(b"off");
     MODE.store(if off { 2 } else { 1 }, Ordering::Relaxed);
     off
 }
