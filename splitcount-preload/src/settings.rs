@@ -90,6 +90,12 @@ pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
         "m" | "mb" | "mib" => 20,
         "g" | "gb" | "gib" => 30,
         "t" | "tb" | "tib" => 40,
+        // `1,000` or `1,5G`: a separator of thousands, or a decimal comma.
+        _ if unit.starts_with(',') && unit[1..].starts_with(|c: char| c.is_ascii_digit()) => {
+            return Err("no separators or fractions: digits alone, then a unit \
+                 (1000, 1536M; not 1,000 or 1,5G)"
+                .to_owned())
+        }
         _ if unit.starts_with(['.', ',']) => {
             return Err(
                 "fractions are not accepted: write a whole number of a smaller unit \
@@ -417,7 +423,9 @@ mod tests {
         assert!(errors[0].starts_with("SPLITCOUNT_PRELOAD_MAX=\"10MX\": not a limit"));
         assert!(errors[1].starts_with("SPLITCOUNT_PRELOAD_ENFORCE=\"maybe\""));
         assert!(errors[2].starts_with("SPLITCOUNT_PRELOAD_REPORT=\"yes\""));
-        for mistyped in ["512m ", "10MBs", "1.5G", "lots"] {
+        let comma = Settings::parse(Some("1,000".into()), None, None).unwrap_err();
+        assert!(comma[0].contains("not 1,000"), "{comma:?}");
+        for mistyped in ["512m ", "10MBs", "1.5G", "lots", "1,5G"] {
             let e = Settings::parse(Some(mistyped.into()), None, None).unwrap_err();
             assert!(e[0].contains(&format!("{mistyped:?}")), "{e:?}");
         }
