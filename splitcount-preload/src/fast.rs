@@ -168,13 +168,18 @@ unsafe extern "C" fn malloc_tagged<const INNER: bool>(size: usize) -> *mut c_voi
     if !base.is_null() {
         // SAFETY: a live block the heap just made for `total` bytes (at
         // least `HEADER`).
-        let n = unsafe { heap.usable_of_new(base, total) } - HEADER;
+        let usable = unsafe { heap.usable_of_new(base, total) };
+        let n = usable - HEADER;
         // SAFETY: the set-up claimed static TLS before turning this on.
         let account = unsafe { ACCOUNTED.take_reserved_raw(n as u64) };
         if !account.is_null() {
-            // SAFETY: a new block of the heap's with room for the header;
-            // the cookie was made before this path was turned on.
-            return unsafe { Block::write_made(base, account, heap) }.cast();
+            // An inner heap's usable size goes in the header, for `free`
+            // (glibc's is read from its size word without a call).
+            let packed = if INNER { usable } else { 0 };
+            // SAFETY: a new block of the heap's with room for the header,
+            // of that usable size; the cookie was made before this path
+            // was turned on.
+            return unsafe { Block::write_made(base, account, heap, packed) }.cast();
         }
     }
     // SAFETY: null or a new block of the heap's, with room for the header.
@@ -231,10 +236,14 @@ unsafe extern "C" fn free_tagged<const INNER: bool>(p: *mut u8) {
     let heap = heap::<INNER>();
     // SAFETY: a pointer the program got from an allocation function; the
     // cookie was made before this path was turned on.
-    if let Some(account) = unsafe { header::header_account(p, heap) } {
-        // SAFETY: ours and live, its base `HEADER` bytes before `p`
-        // (usable-size charging: what it was charged).
-        if let Some(usable) = unsafe { heap.usable_without_call(p.sub(HEADER)) } {
+    if let Some((account, packed)) = unsafe { header::header_account(p, heap) } {
+        let usable = match packed {
+            Some(usable) if INNER => Some(usable),
+            // SAFETY: ours and live, its base `HEADER` bytes before `p`
+            // (usable-size charging: what it was charged).
+            _ => unsafe { heap.usable_without_call(p.sub(HEADER)) },
+        };
+        if let Some(usable) = usable {
             let n = usable - HEADER;
             // SAFETY: the block held `n` bytes of its account; static TLS
             // was claimed before this path was turned on.

@@ -757,7 +757,8 @@ fn a_bad_configuration_stops_the_program_at_load() {
         ("SPLITCOUNT_PRELOAD_ENFORCE", "sometimes"),
         ("SPLITCOUNT_PRELOAD_REPORT", "yes"),
         ("SPLITCOUNT_PRELOAD_TAGS", "no"),
-        ("SPLITCOUNT_PRELOAD_TAGS", "OFF"),
+        ("SPLITCOUNT_PRELOAD_TAGS", " off"),
+        ("SPLITCOUNT_PRELOAD_CHARGE", "requested"),
     ] {
         let out = preloaded(&program("true", "coreutils"), &[(name, value)])
             .output()

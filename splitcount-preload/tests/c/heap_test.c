@@ -87,6 +87,28 @@ static void usage_tracks_the_blocks_held(void) {
   OK(splitcount_group_remove(g));
 }
 
+/* Blocks allocated and freed while the group is entered take the fast
+ * paths both ways: each free gives back exactly what its allocation
+ * charged (on jemalloc and mimalloc, the size the allocation packed into
+ * the header), so the usage is back at 0 with no underflow clamped on the
+ * way. */
+static void frees_in_the_group_give_back_what_was_charged(void) {
+  splitcount_group *g = child("roundtrip");
+  enum { N = 20000 };
+  static void *p[N];
+  OK(splitcount_enter(g));
+  for (int round = 0; round < 3; round++) {
+    alloc_mixed_blocks(p, N);
+    for (int i = 0; i < N; i++) free(p[i]);
+  }
+  OK(splitcount_leave());
+  CHECK(usage(g) == 0); /* drains the stocks and this thread's reserve */
+  splitcount_events e;
+  OK(splitcount_group_events(g, &e));
+  CHECK(e.underflow == 0);
+  OK(splitcount_group_remove(g));
+}
+
 /* A child of /preload with a limit of 1 MiB, entered. */
 static splitcount_group *enter_limited(const char *name, uint32_t enforcement) {
   splitcount_group *g = child(name);
@@ -301,6 +323,7 @@ int main(void) {
   blocks_from_before_main_are_freed();
   foreign_blocks_go_to_glibc();
   usage_tracks_the_blocks_held();
+  frees_in_the_group_give_back_what_was_charged();
   refusal_returns_null_with_enomem();
   a_max_set_from_c_limits_malloc_by_default();
   byte_charges_from_c_hit_the_preload_stock();
