@@ -311,7 +311,7 @@ impl Heap {
     }
 
     /// A block of `size` bytes aligned to `align` (a power of two above
-    /// 16). Used without tags only: with tags, over-aligned blocks are
+    /// 8). Used without tags only: with tags, over-aligned blocks are
     /// glibc's (see the module docs).
     ///
     /// # Safety

@@ -284,10 +284,10 @@ pub(crate) unsafe fn calloc(size: usize) -> *mut c_void {
     unsafe { allocate(size, |heap| heap.calloc(size)) }
 }
 
-/// A block aligned to `align` (a power of two above 16) without a tag.
+/// A block aligned to `align` (a power of two above 8) without a tag.
 ///
 /// # Safety
-/// `align` is a power of two above 16.
+/// `align` is a power of two above 8.
 pub(crate) unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
     // SAFETY: the caller's contract.
     unsafe { allocate(size, |heap| heap.aligned(align, size)) }
