@@ -319,13 +319,11 @@ fn a_refusing_limit_refuses_and_counts_every_block() {
 }
 
 /// After a refusal, the reporting grace lets 1 MiB of small blocks through
-/// charged to nothing, each drawing its size on the grace once (such a block
-/// gets a header and is made with accounting off: were it charged through
-/// the header path again, the grace would run out twice as fast), and then
-/// refuses again. The group is charged exactly its blocks from before the
-/// refusal.
+/// charged past the limit — made in the group's heap like any charged
+/// block — and then refuses again; a second refusal begins no new grace
+/// past that headroom. The group is charged exactly every block it holds.
 #[test]
-fn the_reporting_grace_lets_a_mebibyte_through_charged_to_nothing() {
+fn the_reporting_grace_lets_a_mebibyte_through_charged_past_the_limit() {
     const GRACE_BLOCKS: usize = (splitcount::alloc::REPORTING_GRACE / 64) as usize;
     let _s = serial();
     let g = refusing("grace", 64 << 10);
@@ -333,6 +331,7 @@ fn the_reporting_grace_lets_a_mebibyte_through_charged_to_nothing() {
     // Made outside the group: its growth would be refused too.
     let mut charged = Vec::with_capacity(2_000);
     let mut in_grace = Vec::with_capacity(2 * GRACE_BLOCKS);
+    let mut after = 0;
     g.scope(|| {
         // SAFETY (every `alloc`): a non-zero size.
         while charged.len() < 2_000 {
@@ -349,6 +348,14 @@ fn the_reporting_grace_lets_a_mebibyte_through_charged_to_nothing() {
             }
             in_grace.push((p, layout));
         }
+        // Refused again, and again: no grace beyond the headroom.
+        for _ in 0..100 {
+            let p = unsafe { alloc(layout) };
+            if !p.is_null() {
+                after += 1;
+                in_grace.push((p, layout));
+            }
+        }
     });
     assert!(
         charged.len() < 2_000,
@@ -359,15 +366,17 @@ fn the_reporting_grace_lets_a_mebibyte_through_charged_to_nothing() {
         "{} blocks passed in the grace, about {GRACE_BLOCKS} expected",
         in_grace.len()
     );
+    assert_eq!(after, 0, "a refusal past the headroom begins no new grace");
     assert!(
-        in_grace.iter().all(|&(p, _)| in_main_heap(p)),
-        "header blocks"
+        in_grace.iter().all(|&(p, _)| !in_main_heap(p)),
+        "charged blocks, in the group's heap"
     );
     assert_eq!(
         settled(&g),
-        total(&charged),
-        "the grace's blocks charged to nothing"
+        total(&charged) + total(&in_grace),
+        "the grace's blocks charged"
     );
+    assert!(settled(&g) <= (64 << 10) + splitcount::alloc::REPORTING_GRACE);
     free_all(in_grace);
     assert_eq!(settled(&g), total(&charged));
     free_all(charged);

@@ -674,7 +674,8 @@ impl Group {
     /// - Units the group's stocks hold on *other* CPUs are in its usage too,
     ///   and no CPU reads another's stock on an uncharge: they can cover an
     ///   excess. It is clamped and counted when those stocks drain
-    ///   ([`Hierarchy::drain_stocks`], a limit's refusal, removal). If
+    ///   ([`Hierarchy::drain_stocks`](crate::group::Hierarchy::drain_stocks), a
+    ///   limit's refusal, removal). If
     ///   charges take those units first, nothing ever reads below zero: the
     ///   usage stays exactly what the group's charges and uncharges add up
     ///   to, so a caller that returned `x` units it did not hold holds up to

@@ -5,19 +5,36 @@
 //! ```text
 //!  charge_slow(account, n)
 //!   1. a removed group's scope charges its nearest live ancestor
-//!  1b. over a refusing limit, in the reporting grace¹ a refusal began ──────────▶ unaccounted
+//!  1b. over a refusing limit, in the reporting grace¹ a refusal began ──────────▶ charged past it²
 //!   2. refill the reserve: charge n + RESERVE_BATCH (stock or counter)  ── fits ──▶ done
 //!   3. already over a cooperative limit, in a breach episode           ──────────▶ over-charge, cheaply
-//!      over a refusing limit, the thread panicking¹                    ──────────▶ unaccounted
+//!      over a refusing limit: the thread panicking¹                    ──────────▶ unaccounted
+//!                                 in the reporting grace¹                ──────────▶ charged past it²
 //!   4. exact charge: reclaim hooks, a drain that could make room       ── fits ──▶ done
 //!   5. over a cooperative limit, no ceiling in the way                  ──────────▶ over-charge, breach
-//!      in the thread's reporting grace¹ (after a refusal, a panic)     ──────────▶ unaccounted
+//!      in the thread's reporting grace¹ (after a refusal, a panic)     ──────────▶ charged² / unaccounted
 //!   6. the OOM stage (hooks, one retry)                                 ── fits ──▶ done
 //!   7. refused: refusal hooks (one retry), null; the grace¹ begins
 //!
 //!  ¹ not with `without_reporting_grace` (strict limits, the C preload's):
 //!    there every allocation past a refusing limit goes on to 6 and 7.
+//!  ² a forced charge, while every limit in the way stays within
+//!    `REPORTING_GRACE` above its `max` (and no ceiling is passed)
 //! ```
+//!
+//! **Why the grace is charged.** It lets a thread report its refusal (an
+//! error formatted, a message printed): up to [`REPORTING_GRACE`] bytes
+//! after each refusal, in allocations of at most
+//! [`REPORTING_GRACE_ALLOCATION`]. Its blocks passed unaccounted, and every
+//! refusal began a new grace: a loop of `try_reserve_exact(4096)` that
+//! keeps what it gets was refused once per 256 blocks and held 40 MB under
+//! a refusing limit of 1 MiB, with `usage()` reading 1 MiB (found by
+//! trying the API as a user would). Charged, the grace's blocks show in the
+//! usage and count against the headroom: however often the thread is
+//! refused, and however many threads are, a refusing limit holds at most
+//! `REPORTING_GRACE` above its `max`. (While the thread panics — a message,
+//! a backtrace, unwinding — its allocations still pass unaccounted: the
+//! panic must not fail, and it ends.)
 //!
 //! **Why step 3.** A tenant over its cooperative limit keeps allocating
 //! (that is what cooperative means: the request runs on until its next
@@ -79,13 +96,29 @@ impl<A, C: Charging> Accounted<A, C> {
         };
         // 1b. In the reporting grace that a refusal began (the refusal ran
         // reclaim and the drain already): while a refusing limit (or a
-        // ceiling) stays in the way, the allocation passes unaccounted
-        // without trying the charge again — step 2's two failing charges up
-        // the hierarchy were most of what each allocation of the grace cost.
-        // The stock is not asked either: a block of the grace is unaccounted
-        // whichever way it passes.
-        if in_grace() && refusal_in_the_way(acc.usage(), n) && self.in_reporting_grace(n) {
-            return Ok(None);
+        // ceiling) stays in the way, the allocation is charged past it
+        // within the grace's headroom, without trying the charge under the
+        // limit again — step 2's two failing charges up the hierarchy were
+        // most of what each allocation of the grace cost.
+        if in_grace() {
+            if let Some(refuser) = refuser_in_the_way(acc.usage(), n) {
+                if let Some(passed) = self.reporting_grace(acc, n) {
+                    return Ok(passed);
+                }
+                // No headroom left in the grace: a small allocation is
+                // refused at once, counted as the OOM stage counts it —
+                // nothing but an uncharge can change the answer while the
+                // limit stays in the way, and the refusal that began the
+                // grace ran reclaim, the drain and the hooks. (A thread
+                // far over its limit paid all of them again on every
+                // allocation otherwise.) A large one takes the whole path.
+                if n <= REPORTING_GRACE_ALLOCATION {
+                    refuser.record_max();
+                    refuser.record_oom();
+                    refuser.record_refused();
+                    return Err(());
+                }
+            }
         }
         // 2. A reserve refill, unless the thread is past its exit guard (no
         // one would return it).
@@ -104,9 +137,11 @@ impl<A, C: Charging> Accounted<A, C> {
             return Ok(self.over_charge_cheaply(st, acc, blocking, n, refill));
         }
         // … or over a refusing limit (or a ceiling) while the thread panics
-        // (the grace a refusal began was asked for above).
-        if refusal_in_the_way(acc.usage(), n) && self.in_reporting_grace(n) {
-            return Ok(None);
+        // or is in its grace.
+        if refusal_in_the_way(acc.usage(), n) {
+            if let Some(passed) = self.reporting_grace(acc, n) {
+                return Ok(passed);
+            }
         }
         let node = match held.take().or_else(|| acc.node()) {
             Some(node) => node,
@@ -134,11 +169,12 @@ impl<A, C: Charging> Accounted<A, C> {
             without_accounting(|| mark_breached(shared, &node, &refuser, n));
             return Ok(self.charged(shared, &node, acc, crossed));
         }
-        // The reporting grace (`in_reporting_grace`): such an allocation
-        // passes, unaccounted and uncounted, before the OOM stage.
-        if self.in_reporting_grace(n) {
+        // The reporting grace (`reporting_grace`): such an allocation
+        // passes before the OOM stage, charged past the limit within the
+        // grace's headroom (unaccounted while the thread panics).
+        if let Some(passed) = self.reporting_grace(acc, n) {
             shared.stall_ends(&node, &over);
-            return Ok(None);
+            return Ok(passed);
         }
         // 6. The OOM stage: its hooks may still make room.
         match without_accounting(|| {
@@ -221,8 +257,10 @@ impl<A, C: Charging> Accounted<A, C> {
         n: u64,
         by: Option<&UsageCounter>,
     ) -> Result<Option<AccountKey>, ()> {
-        if by.is_none() && self.in_reporting_grace(n) {
-            return Ok(None);
+        if by.is_none() {
+            if let Some(passed) = self.reporting_grace(acc, n) {
+                return Ok(passed);
+            }
         }
         let by = by.unwrap_or(acc.usage());
         let node = acc.node().or_else(|| acc.live_node());
@@ -279,21 +317,35 @@ impl<A, C: Charging> Accounted<A, C> {
         Err(())
     }
 
-    /// Whether an allocation of `n` bytes that would be refused passes
-    /// unaccounted, taking its bytes from the thread's reporting grace:
-    /// while the thread panics (a panic message, a backtrace, unwinding),
-    /// and for [`REPORTING_GRACE`] bytes after a refusal in allocations of
-    /// at most [`REPORTING_GRACE_ALLOCATION`] — so that a refusal can be
-    /// reported. Never for an allocator without the grace
+    /// Whether an allocation of `n` bytes through `acc` that would be
+    /// refused passes in the reporting grace, and how: `Some(None)`,
+    /// unaccounted, while the thread panics (a panic message, a backtrace,
+    /// unwinding); `Some(Some(acc))`, charged past the limit (a forced
+    /// charge), for [`REPORTING_GRACE`] bytes after a refusal in
+    /// allocations of at most [`REPORTING_GRACE_ALLOCATION`] — so that a
+    /// refusal can be reported — while every limit in the way stays within
+    /// `REPORTING_GRACE` above its `max` and no ceiling is passed; `None`
+    /// otherwise, and always for an allocator without the grace
     /// ([`Accounted::without_reporting_grace`]): its limits are strict.
-    fn in_reporting_grace(&self, n: u64) -> bool {
-        self.has_reporting_grace()
-            && (std::thread::panicking()
-                || (n <= REPORTING_GRACE_ALLOCATION
-                    && STATE.with(|t| {
-                        let left = t.grace.get();
-                        (left >= n).then(|| t.grace.set(left - n)).is_some()
-                    })))
+    fn reporting_grace(&self, acc: AccountKey, n: u64) -> Option<Option<AccountKey>> {
+        if !self.has_reporting_grace() {
+            return None;
+        }
+        if std::thread::panicking() {
+            return Some(None);
+        }
+        if n > REPORTING_GRACE_ALLOCATION || !within_grace_headroom(acc.usage(), n) {
+            return None;
+        }
+        let took = STATE.with(|t| {
+            let left = t.grace.get();
+            (left >= n).then(|| t.grace.set(left - n)).is_some()
+        });
+        if !took {
+            return None;
+        }
+        acc.force_charge(n);
+        Some(Some(acc))
     }
 }
 
@@ -319,6 +371,18 @@ fn breach_in_progress(counter: &UsageCounter, n: u64) -> Option<&UsageCounter> {
     blocking.filter(|_| !ceilings)
 }
 
+/// Whether a charge of `n` through `counter` stays within the reporting
+/// grace's headroom: no level past its ceiling, and every level it takes
+/// over its `max` within [`REPORTING_GRACE`] above it (loads only; the
+/// racing charges of other threads may each pass by one allocation of the
+/// grace, at most [`REPORTING_GRACE_ALLOCATION`]).
+fn within_grace_headroom(counter: &UsageCounter, n: u64) -> bool {
+    counter.chain().all(|c| {
+        let after = c.usage().saturating_add(n);
+        after <= c.ceiling() && (after <= c.max() || after - c.max() <= REPORTING_GRACE)
+    })
+}
+
 /// Whether the thread has bytes left of a reporting grace a refusal began
 /// (one thread-local load; false past the thread's exit).
 #[inline]
@@ -329,7 +393,13 @@ fn in_grace() -> bool {
 /// Whether a charge of `n` through `counter` would pass a refusing limit
 /// or a ceiling (loads only; stocked slack not counted).
 fn refusal_in_the_way(counter: &UsageCounter, n: u64) -> bool {
-    counter.chain().any(|c| {
+    refuser_in_the_way(counter, n).is_some()
+}
+
+/// The first counter of the chain whose refusing limit (or ceiling) a
+/// charge of `n` through `counter` would pass (loads only).
+fn refuser_in_the_way(counter: &UsageCounter, n: u64) -> Option<&UsageCounter> {
+    counter.chain().find(|c| {
         let after = c.usage().saturating_add(n);
         (after > c.max() && c.enforcement() == Enforcement::Refuse) || after > c.ceiling()
     })
