@@ -22,8 +22,10 @@
 //!   at a limit included — they call the program's new-handler and try
 //!   again, and without one throw `std::bad_alloc`, through the C++
 //!   runtime's own `__throw_bad_alloc` (libstdc++'s or libc++'s, found by
-//!   name when first needed: a program calling `operator new` has one
-//!   loaded; without one, the program aborts as `std::terminate` would);
+//!   name when needed — in the global scope, or in a runtime a plugin
+//!   loaded with `RTLD_LOCAL`: see [`runtime_function`]; a program calling
+//!   `operator new` has one loaded; without one, the program aborts as
+//!   `std::terminate` would);
 //! - the `nothrow` forms return NULL on failure, without calling the
 //!   new-handler (the standard's call it, and return NULL if it throws:
 //!   this library cannot catch a C++ exception);
@@ -38,7 +40,6 @@
 #![allow(non_snake_case)]
 
 use std::ffi::{c_void, CStr};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The C++ runtime's `std::new_handler`.
 type NewHandler = unsafe extern "C-unwind" fn();
@@ -49,41 +50,62 @@ type GetNewHandler = unsafe extern "C" fn() -> Option<NewHandler>;
 /// The runtime's function that throws `std::bad_alloc`.
 type ThrowBadAlloc = unsafe extern "C-unwind" fn() -> !;
 
-/// `std::get_new_handler` of libstdc++, then of libc++ (0: not found yet).
-static GET_NEW_HANDLER: AtomicUsize = AtomicUsize::new(0);
+/// `std::get_new_handler` of libstdc++, then of libc++.
 const GET_NEW_HANDLER_NAMES: [&CStr; 2] =
     [c"_ZSt15get_new_handlerv", c"_ZNSt3__115get_new_handlerEv"];
 
 /// `std::__throw_bad_alloc` of libstdc++, then of libc++.
-static THROW_BAD_ALLOC: AtomicUsize = AtomicUsize::new(0);
 const THROW_BAD_ALLOC_NAMES: [&CStr; 2] = [
     c"_ZSt17__throw_bad_allocv",
     c"_ZNSt3__117__throw_bad_allocEv",
 ];
 
-/// The first of `names` the process defines, remembered in `cache` once
-/// found (looked up again while not: a C++ runtime may be loaded later).
+/// The C++ runtimes, by the names they are loaded under.
+const RUNTIMES: [&CStr; 2] = [c"libstdc++.so.6", c"libc++.so.1"];
+
+/// The first of `names` the process defines: in the global scope, or else
+/// in a C++ runtime loaded out of it — a C program's plugin written in C++,
+/// `dlopen`ed with `RTLD_LOCAL`, brings libstdc++ in for itself only (its
+/// `new` aborted instead of throwing: `dlsym(RTLD_DEFAULT)` did not see
+/// it). Looked up on every failed `new`, never remembered: a runtime found
+/// that way goes when its plugin is closed. The look-up runs unaccounted,
+/// so that the loader's own small allocations are not refused at the limit
+/// that made `new` fail.
 #[cold]
-fn runtime_function(cache: &AtomicUsize, names: &[&CStr]) -> Option<usize> {
-    // Relaxed: every thread finds the same address.
-    match cache.load(Ordering::Relaxed) {
-        0 => {}
-        f => return Some(f),
-    }
-    let f = names.iter().find_map(|name| {
-        // SAFETY: a NUL-terminated name; `RTLD_DEFAULT` searches the
-        // global scope. dlsym allocates nothing for a name it finds.
-        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-        (!f.is_null()).then_some(f as usize)
-    })?;
-    cache.store(f, Ordering::Relaxed);
-    Some(f)
+fn runtime_function(names: &[&CStr]) -> Option<usize> {
+    crate::ACCOUNTED.unaccounted(|| {
+        let in_scope = |handle: *mut c_void| {
+            names.iter().find_map(|name| {
+                // SAFETY: a NUL-terminated name, looked up from a handle
+                // (or `RTLD_DEFAULT`) that is valid here.
+                let f = unsafe { libc::dlsym(handle, name.as_ptr()) };
+                (!f.is_null()).then_some(f as usize)
+            })
+        };
+        in_scope(libc::RTLD_DEFAULT).or_else(|| {
+            RUNTIMES.iter().find_map(|runtime| {
+                // SAFETY: a NUL-terminated name; `RTLD_NOLOAD` only finds
+                // a loaded object.
+                let handle =
+                    unsafe { libc::dlopen(runtime.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+                if handle.is_null() {
+                    return None;
+                }
+                let f = in_scope(handle);
+                // SAFETY: the handle just opened, released once; the
+                // runtime stays loaded (its plugin holds it), and `f` is
+                // used at once, by the thread whose `new` it serves.
+                unsafe { libc::dlclose(handle) };
+                f
+            })
+        })
+    })
 }
 
 /// The program's new-handler, if it installed one.
 #[cold]
 fn new_handler() -> Option<NewHandler> {
-    let get = runtime_function(&GET_NEW_HANDLER, &GET_NEW_HANDLER_NAMES)?;
+    let get = runtime_function(&GET_NEW_HANDLER_NAMES)?;
     // SAFETY: the runtime's `std::get_new_handler`, by its mangled name.
     let get = unsafe { std::mem::transmute::<usize, GetNewHandler>(get) };
     // SAFETY: takes nothing, returns the handler or null.
@@ -93,7 +115,7 @@ fn new_handler() -> Option<NewHandler> {
 /// Throw `std::bad_alloc` to the caller of `operator new`.
 #[cold]
 fn throw_bad_alloc() -> ! {
-    if let Some(throw) = runtime_function(&THROW_BAD_ALLOC, &THROW_BAD_ALLOC_NAMES) {
+    if let Some(throw) = runtime_function(&THROW_BAD_ALLOC_NAMES) {
         // SAFETY: the runtime's `__throw_bad_alloc`, by its mangled name;
         // it unwinds to the caller through `extern "C-unwind"` frames.
         let throw = unsafe { std::mem::transmute::<usize, ThrowBadAlloc>(throw) };

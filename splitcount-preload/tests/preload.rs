@@ -1727,3 +1727,59 @@ fn the_report_reaches_the_stderr_the_program_started_with() {
     assert_eq!(std::fs::read_to_string(&data).unwrap(), "data\n");
     let _ = std::fs::remove_file(&data);
 }
+
+/// A C program's plugin written in C++, `dlopen`ed with `RTLD_LOCAL`
+/// (`tests/c/cxx_plugin.cpp`, loaded by `tests/c/cxx_plugin_host.c`): its
+/// C++ runtime is out of the global scope, where the preload's `new` looked
+/// for the runtime's new-handler and `__throw_bad_alloc` — the program
+/// aborted ("no C++ runtime throws std::bad_alloc") instead of the plugin
+/// catching `std::bad_alloc`. It finds the runtime by its name now: the
+/// plugin's handler runs once, then its `catch`, at a limit and for a size
+/// no allocator gives.
+#[test]
+fn a_cxx_plugin_loaded_out_of_the_global_scope_catches_bad_alloc() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
+    let plugin = deps_dir().join("libsplitcount_preload_cxx_plugin.so");
+    let status = Command::new("c++")
+        .args([
+            "-std=c++17",
+            "-O1",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-shared",
+            "-fPIC",
+        ])
+        .arg("-o")
+        .arg(&plugin)
+        .arg(dir.join("cxx_plugin.cpp"))
+        .status()
+        .expect("c++ runs (install g++)");
+    assert!(status.success(), "tests/c/cxx_plugin.cpp does not compile");
+    let host = plain_c_program("cxx_plugin_host");
+    for (max, size) in [("1M", "2000000"), ("max", "0x7fffffffffffffff")] {
+        let out = preloaded(&host, &[("SPLITCOUNT_PRELOAD_MAX", max)])
+            .arg(&plugin)
+            .arg(size)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(
+            out.status.success(),
+            "max {max}: {}\n{stdout}\n{stderr}",
+            out.status
+        );
+        assert_eq!(
+            stdout.trim(),
+            "caught bad_alloc handler_calls=1",
+            "max {max}: {stderr}"
+        );
+    }
+    let out = preloaded(&host, &[("SPLITCOUNT_PRELOAD_MAX", "1M")])
+        .arg(&plugin)
+        .arg("1000")
+        .output()
+        .unwrap();
+    assert_eq!(text(&out.stdout).trim(), "allocated 1000");
+}
