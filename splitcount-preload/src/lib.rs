@@ -12,7 +12,8 @@
 //! It interposes `malloc`, `free`, `calloc`, `realloc`, `reallocarray`,
 //! `posix_memalign`, `aligned_alloc`, `memalign`, `valloc`, `pvalloc`,
 //! `malloc_usable_size` and C++'s `operator new` and `operator delete`
-//! (see `src/cxx.rs`); the blocks come from glibc (`__libc_malloc`,
+//! (see `src/cxx.rs`), and runs glibc's `__cxa_thread_atexit_impl` with
+//! accounting off (see `src/tls_dtors.rs`); the blocks come from glibc (`__libc_malloc`,
 //! `__libc_memalign`, …) or from the inner allocator chosen by name, with
 //! a 16-byte header in front (a 16-byte trailer for alignments above 16)
 //! that names the block's **account**, exactly as the Rust wrapper [`splitcount::alloc::Accounted`] does — this library *is* that
@@ -51,6 +52,7 @@ mod libc_heap;
 mod report;
 mod settings;
 mod static_tls;
+mod tls_dtors;
 mod untagged;
 
 /// The C API, exported by this library too: a preloaded program reaches

@@ -1660,21 +1660,7 @@ fn cxx_new_and_delete_are_charged_and_refused_with_every_inner_allocator() {
         ("mimalloc", &mimalloc, "off"),
     ] {
         let run = |max: &str| {
-            let out = Command::new(&exe)
-                .env("LD_PRELOAD", preloads)
-                .env("SPLITCOUNT_PRELOAD_INNER", inner)
-                .env("SPLITCOUNT_PRELOAD_TAGS", tags)
-                .env("SPLITCOUNT_PRELOAD_MAX", max)
-                .env("SPLITCOUNT_PRELOAD_REPORT", "1")
-                .output()
-                .unwrap();
-            let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-            let case = format!("{inner}, tags {tags}, LD_PRELOAD={preloads}, max {max}");
-            assert!(
-                out.status.success(),
-                "{case}: {}\n{stdout}\n{stderr}",
-                out.status
-            );
+            let (stdout, stderr, case) = succeeds_with(&exe, preloads, inner, tags, max);
             assert!(stdout.contains("nothrow_null=1"), "{case}: {stdout}");
             (stdout, report(&stderr, "/preload"), case)
         };
@@ -1782,4 +1768,56 @@ fn a_cxx_plugin_loaded_out_of_the_global_scope_catches_bad_alloc() {
         .output()
         .unwrap();
     assert_eq!(text(&out.stdout).trim(), "allocated 1000");
+}
+
+/// A thread that first touches a `thread_local` with a destructor while
+/// the process is at its limit (`tests/c/cxx_thread_local_test.cpp`):
+/// glibc's registration of the destructor allocates, and a refusal there
+/// ended the process ("Fatal glibc error: failed to register TLS
+/// destructor") — without tags on jemalloc and mimalloc, every time. The
+/// registration runs with accounting off: the program goes on, with every
+/// inner allocator, tags on and off.
+#[test]
+fn a_thread_local_first_touched_at_the_limit_does_not_end_the_program() {
+    let exe = plain_cxx_program("cxx_thread_local_test");
+    let preload = preload_so().display().to_string();
+    let jemalloc = format!("{preload} {}", system_jemalloc().display());
+    for (inner, preloads) in [
+        ("glibc", &preload),
+        ("jemalloc", &jemalloc),
+        ("mimalloc", &preload),
+    ] {
+        for tags in ["on", "off"] {
+            let (stdout, _, case) = succeeds_with(&exe, preloads, inner, tags, "2M");
+            assert!(stdout.contains("survived full=1"), "{case}: {stdout}");
+        }
+    }
+}
+
+/// Runs `exe` with `LD_PRELOAD=preloads`, the inner allocator, tags and
+/// limit given, and a report: it must succeed. Its stdout, its stderr, and
+/// the case's name for messages.
+fn succeeds_with(
+    exe: &Path,
+    preloads: &str,
+    inner: &str,
+    tags: &str,
+    max: &str,
+) -> (String, String, String) {
+    let out = Command::new(exe)
+        .env("LD_PRELOAD", preloads)
+        .env("SPLITCOUNT_PRELOAD_INNER", inner)
+        .env("SPLITCOUNT_PRELOAD_TAGS", tags)
+        .env("SPLITCOUNT_PRELOAD_MAX", max)
+        .env("SPLITCOUNT_PRELOAD_REPORT", "1")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    let case = format!("{inner}, tags {tags}, LD_PRELOAD={preloads}, max {max}");
+    assert!(
+        out.status.success(),
+        "{case}: {}\n{stdout}\n{stderr}",
+        out.status
+    );
+    (stdout, stderr, case)
 }
