@@ -241,6 +241,25 @@ fn a_removed_groups_handles_act_on_the_nearest_live_ancestor() {
     assert_eq!(a.events().underflow, 0);
 }
 
+/// A limit set through a removed group's handle would hold nowhere (its
+/// charges go to the nearest live ancestor): refused with `Removed`, where
+/// it answered `Ok` and the removed group's `max()` read the new limit.
+#[test]
+fn a_limit_on_a_removed_group_is_refused() {
+    let (_m, h) = sim(2, 8);
+    let a = h.root().child("a").unwrap();
+    let b = a.child("b").unwrap();
+    b.remove().unwrap();
+    assert!(matches!(b.set_max(10), Err(GroupError::Removed { .. })));
+    assert_eq!(
+        (b.max(), a.max()),
+        (UNLIMITED, UNLIMITED),
+        "nothing changed"
+    );
+    b.force_charge(1000).unwrap();
+    assert_eq!(a.usage(), 1000, "charged at the nearest live ancestor");
+}
+
 #[test]
 fn bad_configuration_and_requests() {
     assert!(Hierarchy::new(HierarchyConfig::default().stock_batch(0)).is_err());

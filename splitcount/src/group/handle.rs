@@ -254,8 +254,15 @@ impl Group {
     /// Set the hard limit. If the usage is above it, this group's subtree's
     /// stocked units (the charge stock's, and the allocator's byte stock
     /// and the calling thread's reserve) are drained and the limit tried
-    /// again; `Busy` if still above.
+    /// again; `Busy` if still above. `Removed` for a removed group: charges
+    /// through its handles go to its nearest live ancestor, so a limit set
+    /// on it would hold nowhere (it used to answer `Ok`).
     pub fn set_max(&self, max: u64) -> Result<(), GroupError> {
+        if self.node.is_removed() {
+            return Err(GroupError::Removed {
+                path: self.node.path.clone(),
+            });
+        }
         let usage = &self.node.usage;
         if usage.set_max(max).is_ok() {
             return Ok(());
@@ -714,8 +721,12 @@ impl Group {
 
     /// Remove the group: refused for the root and for a group with live
     /// children. Stocks holding it are drained; its usage stays counted at
-    /// its ancestors; handles that outlive it act on the nearest live
-    /// ancestor.
+    /// its ancestors; handles that outlive it charge, uncharge and update
+    /// statistics on the nearest live ancestor. Their reads (`usage`,
+    /// `max`, `events` …) are the removed group's own counter — what it
+    /// still holds, which frees of its blocks bring to zero —, `set_max`
+    /// answers [`GroupError::Removed`], and the other settings change the
+    /// removed group only, which nothing is charged to any more.
     pub fn remove(&self) -> Result<(), GroupError> {
         self.shared.unlink(&self.node)?;
         self.shared.drain_node(&self.node);
