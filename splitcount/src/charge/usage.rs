@@ -590,6 +590,14 @@ impl UsageCounter {
         self.events.episode.load(Relaxed) & EPISODE_BREACHED != 0
     }
 
+    /// Whether a charge was refused at this counter's limit since its
+    /// usage was last below `max` (the refusal ran the reclaim and refusal
+    /// hooks then).
+    #[inline]
+    pub(crate) fn in_refused_episode(&self) -> bool {
+        self.events.episode.load(Relaxed) & EPISODE_REFUSED != 0
+    }
+
     /// How many stock slots, over every CPU of every stock, hold a key
     /// whose counter is this one or one below it. Zero means no stock holds
     /// units of this subtree; at most `stock_slots · batch` units of it

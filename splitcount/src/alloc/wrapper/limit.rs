@@ -106,13 +106,15 @@ impl<A, C: Charging> Accounted<A, C> {
                     return Ok(passed);
                 }
                 // No headroom left in the grace: a small allocation is
-                // refused at once, counted as the OOM stage counts it —
-                // nothing but an uncharge can change the answer while the
-                // limit stays in the way, and the refusal that began the
-                // grace ran reclaim, the drain and the hooks. (A thread
-                // far over its limit paid all of them again on every
-                // allocation otherwise.) A large one takes the whole path.
-                if n <= REPORTING_GRACE_ALLOCATION {
+                // refused at once, counted as the OOM stage counts it,
+                // where this limit refused already in its episode at the
+                // limit — nothing but an uncharge can change the answer
+                // while it stays in the way, and that refusal ran reclaim,
+                // the drain and the hooks. (A thread far over its limit
+                // paid all of them again on every allocation otherwise.)
+                // A large one, or a limit that has not refused yet (the
+                // grace began at another group's), takes the whole path.
+                if n <= REPORTING_GRACE_ALLOCATION && refuser.in_refused_episode() {
                     refuser.record_max();
                     refuser.record_oom();
                     refuser.record_refused();
