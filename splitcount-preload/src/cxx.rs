@@ -234,130 +234,45 @@ unsafe fn delete(p: *mut c_void) {
     unsafe { crate::free(p) }
 }
 
-/// `operator delete(void*)`.
-///
-/// # Safety
-/// As [`delete`].
-#[no_mangle]
-pub unsafe extern "C" fn _ZdlPv(p: *mut c_void) {
-    // SAFETY: forwarded.
-    unsafe { delete(p) }
+/// Export each form of `operator delete` as `free`: its extra arguments
+/// (the size, the alignment, `nothrow`) change nothing — `free` needs none.
+macro_rules! deletes {
+    ($($(#[doc = $doc:literal])* $name:ident($($arg:ty),*);)*) => {$(
+        $(#[doc = $doc])*
+        ///
+        /// # Safety
+        /// As [`delete`].
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(p: *mut c_void $(, _: $arg)*) {
+            // SAFETY: forwarded.
+            unsafe { delete(p) }
+        }
+    )*};
 }
 
-/// `operator delete[](void*)`.
-///
-/// # Safety
-/// As [`delete`].
-#[no_mangle]
-pub unsafe extern "C" fn _ZdaPv(p: *mut c_void) {
-    // SAFETY: forwarded.
-    unsafe { delete(p) }
-}
-
-/// `operator delete(void*, size_t)`.
-///
-/// # Safety
-/// As [`delete`].
-#[no_mangle]
-pub unsafe extern "C" fn _ZdlPvm(p: *mut c_void, _: usize) {
-    // SAFETY: forwarded.
-    unsafe { delete(p) }
-}
-
-/// `operator delete[](void*, size_t)`.
-///
-/// # Safety
-/// As [`delete`].
-#[no_mangle]
-pub unsafe extern "C" fn _ZdaPvm(p: *mut c_void, _: usize) {
-    // SAFETY: forwarded.
-    unsafe { delete(p) }
-}
-
-/// `operator delete(void*, std::align_val_t)`.
-///
-/// # Safety
-/// As [`delete`].
-#[no_mangle]
-pub unsafe extern "C" fn _ZdlPvSt11align_val_t(p: *mut c_void, _: usize) {
-    // SAFETY: forwarded.
-    unsafe { delete(p) }
-}
-
-/// `operator delete[](void*, std::align_val_t)`.
-///
-/// # Safety
-/// As [`delete`].
-#[no_mangle]
-pub unsafe extern "C" fn _ZdaPvSt11align_val_t(p: *mut c_void, _: usize) {
-    // SAFETY: forwarded.
-    unsafe { delete(p) }
-}
-
-/// `operator delete(void*, size_t, std::align_val_t)`.
-///
-/// # Safety
-/// As [`delete`].
-#[no_mangle]
-pub unsafe extern "C" fn _ZdlPvmSt11align_val_t(p: *mut c_void, _: usize, _: usize) {
-    // SAFETY: forwarded.
-    unsafe { delete(p) }
-}
-
-/// `operator delete[](void*, size_t, std::align_val_t)`.
-///
-/// # Safety
-/// As [`delete`].
-#[no_mangle]
-pub unsafe extern "C" fn _ZdaPvmSt11align_val_t(p: *mut c_void, _: usize, _: usize) {
-    // SAFETY: forwarded.
-    unsafe { delete(p) }
-}
-
-/// `operator delete(void*, const std::nothrow_t&)`.
-///
-/// # Safety
-/// As [`delete`].
-#[no_mangle]
-pub unsafe extern "C" fn _ZdlPvRKSt9nothrow_t(p: *mut c_void, _: *const c_void) {
-    // SAFETY: forwarded.
-    unsafe { delete(p) }
-}
-
-/// `operator delete[](void*, const std::nothrow_t&)`.
-///
-/// # Safety
-/// As [`delete`].
-#[no_mangle]
-pub unsafe extern "C" fn _ZdaPvRKSt9nothrow_t(p: *mut c_void, _: *const c_void) {
-    // SAFETY: forwarded.
-    unsafe { delete(p) }
-}
-
-/// `operator delete(void*, std::align_val_t, const std::nothrow_t&)`.
-///
-/// # Safety
-/// As [`delete`].
-#[no_mangle]
-pub unsafe extern "C" fn _ZdlPvSt11align_val_tRKSt9nothrow_t(
-    p: *mut c_void,
-    _: usize,
-    _: *const c_void,
-) {
-    // SAFETY: forwarded.
-    unsafe { delete(p) }
-}
-
-/// `operator delete[](void*, std::align_val_t, const std::nothrow_t&)`.
-///
-/// # Safety
-/// As [`delete`].
-#[no_mangle]
-pub unsafe extern "C" fn _ZdaPvSt11align_val_tRKSt9nothrow_t(
-    p: *mut c_void,
-    _: usize,
-    _: *const c_void,
-) {
-    // SAFETY: forwarded.
-    unsafe { delete(p) }
+deletes! {
+    /// `operator delete(void*)`.
+    _ZdlPv();
+    /// `operator delete[](void*)`.
+    _ZdaPv();
+    /// `operator delete(void*, size_t)`.
+    _ZdlPvm(usize);
+    /// `operator delete[](void*, size_t)`.
+    _ZdaPvm(usize);
+    /// `operator delete(void*, std::align_val_t)`.
+    _ZdlPvSt11align_val_t(usize);
+    /// `operator delete[](void*, std::align_val_t)`.
+    _ZdaPvSt11align_val_t(usize);
+    /// `operator delete(void*, size_t, std::align_val_t)`.
+    _ZdlPvmSt11align_val_t(usize, usize);
+    /// `operator delete[](void*, size_t, std::align_val_t)`.
+    _ZdaPvmSt11align_val_t(usize, usize);
+    /// `operator delete(void*, const std::nothrow_t&)`.
+    _ZdlPvRKSt9nothrow_t(*const c_void);
+    /// `operator delete[](void*, const std::nothrow_t&)`.
+    _ZdaPvRKSt9nothrow_t(*const c_void);
+    /// `operator delete(void*, std::align_val_t, const std::nothrow_t&)`.
+    _ZdlPvSt11align_val_tRKSt9nothrow_t(usize, *const c_void);
+    /// `operator delete[](void*, std::align_val_t, const std::nothrow_t&)`.
+    _ZdaPvSt11align_val_tRKSt9nothrow_t(usize, *const c_void);
 }

@@ -1611,23 +1611,23 @@ fn sqlite_under_a_tiny_limit_stops_with_out_of_memory() {
 /// ours.
 fn plain_cxx_program(name: &str) -> PathBuf {
     let exe = deps_dir().join(format!("splitcount_preload_{name}"));
+    compile_cxx(name, &exe, &[]);
+    exe
+}
+
+/// Compiles `tests/c/<name>.cpp` (C++17, warnings as errors) into `out`,
+/// with `extra` flags.
+fn compile_cxx(name: &str, out: &Path, extra: &[&str]) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.cpp"));
     let status = Command::new("c++")
-        .args([
-            "-std=c++17",
-            "-O1",
-            "-g",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-o",
-        ])
-        .arg(&exe)
+        .args(["-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror"])
+        .args(extra)
+        .arg("-o")
+        .arg(out)
         .arg(src)
         .status()
         .expect("c++ runs (install g++)");
     assert!(status.success(), "tests/c/{name}.cpp does not compile");
-    exe
 }
 
 /// C++'s `new` and `delete` are the preload's whatever else the process
@@ -1724,25 +1724,8 @@ fn the_report_reaches_the_stderr_the_program_started_with() {
 /// no allocator gives.
 #[test]
 fn a_cxx_plugin_loaded_out_of_the_global_scope_catches_bad_alloc() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
     let plugin = deps_dir().join("libsplitcount_preload_cxx_plugin.so");
-    let status = Command::new("c++")
-        .args([
-            "-std=c++17",
-            "-O1",
-            "-g",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-shared",
-            "-fPIC",
-        ])
-        .arg("-o")
-        .arg(&plugin)
-        .arg(dir.join("cxx_plugin.cpp"))
-        .status()
-        .expect("c++ runs (install g++)");
-    assert!(status.success(), "tests/c/cxx_plugin.cpp does not compile");
+    compile_cxx("cxx_plugin", &plugin, &["-shared", "-fPIC"]);
     let host = plain_c_program("cxx_plugin_host");
     for (max, size) in [("1M", "2000000"), ("max", "0x7fffffffffffffff")] {
         let out = preloaded(&host, &[("SPLITCOUNT_PRELOAD_MAX", max)])
