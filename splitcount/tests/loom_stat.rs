@@ -132,3 +132,34 @@ fn a_group_beside_the_flushed_subtree_is_carried_and_folded_once() {
         assert_eq!(r.value(0), Some(1111));
     });
 }
+
+/// A kept group (`Stats::kept_group`, as a hierarchy makes them) folded
+/// once, then updated by another thread while a flush runs: the flusher
+/// wrote `kept_at` (the reference is kept for the next push) before the
+/// `Release` store that cleared the mark, and the push's CAS reads that
+/// store, so the push takes no reference of its own. At the end one
+/// reference is kept, whatever the interleaving; retired, none. With the
+/// mark cleared `Relaxed`, the pusher may read `kept_at` from before the
+/// fold and take a second reference, which nothing ever gives back.
+#[test]
+fn a_push_after_a_fold_of_a_kept_group_takes_no_reference() {
+    loom::model(|| {
+        let m = Machine::simulated(1, 1).unwrap();
+        let stats = Arc::new(Stats::new(&m, vec![StatItem::gauge("x")]).unwrap());
+        let g = stats.kept_group(None).unwrap();
+        let updater = {
+            let (stats, g) = (stats.clone(), g.clone());
+            thread::spawn(move || {
+                g.mod_stat(&stats, 0, 1).unwrap();
+                g.mod_stat(&stats, 0, 10).unwrap();
+            })
+        };
+        stats.flush(&g, true);
+        updater.join().unwrap();
+        stats.flush(&g, true);
+        assert_eq!(g.value(0), Some(11));
+        assert_eq!(Arc::strong_count(&g), 2, "ours and the kept one");
+        stats.retire(&g);
+        assert_eq!(Arc::strong_count(&g), 1, "retired");
+    });
+}

@@ -492,20 +492,29 @@ fn a_flush_racing_updates_on_another_thread_never_loses_them() {
 }
 
 /// Standalone statistics (one item) on a random tree of `n` groups: each
-/// new group's parent is a random earlier one.
+/// new group's parent is a random earlier one. `kept`: groups made by
+/// `Stats::kept_group` (as a hierarchy makes them), else by `Stats::group`.
 fn standalone_tree(
     stats: &splitcount::stat::Stats,
     n: usize,
     rng: &mut Rng,
+    kept: bool,
 ) -> (
     Vec<std::sync::Arc<splitcount::stat::StatGroup>>,
     Vec<Option<usize>>,
 ) {
-    let mut groups = vec![stats.group(None).unwrap()];
+    let make = |parent: Option<&std::sync::Arc<splitcount::stat::StatGroup>>| {
+        if kept {
+            stats.kept_group(parent).unwrap()
+        } else {
+            stats.group(parent).unwrap()
+        }
+    };
+    let mut groups = vec![make(None)];
     let mut parents = vec![None];
     for i in 1..n {
         let p = rng.below(i as u64) as usize;
-        groups.push(stats.group(Some(&groups[p])).unwrap());
+        groups.push(make(Some(&groups[p])));
         parents.push(Some(p));
     }
     (groups, parents)
@@ -526,21 +535,38 @@ fn full_walk(own: &[i64], parents: &[Option<usize>]) -> (Vec<i64>, Vec<i64>) {
 /// hierarchical values equal to the full walk's, without any other flush.
 #[test]
 fn flushes_of_a_ten_thousand_group_tree_equal_the_full_walk() {
-    flushes_racing_updates_equal_the_full_walk(10_000, 2, 60_000);
+    flushes_racing_updates_equal_the_full_walk(10_000, 2, 60_000, false);
 }
 
 /// The same with 11 items: three chunks of folded values (4 + 4 + 3) and
 /// two lines of pending values, every item updated.
 #[test]
 fn flushes_of_a_schema_of_many_items_fold_every_item() {
-    flushes_racing_updates_equal_the_full_walk(2_000, 11, 40_000);
+    flushes_racing_updates_equal_the_full_walk(2_000, 11, 40_000, false);
+}
+
+/// The same with groups whose references the flusher keeps from one push
+/// to the next (a hierarchy's groups), retired at random while they are
+/// updated and flushed: no update is lost, and once every group is retired
+/// and the root flushed, no reference is left but the test's and the
+/// children's.
+#[test]
+fn flushes_of_kept_groups_retired_under_updates_equal_the_full_walk() {
+    flushes_racing_updates_equal_the_full_walk(3_000, 2, 60_000, true);
 }
 
 /// `groups` groups in a random tree with `items` items (even ones gauges,
 /// odd ones events); three updater threads of `updates` each and a thread
 /// flushing the root and random subtrees; then one flush of the root and
-/// every group's values against the full walk.
-fn flushes_racing_updates_equal_the_full_walk(groups: usize, items: usize, updates: usize) {
+/// every group's values against the full walk. With `kept`, the groups are
+/// `Stats::kept_group`s, and the flushing thread also retires a random
+/// group after one flush in four.
+fn flushes_racing_updates_equal_the_full_walk(
+    groups: usize,
+    items: usize,
+    updates: usize,
+    kept: bool,
+) {
     use splitcount::stat::Stats;
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
     let m = Machine::simulated(8, 1).unwrap();
@@ -555,7 +581,7 @@ fn flushes_racing_updates_equal_the_full_walk(groups: usize, items: usize, updat
         .collect();
     let stats = Stats::new(&m, schema).unwrap();
     let mut rng = Rng::new(groups as u64 + items as u64);
-    let (all, parents) = standalone_tree(&stats, groups, &mut rng);
+    let (all, parents) = standalone_tree(&stats, groups, &mut rng, kept);
     let stop = AtomicBool::new(false);
     let own: Vec<Vec<Vec<i64>>> = std::thread::scope(|s| {
         let (stats, all, stop, m) = (&stats, &all, &stop, &m);
@@ -569,6 +595,9 @@ fn flushes_racing_updates_equal_the_full_walk(groups: usize, items: usize, updat
                     &all[rng.below(groups as u64) as usize]
                 };
                 stats.flush(g, true);
+                if kept && rng.below(4) == 0 {
+                    stats.retire(&all[rng.below(groups as u64) as usize]);
+                }
                 flushes += 1;
             }
         });
@@ -610,6 +639,23 @@ fn flushes_racing_updates_equal_the_full_walk(groups: usize, items: usize, updat
             assert_eq!(g.value(item), Some(hier[i]), "hierarchical {item} of {i}");
         }
         assert_eq!(all[0].value(items), None, "past the schema");
+    }
+    if kept {
+        for g in &all {
+            stats.retire(g);
+        }
+        assert!(stats.flush(&all[0], true));
+        let mut children = vec![0; groups];
+        for p in parents.iter().flatten() {
+            children[*p] += 1;
+        }
+        for (i, g) in all.iter().enumerate() {
+            assert_eq!(
+                std::sync::Arc::strong_count(g),
+                1 + children[i],
+                "references to group {i} after every group was retired"
+            );
+        }
     }
 }
 
@@ -701,6 +747,66 @@ fn a_dropped_group_lives_until_its_updates_are_folded() {
     assert!(stats.flush(&r, true));
     assert!(weak.upgrade().is_none(), "folded, then freed");
     assert_eq!(r.value(0), Some(38));
+}
+
+/// A group made by `Stats::kept_group` keeps one reference per CPU it was
+/// updated on, from the first fold to its retirement: later pushes take
+/// none. Retired, it gives them back — also the one of a node carried by
+/// a flush of another subtree — and pushes take their own again.
+#[test]
+fn a_kept_group_holds_one_reference_per_cpu_until_it_is_retired() {
+    use splitcount::stat::Stats;
+    use std::sync::Arc;
+    let m = Machine::simulated(2, 1).unwrap();
+    let stats = Stats::new(&m, vec![StatItem::gauge("x")]).unwrap();
+    let r = stats.kept_group(None).unwrap();
+    let (a, b) = (
+        stats.kept_group(Some(&r)).unwrap(),
+        stats.kept_group(Some(&r)).unwrap(),
+    );
+    for cpu in [0, 1] {
+        m.set_current_cpu(cpu).unwrap();
+        a.mod_stat(&stats, 0, 1).unwrap();
+    }
+    assert_eq!(Arc::strong_count(&a), 3, "ours and a push's per CPU");
+    assert!(stats.flush(&r, true));
+    assert_eq!(Arc::strong_count(&a), 3, "the pushes' references, kept");
+    for round in 0..3 {
+        for cpu in [0, 1] {
+            m.set_current_cpu(cpu).unwrap();
+            a.mod_stat(&stats, 0, 1).unwrap();
+        }
+        assert_eq!(Arc::strong_count(&a), 3, "round {round}: no push took one");
+        assert!(stats.flush(&r, true));
+    }
+    assert_eq!(a.value(0), Some(8));
+
+    // Carried by a flush of `b`'s subtree when it is retired: the retiring
+    // flush folds it and gives its reference back.
+    a.mod_stat(&stats, 0, 1).unwrap();
+    assert!(stats.flush(&b, true));
+    stats.retire(&a);
+    assert_eq!(Arc::strong_count(&a), 1, "retired: none kept");
+    assert_eq!(a.value(0), Some(9));
+    stats.retire(&a); // twice: nothing more to give back
+    assert_eq!(Arc::strong_count(&a), 1);
+
+    // Retired, a push takes its own reference and the fold gives it back.
+    a.mod_stat(&stats, 0, 1).unwrap();
+    assert_eq!(Arc::strong_count(&a), 2);
+    let weak = Arc::downgrade(&a);
+    drop(a);
+    assert!(weak.upgrade().is_some(), "on a list: alive");
+    assert!(stats.flush(&r, true));
+    assert!(weak.upgrade().is_none(), "folded, then freed");
+    assert_eq!(r.value(0), Some(10));
+
+    // Kept references go with the `Stats`.
+    b.mod_stat(&stats, 0, 1).unwrap();
+    assert!(stats.flush(&r, true));
+    assert_eq!(Arc::strong_count(&b), 2);
+    drop(stats);
+    assert_eq!(Arc::strong_count(&b), 1);
 }
 
 /// Groups of two trees share the statistics: a flush of one root folds its

@@ -733,10 +733,10 @@ impl Group {
         // The group's user data goes with it (dropped here, outside locks).
         self.node.extensions.close();
         // Fold its statistics now (they stay in its ancestors' values), if
-        // it has any that were not folded yet.
-        if self.node.stats.has_unfolded() {
-            self.shared.stats.flush(&self.node.stats, true);
-        }
+        // it has any that were not folded yet, and give back the references
+        // the flusher kept for its pushes (it is freed with its last
+        // handle).
+        self.shared.stats.retire(&self.node.stats);
         Ok(())
     }
 

@@ -208,7 +208,7 @@ impl Hierarchy {
         .and_then(|s| s.with_budget(config.effective_stock_budget()))
         .map_err(GroupError::Stock)?;
         let stats = Stats::new(&config.machine, config.stats.clone()).map_err(stat_error)?;
-        let root_stats = StatGroup::new(&stats, 0, None).map_err(stat_error)?;
+        let root_stats = StatGroup::new(&stats, 0, None, true).map_err(stat_error)?;
         let root = Arc::new(Node::new(
             None,
             "/".to_owned(),
@@ -562,8 +562,8 @@ impl Shared {
         let id = self
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let stats =
-            StatGroup::new(&self.stats, id, Some(parent.stats.clone())).map_err(stat_error)?;
+        let stats = StatGroup::new(&self.stats, id, Some(parent.stats.clone()), true)
+            .map_err(stat_error)?;
         let node = Arc::new(Node::new(
             Some(parent.clone()),
             name.to_owned(),

@@ -5,7 +5,7 @@ use super::schema::{StatError, StatKind};
 use super::stats::Stats;
 use crate::percpu::PerCpu;
 use crate::sync::{
-    AtomicBool, AtomicI64, AtomicPtr, AtomicU64,
+    AtomicBool, AtomicI64, AtomicPtr, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
 use crossbeam_utils::CachePadded;
@@ -22,14 +22,24 @@ pub(crate) struct UpdateNode {
     /// cleared only by the flusher.
     pub(crate) on_list: AtomicBool,
     /// The group owning this node (a strong reference is held for it while
-    /// the node is on a list).
+    /// the node is on a list: the push's, or the one the flusher keeps).
     pub(crate) owner: *const StatGroup,
+    /// Where the flusher's kept set for this CPU holds this node's strong
+    /// reference ([`NOT_KEPT`]: nowhere, so a push takes one). Written by
+    /// the flusher only, under the flush lock, while it holds the mark
+    /// (before it clears `on_list` with `Release`); read by the push's CAS
+    /// winner (after its `Acquire` on `on_list`). See `flush.rs`, *Kept
+    /// references*.
+    pub(crate) kept_at: AtomicUsize,
     /// Carried on this CPU to a later flush for its `pending` (a flush of
     /// a child passed deltas up to it): it holds a fold not done yet.
     /// Written by the flusher only, on that rare path; read by
     /// [`StatGroup::has_unfolded`].
     pub(crate) queued: AtomicBool,
 }
+
+/// [`UpdateNode::kept_at`] of a node whose reference is not kept.
+pub(crate) const NOT_KEPT: usize = usize::MAX;
 
 /// One cache line of folded values (see [`StatGroup::folded`]).
 #[repr(align(64))]
@@ -106,6 +116,12 @@ pub struct StatGroup {
     /// the flusher only). Side by side, so a fold reads one line per CPU.
     pub(crate) values: Option<PerCpu>,
     pub(crate) id: u64,
+    /// Made with [`Stats::kept_group`]: the flusher keeps the reference
+    /// of a folded node for the next push, until [`Stats::retire`].
+    pub(crate) keep: bool,
+    /// [`Stats::retire`] was called: no reference is kept any more.
+    /// Written and read under the flush lock only.
+    pub(crate) retired: AtomicBool,
     /// Updates (|delta|) in this subtree since its last flush, moved here in
     /// batches of [`STAT_BATCH`] per CPU.
     pub(crate) stats_updates: CachePadded<AtomicU64>,
@@ -140,6 +156,7 @@ impl StatGroup {
         stats: &Stats,
         id: u64,
         parent: Option<Arc<StatGroup>>,
+        keep: bool,
     ) -> Result<Arc<StatGroup>, StatError> {
         let k = stats.items().len();
         let cpus = stats.cpus();
@@ -180,6 +197,7 @@ impl StatGroup {
                         next: AtomicPtr::new(std::ptr::null_mut()),
                         on_list: AtomicBool::new(false),
                         owner: me.as_ptr(),
+                        kept_at: AtomicUsize::new(NOT_KEPT),
                         queued: AtomicBool::new(false),
                     })
                     .collect(),
@@ -187,6 +205,8 @@ impl StatGroup {
                 unflushed,
                 values,
                 id,
+                keep,
+                retired: AtomicBool::new(false),
                 stats_updates: CachePadded::new(AtomicU64::new(0)),
             }
         }))
@@ -263,7 +283,10 @@ impl StatGroup {
     ///    node twice corrupts the list and loses every update of this group
     ///    on this CPU).
     /// 3. The winner pushes the node (Treiber stack) with a strong reference
-    ///    that the flusher takes back.
+    ///    that the flusher takes back — unless the flusher kept the one of
+    ///    an earlier push (a group made by [`Stats::kept_group`]): then the
+    ///    push takes none, and a folded group's next push makes no locked
+    ///    instruction besides the CAS.
     ///
     /// Why the speculative test is safe: the updater writes its delta, then
     /// reads `on_list`; the flusher clears `on_list`, then reads the delta
@@ -283,8 +306,13 @@ impl StatGroup {
         {
             return;
         }
-        // The list owns one strong reference per node on it.
-        let _ = Arc::into_raw(self.clone());
+        // The list owns one strong reference per node on it: this push's,
+        // or the one the flusher kept. Relaxed: the flusher wrote `kept_at`
+        // before its Release store that cleared the mark, which the CAS
+        // above (SeqCst, so Acquire) read.
+        if node.kept_at.load(Relaxed) == NOT_KEPT {
+            let _ = Arc::into_raw(self.clone());
+        }
         stats.push(cpu, node as *const UpdateNode as *mut UpdateNode);
     }
 

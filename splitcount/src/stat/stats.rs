@@ -2,13 +2,13 @@
 //! update lists, and the flush.
 
 use super::flush::Flusher;
-use super::group::{StatGroup, UpdateNode, STAT_BATCH};
+use super::group::{StatGroup, UpdateNode, NOT_KEPT, STAT_BATCH};
 use super::schema::{validate, StatError, StatItem};
 use crate::cpu::Machine;
 use crate::percpu::{AddPath, Arena, ArenaOptions};
 use crate::sync::{
     lock, AtomicPtr, AtomicU64, Mutex,
-    Ordering::{Relaxed, Release},
+    Ordering::{Relaxed, Release, SeqCst},
 };
 use crossbeam_utils::CachePadded;
 use std::sync::Arc;
@@ -73,7 +73,77 @@ impl Stats {
     /// ([`StatError::ForeignGroup`] otherwise).
     pub fn group(&self, parent: Option<&Arc<StatGroup>>) -> Result<Arc<StatGroup>, StatError> {
         let id = self.next_id.fetch_add(1, Relaxed);
-        StatGroup::new(self, id, parent.cloned())
+        StatGroup::new(self, id, parent.cloned(), false)
+    }
+
+    /// Like [`Stats::group`], for a group whose end the caller announces
+    /// with [`Stats::retire`] (a [`crate::group::Hierarchy`]'s groups are
+    /// made so, and retired by [`crate::group::Group::remove`]).
+    ///
+    /// A group on a CPU's update list is kept alive by a strong reference
+    /// the list holds; for a group made by [`Stats::group`] each push takes
+    /// one and each flush gives it back (two locked instructions per group
+    /// updated between two flushes). Here the flusher keeps the reference
+    /// of a folded group for its next push instead, until the group is
+    /// retired or this `Stats` is dropped: a group dropped without
+    /// [`Stats::retire`] stays allocated until then.
+    ///
+    /// ```
+    /// use splitcount::cpu::Machine;
+    /// use splitcount::stat::{StatItem, Stats};
+    /// use std::sync::Arc;
+    ///
+    /// let stats = Stats::new(&Machine::simulated(2, 1)?, vec![StatItem::gauge("x")])?;
+    /// let g = stats.kept_group(None)?;
+    /// g.mod_stat(&stats, 0, 5)?;
+    /// stats.flush(&g, true);
+    /// assert_eq!(g.value(0), Some(5));
+    /// assert_eq!(Arc::strong_count(&g), 2); // ours, and the one kept for the next push
+    /// stats.retire(&g);
+    /// assert_eq!(Arc::strong_count(&g), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn kept_group(&self, parent: Option<&Arc<StatGroup>>) -> Result<Arc<StatGroup>, StatError> {
+        let id = self.next_id.fetch_add(1, Relaxed);
+        StatGroup::new(self, id, parent.cloned(), true)
+    }
+
+    /// The end of a group's statistics: fold what it has not folded yet
+    /// (its values stay in its ancestors'), and give back the references
+    /// kept for its pushes (see [`Stats::kept_group`]). Updates after this
+    /// are still folded by later flushes, each push taking a reference of
+    /// its own again. Does nothing for a group another `Stats` made, or
+    /// one retired before.
+    pub fn retire(&self, group: &StatGroup) {
+        if !self.owns(group) {
+            return;
+        }
+        let mut flusher = lock(&self.flush);
+        if group.retired.load(Relaxed) {
+            return;
+        }
+        group.retired.store(true, Relaxed);
+        // A node whose reference the flusher keeps is pushed once more,
+        // as an updater would (no reference taken: the kept one goes with
+        // it), so the flush below folds it and, the group being retired,
+        // gives the kept reference back. An update racing this finds the
+        // mark set and relies on the flush to see its value: the usual
+        // argument of `StatGroup::mark_updated`. A node whose mark is set
+        // already is on a list (or about to be): a flush folds it and
+        // gives its reference back, this one or a later one.
+        for (cpu, node) in group.nodes.iter().enumerate() {
+            if node.kept_at.load(Relaxed) != NOT_KEPT
+                && node
+                    .on_list
+                    .compare_exchange(false, true, SeqCst, Relaxed)
+                    .is_ok()
+            {
+                self.push(cpu, node as *const UpdateNode as *mut UpdateNode);
+            }
+        }
+        if group.has_unfolded() {
+            self.flush_locked(&mut flusher, group);
+        }
     }
 
     /// Whether `group` was made by this `Stats`.
@@ -162,6 +232,12 @@ impl Stats {
             return false;
         }
         let mut flusher = lock(&self.flush);
+        self.flush_locked(&mut flusher, group);
+        true
+    }
+
+    /// [`Stats::flush`] of `group`, forced, under the flush lock.
+    fn flush_locked(&self, flusher: &mut Flusher, group: &StatGroup) {
         let seen = group.updates_before_flush();
         let k = self.items.len();
         for (cpu, list) in self.lists.iter().enumerate() {
@@ -173,7 +249,6 @@ impl Stats {
             .store(self.flushes.load(Relaxed).wrapping_add(1), Relaxed);
         self.last_flush_ns
             .store(self.since_epoch().as_nanos() as u64, Relaxed);
-        true
     }
 }
 
