@@ -405,7 +405,9 @@ fn take_carried_within(
 fn settle(kept: &mut Vec<NonNull<StatGroup>>, g: &StatGroup, cpu: usize) -> bool {
     let node = &g.nodes[cpu];
     let at = node.kept_at.load(Relaxed);
-    if g.keep && !g.retired.load(Relaxed) {
+    // SeqCst: see `Stats::retire`, which may find the marks clear and
+    // leave without the flush lock (a plain load on x86).
+    if g.keep && !g.retired.load(SeqCst) {
         if at == NOT_KEPT {
             // The push's reference moves to the set.
             node.kept_at.store(kept.len(), Relaxed);

@@ -120,7 +120,8 @@ pub struct StatGroup {
     /// of a folded node for the next push, until [`Stats::retire`].
     pub(crate) keep: bool,
     /// [`Stats::retire`] was called: no reference is kept any more.
-    /// Written and read under the flush lock only.
+    /// Set once by `retire` (SeqCst), read by the flusher's fold (SeqCst).
+    /// See `Stats::retire`.
     pub(crate) retired: AtomicBool,
     /// Updates (|delta|) in this subtree since its last flush, moved here in
     /// batches of [`STAT_BATCH`] per CPU.

@@ -118,11 +118,27 @@ impl Stats {
         if !self.owns(group) {
             return;
         }
-        let mut flusher = lock(&self.flush);
-        if group.retired.load(Relaxed) {
+        // SeqCst, with the SeqCst loads of the marks below and the
+        // flusher's SeqCst load of `retired` in its fold: if this thread
+        // finds every mark clear, a push that sets one later comes after
+        // this store in the single order, and so does the fold of that
+        // push, which then sees the group retired and gives the push's
+        // reference back instead of keeping it. So a group never pushed,
+        // or folded with nothing kept, retires without the flush lock.
+        if group.retired.swap(true, SeqCst) {
             return;
         }
-        group.retired.store(true, Relaxed);
+        // A mark read clear (SeqCst, so Acquire) was cleared by the
+        // flusher's Release store, after it wrote `kept_at`: read here.
+        let idle = group.nodes.iter().all(|n| {
+            !n.on_list.load(SeqCst)
+                && n.kept_at.load(Relaxed) == NOT_KEPT
+                && !n.queued.load(Relaxed)
+        });
+        if idle {
+            return;
+        }
+        let mut flusher = lock(&self.flush);
         // A node whose reference the flusher keeps is pushed once more,
         // as an updater would (no reference taken: the kept one goes with
         // it), so the flush below folds it and, the group being retired,
