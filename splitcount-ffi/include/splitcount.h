@@ -784,8 +784,10 @@ int splitcount_group_try_charge(splitcount_group *group, uint64_t n);
 /**
  * Give back `n` units (to this CPU's stock, or the usage counters). More
  * than was charged is clamped at zero and counted as an `underflow`
- * event. Works on a removed group (the units reach its nearest live
- * ancestor).
+ * event. Works on a removed group: the units come off what it still
+ * holds (and so off its ancestors), clamped there — an excess is an
+ * `underflow` of the removed group and never takes units its ancestors'
+ * other descendants hold.
  *
  * Thread-safe.
  */

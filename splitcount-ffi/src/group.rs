@@ -432,8 +432,10 @@ pub extern "C" fn splitcount_group_try_charge(group: *mut splitcount_group, n: u
 
 /// Give back `n` units (to this CPU's stock, or the usage counters). More
 /// than was charged is clamped at zero and counted as an `underflow`
-/// event. Works on a removed group (the units reach its nearest live
-/// ancestor).
+/// event. Works on a removed group: the units come off what it still
+/// holds (and so off its ancestors), clamped there — an excess is an
+/// `underflow` of the removed group and never takes units its ancestors'
+/// other descendants hold.
 ///
 /// Thread-safe.
 #[no_mangle]

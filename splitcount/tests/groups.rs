@@ -241,6 +241,59 @@ fn a_removed_groups_handles_act_on_the_nearest_live_ancestor() {
     assert_eq!(a.events().underflow, 0);
 }
 
+/// An uncharge through a removed group's handle takes back what its
+/// charges since the removal put on the nearest live ancestor, then what
+/// the removed group still holds, clamped there: an excess is the removed
+/// group's `underflow` and takes nothing of a sibling's usage. It used to
+/// go to the ancestor whole: 20 units of `/a`'s came off the root, and `/a`
+/// could then charge past the root's limit (found by a helper, from C).
+#[test]
+fn an_uncharge_through_a_removed_groups_handle_never_takes_a_siblings_units() {
+    let (_m, h) = sim(2, 8);
+    let root = h.root();
+    root.set_max(150).unwrap();
+    let a = root.child("a").unwrap();
+    let b = root.child("b").unwrap();
+    a.force_charge(100).unwrap();
+    b.force_charge(20).unwrap();
+    let stale = b.clone();
+    b.remove().unwrap();
+    stale.uncharge(40);
+    h.drain_stocks();
+    assert_eq!(
+        (a.usage(), stale.usage(), root.usage()),
+        (100, 0, 100),
+        "only b's 20 came off"
+    );
+    assert_eq!((stale.events().underflow, root.events().underflow), (1, 0));
+    assert!(a.charge(70).is_err(), "the root's limit holds");
+    a.charge(50).unwrap();
+    assert_eq!(root.usage(), 150);
+
+    // Units charged through the stale handle since the removal (to the
+    // root) come back from the root; then b's own, then nothing.
+    let (c, d) = (root.child("c").unwrap(), root.child("d").unwrap());
+    root.set_max(UNLIMITED).unwrap();
+    d.force_charge(1000).unwrap();
+    c.force_charge(30).unwrap();
+    let stale = c.clone();
+    c.remove().unwrap();
+    stale.force_charge(5).unwrap();
+    stale.charge(5).unwrap();
+    h.drain_stocks();
+    assert_eq!((stale.usage(), root.usage()), (30, 1000 + 150 + 40));
+    stale.uncharge(10); // what went to the root
+    assert_eq!((stale.usage(), root.usage()), (30, 1000 + 150 + 30));
+    stale.uncharge(30); // its own
+    assert_eq!((stale.usage(), root.usage()), (0, 1000 + 150));
+    stale.uncharge(1);
+    h.drain_stocks();
+    assert_eq!(
+        (d.usage(), root.usage(), stale.events().underflow),
+        (1000, 1000 + 150, 1)
+    );
+}
+
 /// A limit set through a removed group's handle would hold nowhere (its
 /// charges go to the nearest live ancestor): refused with `Removed`, where
 /// it answered `Ok` and the removed group's `max()` read the new limit.

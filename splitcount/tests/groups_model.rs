@@ -37,8 +37,13 @@ enum Step {
 struct ModelGroup {
     parent: Option<usize>,
     name: String,
-    /// Units charged through this group (and not given back).
+    /// Units charged to this group's own counter (and not given back):
+    /// through its handle while it lived, or through the handles of
+    /// removed groups whose charges land here.
     own: u64,
+    /// Removed: units charged through its handle since the removal (they
+    /// are in its nearest live ancestor's `own`), not given back.
+    redirected: u64,
     max: u64,
     removed: bool,
     /// Sum of the stat updates that landed on this group.
@@ -94,15 +99,47 @@ impl Model {
             .all(|&a| self.usage(a) + n <= self.groups[a].max)
     }
 
-    /// What an uncharge through `g`'s handle may give back without being a
-    /// caller's bug (over-uncharges are tested elsewhere): the units charged
-    /// through the groups whose charges now land where `g`'s do.
-    fn returnable(&self, g: usize) -> u64 {
-        let t = self.live(g);
+    /// The units on the counters of the groups whose charges land at `t`
+    /// (`t` and its removed descendants whose nearest live group it is).
+    fn landing_at(&self, t: usize) -> u64 {
         (0..self.groups.len())
             .filter(|&x| self.live(x) == t)
             .map(|x| self.groups[x].own)
             .sum()
+    }
+
+    /// What an uncharge through `g`'s handle may give back without being a
+    /// caller's bug (over-uncharges are tested elsewhere). A live group's:
+    /// the units landing at it. A removed group's: what its handle charged
+    /// since the removal (given back at the nearest live group, so no more
+    /// than lands there), then what its own counter still holds.
+    fn returnable(&self, g: usize) -> u64 {
+        let t = self.live(g);
+        if t == g {
+            return self.landing_at(t);
+        }
+        // The redirected units come off `t`'s counter, which the model
+        // keeps as its groups' `own` outside `g`'s subtree (the removed
+        // group's own counter keeps its units). Where other handles gave
+        // some of them back, the sequence is left out (nothing uncharged).
+        let redirected = self.groups[g].redirected;
+        if redirected > self.landing_at(t) - self.usage(g) {
+            return 0;
+        }
+        redirected + self.usage(g)
+    }
+
+    /// Take `n` units off the counters of the groups `within` lists, in
+    /// that order (the model's choice: only sums at live groups are
+    /// compared).
+    fn take(&mut self, within: impl Iterator<Item = usize>, n: u64) {
+        let mut left = n;
+        for x in within {
+            let take = left.min(self.groups[x].own);
+            self.groups[x].own -= take;
+            left -= take;
+        }
+        assert_eq!(left, 0, "the model gave back more than it held");
     }
 
     fn live_children(&self, g: usize) -> usize {
@@ -127,6 +164,7 @@ impl ReferenceStateMachine for Reference {
                     parent: None,
                     name: "/".into(),
                     own: 0,
+                    redirected: 0,
                     max: u64::MAX,
                     removed: false,
                     stat: 0,
@@ -180,6 +218,7 @@ impl ReferenceStateMachine for Reference {
                         parent: Some(parent),
                         name,
                         own: 0,
+                        redirected: 0,
                         max: u64::MAX,
                         removed: false,
                         stat: 0,
@@ -190,21 +229,37 @@ impl ReferenceStateMachine for Reference {
                 if state.fits(group, n) {
                     let t = state.live(group);
                     state.groups[t].own += n;
+                    if t != group {
+                        state.groups[group].redirected += n;
+                    }
                 }
             }
             Step::Uncharge { group, n } => {
                 let n = n.min(state.returnable(group));
-                // Take it from the groups whose charges land there, the
-                // live one first.
                 let t = state.live(group);
-                let mut left = n;
-                for x in std::iter::once(t).chain(0..state.groups.len()) {
-                    if state.live(x) == t {
-                        let take = left.min(state.groups[x].own);
-                        state.groups[x].own -= take;
-                        left -= take;
-                    }
+                let n_groups = state.groups.len();
+                // What the handle charged since a removal comes back at the
+                // nearest live group first (the live one first, then the
+                // removed ones landing there); the rest off the removed
+                // group's own counter (itself first, then its descendants).
+                let back = if t == group {
+                    n
+                } else {
+                    n.min(state.groups[group].redirected)
+                };
+                if t != group {
+                    state.groups[group].redirected -= back;
                 }
+                let landing: Vec<usize> = std::iter::once(t)
+                    .chain((0..n_groups).filter(|&x| {
+                        x != t && state.live(x) == t && (t == group || !state.within(x, group))
+                    }))
+                    .collect();
+                state.take(landing.into_iter(), back);
+                let within: Vec<usize> = std::iter::once(group)
+                    .chain((0..n_groups).filter(|&x| x != group && state.within(x, group)))
+                    .collect();
+                state.take(within.into_iter(), n - back);
             }
             Step::SetMax { group, max } => {
                 if !state.groups[group].removed && state.usage(group) <= max {

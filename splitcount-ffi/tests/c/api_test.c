@@ -346,6 +346,38 @@ static void forced_charges(void) {
   OK(splitcount_hierarchy_destroy(h));
 }
 
+/* An uncharge through another handle of a removed group comes off what
+ * the group still holds, clamped there: an excess is its underflow, never
+ * a sibling's units (it used to reach the root whole, and the sibling
+ * could then charge past the root's limit). */
+static void removed_group_uncharge(void) {
+  splitcount_hierarchy *h = NULL;
+  splitcount_group *root = NULL, *a = NULL, *b = NULL, *stale = NULL;
+  OK(splitcount_hierarchy_create(NULL, 0, &h));
+  OK(splitcount_hierarchy_root(h, &root));
+  OK(splitcount_group_set_max(root, 150));
+  OK(splitcount_group_child(root, "a", &a));
+  OK(splitcount_group_child(root, "b", &b));
+  OK(splitcount_group_charge(a, 100));
+  OK(splitcount_group_charge(b, 20));
+  OK(splitcount_hierarchy_lookup(h, "b", &stale));
+  OK(splitcount_group_remove(b));
+  OK(splitcount_group_uncharge(stale, 40));
+  OK(splitcount_hierarchy_drain_stocks(h, NULL));
+  uint64_t ua = 0, ub = 0, ur = 0;
+  OK(splitcount_group_usage_exact(a, &ua));
+  OK(splitcount_group_usage_exact(stale, &ub));
+  OK(splitcount_group_usage_exact(root, &ur));
+  CHECK(ua == 100 && ub == 0 && ur == 100);
+  splitcount_events ev;
+  OK(splitcount_group_events(stale, &ev));
+  CHECK(ev.underflow == 1);
+  FAILS(splitcount_group_try_charge(a, 70), SPLITCOUNT_E_LIMIT);
+  OK(splitcount_group_try_charge(a, 50));
+  OK(splitcount_group_release(stale));
+  OK(splitcount_hierarchy_destroy(h));
+}
+
 /* Byte charges (100 B to 4 KiB) meet the stock under a 64 KiB batch; they
  * all miss it under the default batch of 64 units. */
 static void byte_stock(void) {
@@ -572,6 +604,7 @@ int main(void) {
   fast_group_path();
   callbacks();
   forced_charges();
+  removed_group_uncharge();
   byte_stock();
   version();
   errors();

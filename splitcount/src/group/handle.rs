@@ -16,8 +16,10 @@ use std::fmt;
 use std::sync::Arc;
 
 /// A handle on a group. Cheap to clone, `Send + Sync`. A handle that
-/// outlives its group's removal keeps working: charges and uncharges act on
-/// the nearest live ancestor (the kernel's reparenting).
+/// outlives its group's removal keeps working: charges act on the nearest
+/// live ancestor (the kernel's reparenting), and uncharges give back what
+/// they charged there, then what the removed group still holds (see
+/// [`Group::remove`]).
 ///
 /// ```
 /// use splitcount::Hierarchy;
@@ -436,12 +438,18 @@ impl Group {
     /// A request above [`MAX_REQUEST`] is refused (`TooLarge`): it can only
     /// be a caller's bug, and would saturate every ancestor's usage.
     pub fn force_charge(&self, n: u64) -> Result<(), ChargeError> {
-        let node = self.live().clone();
+        if self.node.is_removed() {
+            return self.redirect(n, || self.force_charge_on(self.live(), n));
+        }
+        self.force_charge_on(&self.node, n)
+    }
+
+    fn force_charge_on(&self, node: &Arc<Node>, n: u64) -> Result<(), ChargeError> {
         if n > MAX_REQUEST {
-            return Err(self.error(ChargeErrorKind::TooLarge, &node, n));
+            return Err(self.error(ChargeErrorKind::TooLarge, node, n));
         }
         if node.usage.charge(n) {
-            self.shared.pressure(&node, reclaim::direct);
+            self.shared.pressure(node, reclaim::direct);
         }
         Ok(())
     }
@@ -477,9 +485,15 @@ impl Group {
     /// assert_eq!((g.events().max, g.events().breaches), (1, 1));
     /// ```
     pub fn over_charge(&self, n: u64) -> Result<(), ChargeError> {
-        let node = self.live().clone();
+        if self.node.is_removed() {
+            return self.redirect(n, || self.over_charge_on(self.live(), n));
+        }
+        self.over_charge_on(&self.node, n)
+    }
+
+    fn over_charge_on(&self, node: &Arc<Node>, n: u64) -> Result<(), ChargeError> {
         if n > MAX_REQUEST {
-            return Err(self.error(ChargeErrorKind::TooLarge, &node, n));
+            return Err(self.error(ChargeErrorKind::TooLarge, node, n));
         }
         // Stocked units count in the usage: a limit that only they fill is
         // not passed — drain them first when they could make room (as a
@@ -498,13 +512,13 @@ impl Group {
                 limit.record_over_charge();
                 let refuser = node.find(limit);
                 crate::alloc::without_accounting(|| {
-                    super::mark_breached(&self.shared, &node, &refuser, n)
+                    super::mark_breached(&self.shared, node, &refuser, n)
                 });
                 crossed
             }
         };
         if crossed {
-            self.shared.pressure(&node, reclaim::direct);
+            self.shared.pressure(node, reclaim::direct);
         }
         Ok(())
     }
@@ -536,7 +550,16 @@ impl Group {
         if n == 0 {
             return Ok(());
         }
-        let node = self.live();
+        if self.node.is_removed() {
+            return self.redirect(n, || self.charge_on(self.live(), n));
+        }
+        self.charge_on(&self.node, n)
+    }
+
+    /// [`Group::charge`] of `node` (this group's, or its nearest live
+    /// ancestor's after removal).
+    #[inline(always)]
+    fn charge_on(&self, node: &Arc<Node>, n: u64) -> Result<(), ChargeError> {
         let stock = &self.shared.stock;
         let machine = &self.shared.config.machine;
         let (taken, refill) = stock.take_with(|| machine.current_cpu(), &node.usage, n);
@@ -576,14 +599,65 @@ impl Group {
         if n == 0 {
             return Ok(());
         }
-        self.charge_slow(self.live().clone(), n)
+        if self.node.is_removed() {
+            return self.redirect(n, || self.charge_slow(self.live().clone(), n));
+        }
+        self.charge_slow(self.node.clone(), n)
     }
 
-    /// Return `n` units straight to the usage counters of the nearest live
-    /// group (no stock): the inverse of [`Group::charge_unstocked`].
+    /// Return `n` units straight to the usage counters (no stock): the
+    /// inverse of [`Group::charge_unstocked`].
     pub(crate) fn uncharge_unstocked(&self, n: u64) {
-        if n != 0 {
-            self.live().usage.uncharge(n);
+        if n == 0 {
+            return;
+        }
+        if self.node.is_removed() {
+            self.uncharge_removed(n);
+        } else {
+            self.node.usage.uncharge(n);
+        }
+    }
+
+    /// A charge through the handle of a removed group: `charge` charges
+    /// its nearest live ancestor, and the units are counted as redirected,
+    /// so that uncharges through the handle give them back there.
+    ///
+    /// Counted first: an uncharge racing this charge may take them back
+    /// from the ancestor a moment before they arrive there (a reading low
+    /// for that moment), never from the removed group's own counter, which
+    /// would count an underflow and leave them charged for good.
+    #[cold]
+    fn redirect(
+        &self,
+        n: u64,
+        charge: impl FnOnce() -> Result<(), ChargeError>,
+    ) -> Result<(), ChargeError> {
+        // Relaxed: a count (see `Node::take_redirected`).
+        self.node
+            .redirected
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        let charged = charge();
+        if charged.is_err() {
+            self.node.take_redirected(n);
+        }
+        charged
+    }
+
+    /// An uncharge through the handle of a removed group. Units charged
+    /// through its handles after the removal went to its nearest live
+    /// ancestor: they go back there. The rest were charged before: they
+    /// come off the removed group's own counter, and so off every
+    /// ancestor's — clamped at what it still holds, the excess counted as
+    /// an `underflow` there, so the ancestors never lose units their
+    /// other descendants hold.
+    #[cold]
+    fn uncharge_removed(&self, n: u64) {
+        let redirected = self.node.take_redirected(n);
+        if redirected > 0 {
+            self.live().usage.uncharge(redirected);
+        }
+        if n > redirected {
+            self.node.usage.uncharge(n - redirected);
         }
     }
 
@@ -708,7 +782,10 @@ impl Group {
         if n == 0 {
             return;
         }
-        let node = self.live();
+        let node = &self.node;
+        if node.is_removed() {
+            return self.uncharge_removed(n);
+        }
         let stock = &self.shared.stock;
         // The hit first (nothing to drop on it); the cap is `give_back`'s
         // bound: a slot never holds more than the usage accounts for.
@@ -721,8 +798,12 @@ impl Group {
 
     /// Remove the group: refused for the root and for a group with live
     /// children. Stocks holding it are drained; its usage stays counted at
-    /// its ancestors; handles that outlive it charge, uncharge and update
-    /// statistics on the nearest live ancestor. Their reads (`usage`,
+    /// its ancestors; handles that outlive it charge and update statistics
+    /// on the nearest live ancestor. Their uncharges give back, first, what
+    /// their charges since the removal put there, then what the removed
+    /// group still holds — off its own counter and so off every ancestor's,
+    /// clamped there: more than both is an `underflow` of the removed group
+    /// and takes nothing its ancestors' other descendants hold. Their reads (`usage`,
     /// `max`, `events` …) are the removed group's own counter — what it
     /// still holds, which frees of its blocks bring to zero —, `set_max`
     /// answers [`GroupError::Removed`], and the other settings change the

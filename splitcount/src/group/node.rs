@@ -54,6 +54,10 @@ pub(crate) struct Node {
     children: RwLock<BTreeMap<String, Arc<Node>>>,
     /// Typed user data ([`super::Extensions`]), dropped at removal.
     pub(crate) extensions: super::extensions::Store,
+    /// Units charged through this group's handles after its removal —
+    /// which went to the nearest live ancestor — and not uncharged yet
+    /// (see `Group::uncharge`).
+    pub(crate) redirected: std::sync::atomic::AtomicU64,
 }
 
 impl std::ops::Deref for Node {
@@ -87,6 +91,7 @@ impl Node {
             breach_mode: std::sync::atomic::AtomicU8::new(BreachMode::Sticky as u8),
             children: RwLock::new(BTreeMap::new()),
             extensions: Default::default(),
+            redirected: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -122,6 +127,27 @@ impl Node {
         crate::sync::fence(SeqCst);
         if let Some(account) = self.account.get() {
             account.mark_removed();
+        }
+    }
+
+    /// Take up to `n` of the units [`Node::redirected`] counts; returns
+    /// how many were taken.
+    pub(crate) fn take_redirected(&self, n: u64) -> u64 {
+        let mut seen = self.redirected.load(Relaxed);
+        loop {
+            let take = n.min(seen);
+            if take == 0 {
+                return 0;
+            }
+            // Relaxed: a count; the counters it describes are atomics of
+            // their own.
+            match self
+                .redirected
+                .compare_exchange_weak(seen, seen - take, Relaxed, Relaxed)
+            {
+                Ok(_) => return take,
+                Err(now) => seen = now,
+            }
         }
     }
 

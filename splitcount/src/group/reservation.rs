@@ -22,8 +22,9 @@
 //!   stays exact.
 //!
 //! A reservation on a group that is removed goes on working: its charges
-//! and uncharges act on the nearest live ancestor, which already counts what
-//! the removed group held (reparenting).
+//! act on the nearest live ancestor, which already counts what the removed
+//! group held (reparenting), and its uncharges give back what they charged
+//! there, then what the removed group still holds ([`Group::remove`]).
 
 use super::{ChargeError, Group};
 use crate::charge::MAX_REQUEST;
