@@ -170,6 +170,57 @@ fn an_over_limit_task_fails_alone() {
     assert!(tenant.children().is_empty());
 }
 
+/// A request's sub-task still running after the request's group was
+/// removed charges the tenant (the nearest live group), and the tenant's
+/// cooperative limit stops it there as the request's own breach would have:
+/// it used to run on unchecked, the tenant at twice its limit (found by a
+/// helper: an axum server's tenants reached 66 MiB under a 64 MiB limit).
+#[test]
+// The request's future returns the sub-task's handle, awaited after the
+// request's group is removed: that is the point.
+#[allow(clippy::async_yields_async)]
+fn a_sub_task_outliving_its_request_is_stopped_by_the_tenants_limit() {
+    let rt = runtime();
+    let tenant = memory().root().child("outliving").unwrap();
+    tenant.set_max(4 << 20).unwrap();
+    let request = tenant.child("req").unwrap();
+    let out = rt.block_on(async {
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let sub = request
+            .instrument(async move {
+                spawn_in_current(async move {
+                    wait.await.unwrap();
+                    let mut held = Vec::new();
+                    for _ in 0..16 {
+                        held.push(vec![1u8; 1 << 20]);
+                        tokio::task::yield_now().await;
+                    }
+                    held.len()
+                })
+            })
+            .await
+            .unwrap();
+        request.remove().unwrap();
+        go.send(()).unwrap();
+        sub.await.unwrap()
+    });
+    let e = out.unwrap_err();
+    assert_eq!((e.group.as_str(), e.max), ("/outliving", 4 << 20));
+    assert!(
+        e.to_string().contains("is over the limit of /outliving"),
+        "{e}"
+    );
+    memory().drain_stocks();
+    assert!(
+        tenant.peak() < 6 << 20,
+        "stopped within a few MiB of the limit: peak {}",
+        tenant.peak()
+    );
+    drop(rt);
+    memory().drain_stocks();
+    assert_eq!(tenant.usage(), 0);
+}
+
 /// Parked workers hold nothing charged: each returns its reserve when it
 /// parks (`drain_on_park`), without any other drain.
 #[test]

@@ -284,7 +284,9 @@ pub struct OverLimit {
     pub usage: u64,
     /// That group's hard limit.
     pub max: u64,
-    /// The bytes requested.
+    /// The bytes requested (0 where no allocation is named: a removed
+    /// group's [`crate::group::Group::check`] reporting that the group its
+    /// charges now go to is over a limit).
     pub request: u64,
     /// The largest children of the group over its limit, largest first (at
     /// most [`TOP_CONSUMERS`]; empty for a leaf).
@@ -293,11 +295,19 @@ pub struct OverLimit {
 
 impl fmt::Display for OverLimit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} went over the limit of {}: usage {} of {} after an allocation of {} bytes",
-            self.charged, self.group, self.usage, self.max, self.request
-        )?;
+        if self.request == 0 {
+            write!(
+                f,
+                "{} is over the limit of {}: usage {} of {}",
+                self.charged, self.group, self.usage, self.max
+            )?;
+        } else {
+            write!(
+                f,
+                "{} went over the limit of {}: usage {} of {} after an allocation of {} bytes",
+                self.charged, self.group, self.usage, self.max, self.request
+            )?;
+        }
         write_top(f, &self.group, &self.top)
     }
 }

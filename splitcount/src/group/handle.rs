@@ -315,12 +315,44 @@ impl Group {
     /// let request = h.root().child("request").unwrap();
     /// assert!(request.check().is_ok());
     /// ```
+    ///
+    /// A removed group's handle also reports the group its charges now go
+    /// to (the nearest live ancestor) being over a limit, its own or an
+    /// ancestor's: work that outlives its group (a request's sub-task still
+    /// running after the request's group was removed) charges that group,
+    /// and is stopped by its limit as it would have been by the removed
+    /// group's breach.
     #[inline]
     pub fn check(&self) -> Result<(), OverLimit> {
         match self.node.breach() {
+            None if self.node.is_removed() => self.check_removed(),
             None => Ok(()),
             Some(e) => Err(e),
         }
+    }
+
+    /// [`Group::check`] of a removed group without a breach of its own:
+    /// the first group from the nearest live one up whose usage is over
+    /// its `max` (an over-charge let it through).
+    #[cold]
+    fn check_removed(&self) -> Result<(), OverLimit> {
+        let live = self.live();
+        let mut at = Some(live);
+        while let Some(node) = at {
+            let (usage, max) = (node.usage.usage(), node.usage.max());
+            if usage > max {
+                return Err(OverLimit {
+                    charged: live.path.clone(),
+                    group: node.path.clone(),
+                    usage,
+                    max,
+                    request: 0,
+                    top: node.top(super::TOP_CONSUMERS),
+                });
+            }
+            at = node.parent.as_ref();
+        }
+        Ok(())
     }
 
     /// Forget a recorded breach (see [`Group::check`]).
