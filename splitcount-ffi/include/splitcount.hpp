@@ -68,6 +68,14 @@ class category_impl final : public std::error_category {
     return splitcount_status_name(status);
   }
 };
+
+/** `message` led by `call`'s name once (the C API's messages often start
+ * with it already). */
+inline std::string with_call(const char *call, const std::string &message) {
+  std::string prefix = std::string(call) + ": ";
+  if (message.compare(0, prefix.size(), prefix) == 0) return message;
+  return prefix + message;
+}
 }  // namespace detail
 
 /** The error category of splitcount's status codes. */
@@ -86,7 +94,10 @@ class error : public std::system_error {
  public:
   error(int status, const char *call)
       : std::system_error(status, category(),
-                          std::string(call) + ": " + splitcount_last_error()) {}
+                          detail::with_call(call, splitcount_last_error())) {}
+  /** A failure the wrapper found itself, with its own message. */
+  error(int status, const char *call, const std::string &message)
+      : std::system_error(status, category(), detail::with_call(call, message)) {}
   /** The SPLITCOUNT_E_* value. */
   int status() const noexcept { return code().value(); }
 };
@@ -94,6 +105,16 @@ class error : public std::system_error {
 namespace detail {
 inline void check(int status, const char *call) {
   if (status != SPLITCOUNT_OK) throw error(status, call);
+}
+
+/** `s` as a C string for `call`; a NUL inside would cut it short there
+ * (`"a\0/evil"` would name `a`): `errc::invalid`. */
+inline const char *c_string(const std::string &s, const char *call) {
+  if (s.find('\0') != std::string::npos)
+    throw error(SPLITCOUNT_E_INVALID, call,
+                "\"" + s.substr(0, s.find('\0')) +
+                    "\\0...\" holds a NUL byte, where a C string would end");
+  return s.c_str();
 }
 
 /**
@@ -146,7 +167,8 @@ class group : public detail::owner<splitcount_group, splitcount_group_release> {
   /** A new child named `name` of this (live) group. */
   group child(const std::string &name) const {
     splitcount_group *out = nullptr;
-    detail::check(splitcount_group_child(p_, name.c_str(), &out),
+    detail::check(splitcount_group_child(
+                      p_, detail::c_string(name, "splitcount_group_child"), &out),
                   "splitcount_group_child");
     return group(out);
   }
@@ -336,14 +358,18 @@ class hierarchy
   /** A new handle on the live group at `path` ("/a/b"). */
   group lookup(const std::string &path) const {
     splitcount_group *out = nullptr;
-    detail::check(splitcount_hierarchy_lookup(p_, path.c_str(), &out),
-                  "splitcount_hierarchy_lookup");
+    detail::check(
+        splitcount_hierarchy_lookup(
+            p_, detail::c_string(path, "splitcount_hierarchy_lookup"), &out),
+        "splitcount_hierarchy_lookup");
     return group(out);
   }
   /** The id of stat item `name`. */
   uint32_t stat_id(const std::string &name) const {
     uint32_t out = 0;
-    detail::check(splitcount_stat_id(p_, name.c_str(), &out), "splitcount_stat_id");
+    detail::check(
+        splitcount_stat_id(p_, detail::c_string(name, "splitcount_stat_id"), &out),
+        "splitcount_stat_id");
     return out;
   }
   /** Return every stocked unit to the usage counters; the units returned. */

@@ -81,6 +81,21 @@ int main() {
 
     // Errors carry the C status and its name.
     CHECK_THROWS(root.child("a/b"), invalid, "splitcount_group_child");
+    // A NUL inside a std::string would end the C string there: refused,
+    // where it created "/a".
+    CHECK_THROWS(root.child(std::string("a\0/../evil", 10)), invalid,
+                 "splitcount_group_child");
+    CHECK_THROWS(h.lookup(std::string("/tenant-a\0x", 11)), invalid,
+                 "splitcount_hierarchy_lookup");
+    CHECK_THROWS(h.stat_id(std::string("requests\0", 9)), invalid,
+                 "splitcount_stat_id");
+    // The call's name leads the message once.
+    try {
+      root.child("tenant-a");
+    } catch (const splitcount::error &err) {
+      const char *w = err.what();
+      CHECK(std::strstr(w, "splitcount_group_child: splitcount_group_child") == nullptr);
+    }
     CHECK_THROWS(root.child("tenant-a"), exists, "splitcount_group_child");
     CHECK_THROWS(h.lookup("/nobody"), not_found, "splitcount_hierarchy_lookup");
     CHECK_THROWS(h.stat_id("nothing"), not_found, "splitcount_stat_id");
