@@ -776,6 +776,8 @@ int splitcount_group_charge(splitcount_group *group, uint64_t n);
  * (Rust: `Group::charge`): through this CPU's stock, then the usage
  * counters; refused after reclaim and draining with `SPLITCOUNT_E_LIMIT`,
  * the message naming the refusing group, its limit, usage and the request.
+ * A request above 2^55 units is `SPLITCOUNT_E_INVALID` (as for
+ * `splitcount_group_charge`), counted as no refusal.
  *
  * Thread-safe; the hot path touches only this CPU's stock.
  */

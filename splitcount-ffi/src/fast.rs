@@ -23,7 +23,7 @@
 
 use crate::counter::{counter_entry, Counter};
 use crate::error::{
-    put, run, Error, SPLITCOUNT_E_INVALID, SPLITCOUNT_E_LIMIT, SPLITCOUNT_E_REMOVED, SPLITCOUNT_OK,
+    put, run, Error, SPLITCOUNT_E_INVALID, SPLITCOUNT_E_REMOVED, SPLITCOUNT_OK,
 };
 use crate::group::GroupEntry;
 use crate::{splitcount_counter, splitcount_group};
@@ -220,7 +220,7 @@ pub unsafe extern "C" fn splitcount_group_fast_try_charge(
 fn refused(entry: &GroupEntry, e: Option<splitcount::ChargeError>) -> c_int {
     run("splitcount_group_fast_try_charge", || {
         Err(match e {
-            Some(e) => Error::new(SPLITCOUNT_E_LIMIT, e.to_string()),
+            Some(e) => crate::group::charge_error(e),
             None => Error::new(
                 SPLITCOUNT_E_REMOVED,
                 format!("group {} was removed", entry.group.path()),

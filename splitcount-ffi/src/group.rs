@@ -236,9 +236,14 @@ pub unsafe extern "C" fn splitcount_group_path(
             unsafe { put(needed, n) }?;
         }
         if buf.is_null() || len < n {
+            let has = if buf.is_null() {
+                "there is no buffer (NULL)".to_owned()
+            } else {
+                format!("the buffer has {len}")
+            };
             return Err(Error::new(
                 SPLITCOUNT_E_BUFFER,
-                format!("the path {path} needs {n} bytes, the buffer has {len}"),
+                format!("the path {path} needs {n} bytes, {has}"),
             ));
         }
         // SAFETY: `buf` has at least `n` bytes (checked above).
@@ -418,16 +423,25 @@ pub extern "C" fn splitcount_group_charge(group: *mut splitcount_group, n: u64) 
 /// (Rust: `Group::charge`): through this CPU's stock, then the usage
 /// counters; refused after reclaim and draining with `SPLITCOUNT_E_LIMIT`,
 /// the message naming the refusing group, its limit, usage and the request.
+/// A request above 2^55 units is `SPLITCOUNT_E_INVALID` (as for
+/// `splitcount_group_charge`), counted as no refusal.
 ///
 /// Thread-safe; the hot path touches only this CPU's stock.
 #[no_mangle]
 pub extern "C" fn splitcount_group_try_charge(group: *mut splitcount_group, n: u64) -> c_int {
     run("splitcount_group_try_charge", || {
-        live(group)?
-            .group
-            .charge(n)
-            .map_err(|e| Error::new(SPLITCOUNT_E_LIMIT, e.to_string()))
+        live(group)?.group.charge(n).map_err(charge_error)
     })
+}
+
+/// The status of a refused `Group::charge`: `SPLITCOUNT_E_LIMIT`, or
+/// `SPLITCOUNT_E_INVALID` for a request too large to be anything but a bug.
+pub(crate) fn charge_error(e: splitcount::ChargeError) -> Error {
+    let status = match e.kind() {
+        splitcount::group::ChargeErrorKind::TooLarge => SPLITCOUNT_E_INVALID,
+        _ => SPLITCOUNT_E_LIMIT,
+    };
+    Error::new(status, e.to_string())
 }
 
 /// Give back `n` units (to this CPU's stock, or the usage counters). More

@@ -254,9 +254,20 @@ fn invalid_schemas_are_refused() {
         vec![StatItem::gauge("a"), StatItem::gauge("a")],
         vec![StatItem::gauge("")],
         vec![StatItem::gauge("has space")],
+        vec![StatItem::gauge(".")],
+        vec![StatItem::event("..")],
+        vec![StatItem::gauge("a/b")],
+        vec![StatItem::gauge(&"x".repeat(256))],
     ] {
         assert!(Hierarchy::new(HierarchyConfig::default().stats(items)).is_err());
     }
+    // The message says it once, and cuts a long name.
+    let e =
+        Hierarchy::new(HierarchyConfig::default().stats(vec![StatItem::gauge(&"y".repeat(299))]))
+            .unwrap_err()
+            .to_string();
+    assert_eq!(e.matches("schema").count(), 1, "{e}");
+    assert!(e.len() < 200, "{e}");
 }
 
 #[test]

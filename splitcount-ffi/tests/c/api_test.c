@@ -374,6 +374,17 @@ static void removed_group_uncharge(void) {
   CHECK(ev.underflow == 1);
   FAILS(splitcount_group_try_charge(a, 70), SPLITCOUNT_E_LIMIT);
   OK(splitcount_group_try_charge(a, 50));
+  /* A request too large to be anything but a bug is invalid, as for
+   * splitcount_group_charge, and no refusal. */
+  OK(splitcount_group_events(a, &ev));
+  uint64_t refused = ev.refused;
+  FAILS(splitcount_group_try_charge(a, (uint64_t)1 << 60), SPLITCOUNT_E_INVALID);
+  OK(splitcount_group_events(a, &ev));
+  CHECK(ev.refused == refused);
+  /* A NULL buffer is said to be one. */
+  size_t need = 0;
+  FAILS(splitcount_group_path(a, NULL, 100, &need), SPLITCOUNT_E_BUFFER);
+  CHECK(need == 3 && strstr(splitcount_last_error(), "NULL") != NULL);
   OK(splitcount_group_release(stale));
   OK(splitcount_hierarchy_destroy(h));
 }

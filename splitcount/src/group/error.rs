@@ -148,7 +148,8 @@ impl fmt::Display for GroupError {
             GroupError::RootCannotBeRemoved => write!(f, "the root group cannot be removed"),
             GroupError::Config(why) => write!(f, "invalid configuration: {why}"),
             GroupError::Stock(e) => write!(f, "invalid stock configuration: {e}"),
-            GroupError::Stat(e) => write!(f, "invalid statistics schema: {e}"),
+            // Its own message says what (e.g. "invalid stat schema: …").
+            GroupError::Stat(e) => write!(f, "{e}"),
             GroupError::Thread(e) => write!(f, "cannot start the flusher thread: {}", e.0),
         }
     }

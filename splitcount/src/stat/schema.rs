@@ -100,8 +100,9 @@ impl fmt::Display for StatError {
 
 impl std::error::Error for StatError {}
 
-/// Check a schema: at most [`MAX_STAT_ITEMS`] items, unique names without
-/// whitespace or `/`, non-empty.
+/// Check a schema: at most [`MAX_STAT_ITEMS`] items, unique names of 1 to
+/// 255 bytes without whitespace, `/` or NUL, and not `.` or `..` (the rules
+/// of group names, and no whitespace).
 pub(crate) fn validate(items: &[StatItem]) -> Result<(), StatError> {
     if items.len() > MAX_STAT_ITEMS {
         return Err(StatError::Schema(format!(
@@ -112,14 +113,16 @@ pub(crate) fn validate(items: &[StatItem]) -> Result<(), StatError> {
     for (i, item) in items.iter().enumerate() {
         let bad = item.name.is_empty()
             || item.name.len() > 255
+            || item.name == "."
+            || item.name == ".."
             || item
                 .name
                 .chars()
                 .any(|c| c.is_whitespace() || c == '/' || c == '\0');
         if bad {
             return Err(StatError::Schema(format!(
-                "item name {:?} is empty, too long, or has whitespace or '/'",
-                item.name
+                "item name {:?} is empty, longer than 255 bytes, '.' or '..', or has whitespace, '/' or NUL",
+                item.name.chars().take(64).collect::<String>()
             )));
         }
         if items[..i].iter().any(|o| o.name == item.name) {
