@@ -765,7 +765,8 @@ int splitcount_group_high(splitcount_group *group, uint64_t *out);
  * the preload's `malloc` does over a cooperative limit. A caller that
  * wants the limit's verdict instead charges with
  * `splitcount_group_try_charge`. A request above 2^55 units is
- * `SPLITCOUNT_E_INVALID`.
+ * `SPLITCOUNT_E_INVALID`, and so is one that would take the root's usage
+ * past 2^56 − 1, the most a counter holds (nothing is charged).
  *
  * Thread-safe.
  */

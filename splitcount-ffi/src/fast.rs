@@ -22,9 +22,7 @@
 //! calling the handle API.
 
 use crate::counter::{counter_entry, Counter};
-use crate::error::{
-    put, run, Error, SPLITCOUNT_E_INVALID, SPLITCOUNT_E_REMOVED, SPLITCOUNT_OK,
-};
+use crate::error::{put, run, Error, SPLITCOUNT_E_INVALID, SPLITCOUNT_E_REMOVED, SPLITCOUNT_OK};
 use crate::group::GroupEntry;
 use crate::{splitcount_counter, splitcount_group};
 use splitcount::counter::SplitCounter;

@@ -406,7 +406,8 @@ pub unsafe extern "C" fn splitcount_group_high(
 /// the preload's `malloc` does over a cooperative limit. A caller that
 /// wants the limit's verdict instead charges with
 /// `splitcount_group_try_charge`. A request above 2^55 units is
-/// `SPLITCOUNT_E_INVALID`.
+/// `SPLITCOUNT_E_INVALID`, and so is one that would take the root's usage
+/// past 2^56 − 1, the most a counter holds (nothing is charged).
 ///
 /// Thread-safe.
 #[no_mangle]
@@ -438,7 +439,8 @@ pub extern "C" fn splitcount_group_try_charge(group: *mut splitcount_group, n: u
 /// `SPLITCOUNT_E_INVALID` for a request too large to be anything but a bug.
 pub(crate) fn charge_error(e: splitcount::ChargeError) -> Error {
     let status = match e.kind() {
-        splitcount::group::ChargeErrorKind::TooLarge => SPLITCOUNT_E_INVALID,
+        splitcount::group::ChargeErrorKind::TooLarge
+        | splitcount::group::ChargeErrorKind::Saturated => SPLITCOUNT_E_INVALID,
         _ => SPLITCOUNT_E_LIMIT,
     };
     Error::new(status, e.to_string())

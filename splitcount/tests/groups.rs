@@ -294,6 +294,44 @@ fn an_uncharge_through_a_removed_groups_handle_never_takes_a_siblings_units() {
     );
 }
 
+/// Forced charges that would take a usage past the most a counter holds
+/// (2^56 − 1) are refused, where the counters saturated and lost the
+/// excess: the third of three charges of 2^55 vanished, an unlimited root
+/// then refused and reported a breach with self-contradicting numbers, and
+/// returning the charges counted underflows (found by a helper, from C).
+#[test]
+fn forced_charges_past_the_counters_ceiling_are_refused_not_lost() {
+    use splitcount::charge::{MAX_REQUEST, MAX_USAGE};
+    use splitcount::group::ChargeErrorKind;
+    let (_m, h) = sim(2, 8);
+    let a = h.root().child("a").unwrap();
+    a.force_charge(MAX_REQUEST).unwrap();
+    a.over_charge(MAX_REQUEST - 1).unwrap();
+    let e = a.force_charge(MAX_REQUEST).unwrap_err();
+    assert_eq!(e.kind(), ChargeErrorKind::Saturated);
+    assert_eq!((e.group(), e.limit()), ("/", MAX_USAGE));
+    assert!(
+        e.to_string()
+            .contains("would pass the most a counter holds"),
+        "{e}"
+    );
+    assert_eq!(
+        a.over_charge(2).unwrap_err().kind(),
+        ChargeErrorKind::Saturated
+    );
+    let e = a.charge(2).unwrap_err();
+    assert_eq!(e.kind(), ChargeErrorKind::Saturated, "{e}");
+    assert_eq!(h.root().usage(), 2 * MAX_REQUEST - 1, "nothing lost");
+    assert!(
+        h.root().check().is_ok(),
+        "an unlimited root is not breached"
+    );
+    assert_eq!(h.root().events().breaches, 0);
+    a.uncharge(2 * MAX_REQUEST - 1);
+    h.drain_stocks();
+    assert_eq!((a.usage(), a.events().underflow), (0, 0));
+}
+
 /// A limit set through a removed group's handle would hold nowhere (its
 /// charges go to the nearest live ancestor): refused with `Removed`, where
 /// it answered `Ok` and the removed group's `max()` read the new limit.

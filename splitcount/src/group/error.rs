@@ -175,6 +175,11 @@ pub enum ChargeErrorKind {
     Limit,
     /// The request itself exceeds [`crate::charge::MAX_REQUEST`].
     TooLarge,
+    /// The charge would take a usage past [`crate::charge::MAX_USAGE`]
+    /// (2^56 − 1), the most a counter holds: refused rather than lost.
+    /// [`ChargeError::group`] is the group whose usage it is (the root, for
+    /// a forced charge), [`ChargeError::limit`] that most.
+    Saturated,
 }
 
 /// A refused charge, with the numbers that explain it (read through its
@@ -255,6 +260,15 @@ impl fmt::Display for ChargeError {
                 self.request,
                 self.charged,
                 crate::charge::MAX_REQUEST
+            ),
+            ChargeErrorKind::Saturated => write!(
+                f,
+                "charge of {} units to {} refused: the usage of {} ({}) would pass the most a counter holds ({})",
+                self.request,
+                self.charged,
+                self.group,
+                self.usage,
+                self.limit
             ),
         }
     }

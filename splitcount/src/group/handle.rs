@@ -468,7 +468,10 @@ impl Group {
     /// without the stock.
     ///
     /// A request above [`MAX_REQUEST`] is refused (`TooLarge`): it can only
-    /// be a caller's bug, and would saturate every ancestor's usage.
+    /// be a caller's bug, and would saturate every ancestor's usage. One
+    /// that would take the root's usage past
+    /// [`MAX_USAGE`](crate::charge::MAX_USAGE) is refused (`Saturated`),
+    /// not lost.
     pub fn force_charge(&self, n: u64) -> Result<(), ChargeError> {
         if self.node.is_removed() {
             return self.redirect(n, || self.force_charge_on(self.live(), n));
@@ -480,6 +483,7 @@ impl Group {
         if n > MAX_REQUEST {
             return Err(self.error(ChargeErrorKind::TooLarge, node, n));
         }
+        self.refuse_saturation(node, n)?;
         if node.usage.charge(n) {
             self.shared.pressure(node, reclaim::direct);
         }
@@ -527,6 +531,7 @@ impl Group {
         if n > MAX_REQUEST {
             return Err(self.error(ChargeErrorKind::TooLarge, node, n));
         }
+        self.refuse_saturation(node, n)?;
         // Stocked units count in the usage: a limit that only they fill is
         // not passed — drain them first when they could make room (as a
         // refusal does), then decide.
@@ -731,9 +736,39 @@ impl Group {
                         None,
                     );
                 }
+                // A limit no higher than the counters hold refuses as a
+                // limit; one above it only at the counters' ceiling.
+                let saturated = refuser.usage.max() > crate::charge::MAX_USAGE
+                    && refuser.usage.usage().saturating_add(n) > crate::charge::MAX_USAGE;
+                if saturated {
+                    return Err(ChargeError {
+                        limit: crate::charge::MAX_USAGE,
+                        ..self.error(ChargeErrorKind::Saturated, &refuser, n)
+                    });
+                }
                 Err(self.error(ChargeErrorKind::Limit, &refuser, n))
             }
         }
+    }
+
+    /// A forced charge of `n` to `node` that would take the root's usage
+    /// (the largest of its chain) past [`crate::charge::MAX_USAGE`]:
+    /// refused, where the counters would saturate and lose the excess (an
+    /// unlimited root then read as over its limit, and later uncharges as
+    /// underflows). Charges racing this one can still meet the ceiling
+    /// together; the counters then saturate.
+    fn refuse_saturation(&self, node: &Arc<Node>, n: u64) -> Result<(), ChargeError> {
+        let mut top = node;
+        while let Some(p) = top.parent.as_ref() {
+            top = p;
+        }
+        if top.usage.usage().saturating_add(n) <= crate::charge::MAX_USAGE {
+            return Ok(());
+        }
+        Err(ChargeError {
+            limit: crate::charge::MAX_USAGE,
+            ..self.error(ChargeErrorKind::Saturated, top, n)
+        })
     }
 
     fn error(&self, kind: ChargeErrorKind, refuser: &Node, n: u64) -> ChargeError {
@@ -746,7 +781,7 @@ impl Group {
             request: n,
             top: match kind {
                 ChargeErrorKind::Limit => refuser.top(TOP_CONSUMERS),
-                ChargeErrorKind::TooLarge => Vec::new(),
+                ChargeErrorKind::TooLarge | ChargeErrorKind::Saturated => Vec::new(),
             },
         }
     }
