@@ -304,6 +304,35 @@ fn the_recorder_counts_exactly_and_exports_valid_text() {
     assert!(text.contains("latency_seconds_count 4\n"));
 }
 
+/// A counter is a `u64` counter: exact up to `u64::MAX`, an increment above
+/// `i64::MAX` kept whole (it was cut to `i64::MAX`, and a total past it
+/// read 0 — a counter going down; found by a helper).
+#[test]
+fn recorder_counters_count_as_u64s() {
+    let recorder = SplitRecorder::new();
+    metrics::with_local_recorder(&recorder, || {
+        metrics::counter!("big").increment(u64::MAX - 5);
+        metrics::counter!("big").increment(3);
+        let past = metrics::counter!("past_i64");
+        past.increment(1 << 62);
+        past.increment((1 << 62) - 1);
+        past.increment(1);
+        past.increment(7);
+    });
+    let counters: BTreeMap<String, u64> = recorder
+        .counters()
+        .into_iter()
+        .map(|((name, _), v)| (name, v))
+        .collect();
+    assert_eq!(counters["big"], u64::MAX - 2);
+    assert_eq!(counters["past_i64"], (1 << 63) + 7);
+    let text = recorder.render();
+    assert!(
+        text.contains(&format!("big_total {}\n", u64::MAX - 2)),
+        "{text}"
+    );
+}
+
 /// With `process_memory`, the exposition carries the process's resident
 /// set, every part and the unexplained remainder, in both formats; the
 /// remainder's sample is the resident set less the parts (the subtracted

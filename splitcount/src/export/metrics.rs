@@ -44,15 +44,21 @@ use std::sync::{Arc, Mutex};
 pub struct SplitCounterFn(Tree);
 
 impl SplitCounterFn {
-    /// Its exact value (a sum over CPUs).
+    /// Its exact value (a sum over CPUs), modulo 2^64 as a `u64` counter's.
+    ///
+    /// The split counter adds `i64`s with wrapping arithmetic; every
+    /// increment is a `u64` added as its bits, so the sum's bits are the
+    /// `u64` total: exact up to `u64::MAX` (it was clamped: an increment
+    /// above `i64::MAX` lost the rest, and a total past it read 0).
     pub fn value(&self) -> u64 {
-        self.0.precise().max(0) as u64
+        self.0.precise() as u64
     }
 }
 
 impl CounterFn for SplitCounterFn {
     fn increment(&self, value: u64) {
-        self.0.add(value.min(i64::MAX as u64) as i64);
+        // The bits of `value` (see `value`).
+        self.0.add(value as i64);
     }
 
     /// Raise the counter to at least `value` (the facade's contract). Two
