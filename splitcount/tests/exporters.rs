@@ -304,6 +304,44 @@ fn the_recorder_counts_exactly_and_exports_valid_text() {
     assert!(text.contains("latency_seconds_count 4\n"));
 }
 
+/// Names that collide once made valid, or with the suffixes the format
+/// adds, get families of their own; label names that collide or that the
+/// format reserves are renamed: promtool accepts the text and no series is
+/// written twice. Each case below made promtool refuse it, or wrote a
+/// series twice (which a Prometheus scrape refuses; found by a helper).
+#[test]
+fn colliding_names_still_render_a_valid_exposition() {
+    let recorder = SplitRecorder::new();
+    metrics::with_local_recorder(&recorder, || {
+        metrics::counter!("req").increment(1);
+        metrics::counter!("req_total").increment(2);
+        metrics::gauge!("q.len").set(1.0);
+        metrics::gauge!("q-len").set(2.0);
+        metrics::counter!("x").increment(1);
+        metrics::gauge!("x_total").set(3.0);
+        metrics::histogram!("h").record(1.0);
+        metrics::counter!("h_count").increment(4);
+        metrics::counter!("c", "a.b" => "1", "a-b" => "2").increment(1);
+        metrics::histogram!("h2", "le" => "x").record(2.0);
+        metrics::counter!("r", "__name__" => "n").increment(1);
+    });
+    let text = recorder.render();
+    assert_eq!(promtool(&text), None, "{text}");
+    let mut series: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' ').map(|(s, _)| s))
+        .collect();
+    let all = series.len();
+    series.sort_unstable();
+    series.dedup();
+    assert_eq!(series.len(), all, "a series written twice:\n{text}");
+    assert!(
+        text.contains("req_total 1\n") && text.contains("req_2_total 2\n"),
+        "{text}"
+    );
+}
+
 /// A counter is a `u64` counter: exact up to `u64::MAX`, an increment above
 /// `i64::MAX` kept whole (it was cut to `i64::MAX`, and a total past it
 /// read 0 — a counter going down; found by a helper).

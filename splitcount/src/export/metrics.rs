@@ -403,10 +403,12 @@ impl Recorder for SplitRecorder {
 #[cfg(feature = "prometheus")]
 mod exposition {
     use super::{KeyParts, SplitRecorder};
-    use crate::export::prometheus::{encode_families, render_families, Family, Kind, Value};
+    use crate::export::prometheus::{
+        encode_families, render_families, Family, Kind, LabelSet, Value,
+    };
     use prometheus_client::collector::Collector;
     use prometheus_client::encoding::DescriptorEncoder;
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, BTreeSet};
 
     /// A Prometheus metric or label name from any string: characters
     /// outside `[a-zA-Z0-9_]` become `_` (and `:` in metric names is
@@ -428,6 +430,40 @@ mod exposition {
         out
     }
 
+    /// The names a family of `kind` named `name` writes (its HELP and
+    /// TYPE lines' name and its samples').
+    fn exposed(name: &str, kind: Kind) -> Vec<String> {
+        let mut names = vec![name.to_owned()];
+        let suffixes: &[&str] = match kind {
+            Kind::Counter => &["_total", "_created"],
+            Kind::Histogram => &["_bucket", "_count", "_sum", "_created"],
+            _ => &[],
+        };
+        names.extend(suffixes.iter().map(|s| format!("{name}{s}")));
+        names
+    }
+
+    /// Valid, distinct label names: sanitized; a name the format reserves
+    /// (`__` at the start, a histogram's `le`) gets a `_` after it; two
+    /// keys that sanitize alike get `_2`, `_3` ….
+    fn label_set(labels: Vec<(String, String)>, kind: Kind) -> LabelSet {
+        let mut out: LabelSet = Vec::with_capacity(labels.len());
+        for (k, v) in labels {
+            let mut key = sanitize(&k, false);
+            if key.starts_with("__") || (kind == Kind::Histogram && key == "le") {
+                key.push('_');
+            }
+            let base = key.clone();
+            let mut n = 2;
+            while out.iter().any(|(k, _)| *k == key) {
+                key = format!("{base}_{n}");
+                n += 1;
+            }
+            out.push((key.into(), v));
+        }
+        out
+    }
+
     impl SplitRecorder {
         fn families(&self) -> Vec<Family> {
             let descriptions = self
@@ -437,25 +473,42 @@ mod exposition {
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
             let mut by_name: BTreeMap<(String, u8), Family> = BTreeMap::new();
+            // Each recorded (name, kind) gets a family name of its own: two
+            // names that sanitize alike (`a.b`, `a-b`), a counter `x` and
+            // a counter `x_total`, or a counter `x` and a gauge
+            // `x_total`, would otherwise write the same series twice or
+            // two HELP lines for one name — Prometheus rejects the scrape.
+            // The later one (in the order below) gets `_2`, `_3` ….
+            let mut family_of: BTreeMap<(String, u8), String> = BTreeMap::new();
+            let mut taken: BTreeSet<String> = BTreeSet::new();
             let mut add = |(name, labels): KeyParts, kind: Kind, value: Value| {
-                let mut fam_name = sanitize(&name, true);
-                if kind == Kind::Counter {
-                    // The format adds `_total` to counters.
-                    if let Some(stem) = fam_name.strip_suffix("_total") {
-                        fam_name = stem.to_owned();
-                    }
-                }
+                let fam_name = family_of
+                    .entry((name.clone(), kind as u8))
+                    .or_insert_with(|| {
+                        let mut base = sanitize(&name, true);
+                        if kind == Kind::Counter {
+                            // The format adds `_total` to counters.
+                            if let Some(stem) = base.strip_suffix("_total") {
+                                base = stem.to_owned();
+                            }
+                        }
+                        let mut candidate = base.clone();
+                        let mut n = 2;
+                        while exposed(&candidate, kind).iter().any(|e| taken.contains(e)) {
+                            candidate = format!("{base}_{n}");
+                            n += 1;
+                        }
+                        taken.extend(exposed(&candidate, kind));
+                        candidate
+                    })
+                    .clone();
                 let help = descriptions
                     .get(&name)
                     .map_or_else(|| name.clone(), |d| d.to_string());
                 let fam = by_name
                     .entry((fam_name.clone(), kind as u8))
                     .or_insert_with(|| Family::new(fam_name, &help, None, kind));
-                let labels = labels
-                    .into_iter()
-                    .map(|(k, v)| (sanitize(&k, false).into(), v))
-                    .collect();
-                fam.samples.push((labels, value));
+                fam.samples.push((label_set(labels, kind), value));
             };
             for (k, v) in self.counters() {
                 add(k, Kind::Counter, Value::Int(v));
@@ -471,7 +524,11 @@ mod exposition {
 
         /// Everything recorded, in the Prometheus text format 0.0.4
         /// (names made valid: other characters become `_`; a counter's
-        /// `_total` suffix is written once).
+        /// `_total` suffix is written once; names that would then collide
+        /// — `a.b` and `a-b`, a counter `x` and `x_total`, a counter and a
+        /// gauge `x_total` — get `_2`, `_3` …, and so do label names; a
+        /// label named `le` on a histogram or starting with `__` gets a
+        /// `_` after it).
         pub fn render(&self) -> String {
             render_families(&self.families())
         }
