@@ -861,3 +861,46 @@ fn an_over_charge_that_fits_once_the_stocks_are_drained_is_not_a_breach() {
     assert_eq!((g.events().max, g.events().breaches), (0, 0));
     assert_eq!(g.usage(), 92);
 }
+
+/// Read back with serde, a topology is whole again (the index of kernel
+/// ids was not serialized: a round trip compared unequal and knew no CPU by
+/// its id), and one that cannot describe a machine is an error, as is a
+/// snapshot without its root — both used to deserialize and panic later
+/// (found by a helper).
+#[cfg(feature = "serde")]
+#[test]
+fn deserialized_topologies_and_snapshots_are_whole_or_refused() {
+    use splitcount::cpu::Topology;
+    use splitcount::group::Snapshot;
+    for t in [Topology::simulated(8, 2).unwrap(), Topology::host().clone()] {
+        let back: Topology = serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
+        assert_eq!(back, t);
+        let last = t.cpu_id(t.cpus() - 1).unwrap();
+        assert_eq!(back.dense_index(last), Some(t.cpus() - 1));
+    }
+    let good = serde_json::to_value(Topology::simulated(4, 2).unwrap()).unwrap();
+    let broken = |field: &str, v: serde_json::Value| {
+        let mut t = good.clone();
+        t[field] = v;
+        serde_json::from_value::<Topology>(t)
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(broken("nodes", 0.into()).contains("nodes"));
+    assert!(broken("node_of", serde_json::json!([])).contains("node_of"));
+    assert!(broken("node_of", serde_json::json!([0, 0, 1, 7])).contains("node 7"));
+    assert!(broken("possible", serde_json::json!([])).contains("possible"));
+    assert!(broken("possible", serde_json::json!([0, 2, 1, 3])).contains("ascending"));
+    assert!(broken("possible", serde_json::json!([0, 1, 2, 4_000_000_000u32])).contains("CPU id"));
+    assert!(broken("online", serde_json::json!([9])).contains("beyond"));
+
+    let e = serde_json::from_str::<Snapshot>(r#"{"groups":[]}"#).unwrap_err();
+    assert!(e.to_string().contains("root"), "{e}");
+    let h = Hierarchy::default();
+    h.root().child("a").unwrap().child("b").unwrap();
+    let mut snap = serde_json::to_value(h.root().snapshot()).unwrap();
+    let back: Snapshot = serde_json::from_value(snap.clone()).unwrap();
+    assert_eq!(back.root().path, "/");
+    snap["groups"][2]["parent"] = 5.into();
+    assert!(serde_json::from_value::<Snapshot>(snap).is_err());
+}

@@ -104,6 +104,7 @@ impl From<CpuListError> for TopologyError {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(try_from = "serde_form::TopologyData"))]
 pub struct Topology {
     /// Kernel ids of the possible CPUs, ascending; position = dense index.
     possible: Vec<u32>,
@@ -121,6 +122,85 @@ pub struct Topology {
     #[cfg_attr(feature = "serde", serde(skip))]
     dense_of_id: Vec<u32>,
     source: TopologySource,
+}
+
+/// What a serialized [`Topology`] holds, checked and completed on the way
+/// back in: a topology that cannot describe a machine is an error, never a
+/// panic later (`node_of` with no nodes divided by zero), and the index of
+/// kernel ids, which is not serialized, is rebuilt (a deserialized topology
+/// compared unequal and knew no CPU by its id).
+#[cfg(feature = "serde")]
+mod serde_form {
+    use super::{CacheLevel, Topology, TopologySource, MAX_CPUS};
+
+    #[derive(serde::Deserialize)]
+    pub(super) struct TopologyData {
+        possible: Vec<u32>,
+        online: Vec<usize>,
+        node_of: Vec<usize>,
+        nodes: usize,
+        node_ids: Vec<u32>,
+        caches: Vec<CacheLevel>,
+        source: TopologySource,
+    }
+
+    impl TryFrom<TopologyData> for Topology {
+        type Error = String;
+
+        fn try_from(d: TopologyData) -> Result<Topology, String> {
+            let cpus = d.possible.len();
+            if cpus == 0 || cpus > MAX_CPUS {
+                return Err(format!("{cpus} possible CPUs: 1 to {MAX_CPUS}"));
+            }
+            if d.possible.windows(2).any(|w| w[0] >= w[1]) {
+                return Err("possible CPU ids are not strictly ascending".into());
+            }
+            if d.node_of.len() != cpus {
+                return Err(format!(
+                    "node_of has {} entries for {cpus} CPUs",
+                    d.node_of.len()
+                ));
+            }
+            if d.nodes == 0 || d.nodes > cpus || d.node_ids.len() != d.nodes {
+                return Err(format!(
+                    "{} nodes with {} node ids for {cpus} CPUs",
+                    d.nodes,
+                    d.node_ids.len()
+                ));
+            }
+            if let Some(n) = d.node_of.iter().find(|&&n| n >= d.nodes) {
+                return Err(format!("a CPU on node {n} of {}", d.nodes));
+            }
+            let beyond = |i: &usize| *i >= cpus;
+            if d.online.iter().any(beyond)
+                || d.caches
+                    .iter()
+                    .flat_map(|c| &c.domains)
+                    .flatten()
+                    .any(beyond)
+            {
+                return Err(format!("a CPU index beyond the {cpus} CPUs"));
+            }
+            let max_id = *d.possible.last().expect("checked non-empty") as usize;
+            if max_id >= MAX_CPUS {
+                return Err(format!("CPU id {max_id}: at most {}", MAX_CPUS - 1));
+            }
+            let mut dense_of_id = vec![u32::MAX; max_id + 1];
+            for (dense, &id) in d.possible.iter().enumerate() {
+                dense_of_id[id as usize] = dense as u32;
+            }
+            Ok(Topology {
+                possible: d.possible,
+                online: d.online,
+                node_of: d.node_of,
+                nodes: d.nodes,
+                node_ids: d.node_ids,
+                caches: d.caches,
+                dense_of_id,
+                source: d.source,
+            })
+        }
+    }
 }
 
 impl Topology {

@@ -24,8 +24,14 @@ use std::collections::BTreeMap;
 /// assert_eq!(kids, ["/a/b"]);
 /// assert_eq!(snap.groups[a_at].usage, h.root().usage());
 /// ```
+///
+/// Read back with serde, a snapshot is checked: at least its root, the root
+/// first and without a parent, every other group after its parent — input
+/// that breaks this is an error (`{"groups":[]}` deserialized, then made
+/// `root()` panic).
 #[derive(Debug, Clone, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(try_from = "SnapshotData"))]
 pub struct Snapshot {
     /// The groups, in pre-order.
     pub groups: Vec<GroupSnapshot>,
@@ -99,8 +105,43 @@ impl SnapshotOptions {
     }
 }
 
+/// A [`Snapshot`] as serialized, checked on the way back in.
+#[cfg(feature = "serde")]
+#[derive(serde::Deserialize)]
+struct SnapshotData {
+    groups: Vec<GroupSnapshot>,
+}
+
+#[cfg(feature = "serde")]
+impl TryFrom<SnapshotData> for Snapshot {
+    type Error = String;
+
+    fn try_from(d: SnapshotData) -> Result<Snapshot, String> {
+        match d.groups.first() {
+            None => return Err("a snapshot holds at least its root".into()),
+            Some(root) if root.parent.is_some() => {
+                return Err("the snapshot's first group (its root) has a parent".into())
+            }
+            Some(_) => {}
+        }
+        for (i, g) in d.groups.iter().enumerate().skip(1) {
+            if !g.parent.is_some_and(|p| p < i) {
+                return Err(format!(
+                    "group {i} ({}) does not come after its parent",
+                    g.path
+                ));
+            }
+        }
+        Ok(Snapshot { groups: d.groups })
+    }
+}
+
 impl Snapshot {
     /// The snapshot's root: the group it was taken of.
+    ///
+    /// # Panics
+    /// On a snapshot built by hand without groups (one taken or
+    /// deserialized always has its root).
     pub fn root(&self) -> &GroupSnapshot {
         &self.groups[0]
     }
