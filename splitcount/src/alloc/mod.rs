@@ -79,8 +79,9 @@
 //! nothing of another CPU touched — a tenant over its limit costs its
 //! neighbours nothing. After a refusal the thread's small allocations that
 //! would be refused again pass unaccounted for a while
-//! ([`REPORTING_GRACE`]), and so do a panicking thread's: error messages
-//! always print. An allocator built with
+//! ([`REPORTING_GRACE`]), and so do a panicking thread's (those a limit
+//! would refuse pass unaccounted; the others are charged as usual): error
+//! messages always print. An allocator built with
 //! [`Accounted::without_reporting_grace`] has strict limits instead (for C
 //! callers, which are told by a null and handle it).
 //!

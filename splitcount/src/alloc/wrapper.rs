@@ -153,7 +153,12 @@ impl std::error::Error for AttachError {
 /// (its small allocations that would be refused again pass, charged past
 /// the limit, up to 1 MiB — and never more than 1 MiB above any limit —,
 /// so that a Rust program can format and print the refusal), and a
-/// panicking thread's allocations always pass, unaccounted.
+/// panicking thread's allocations that a limit would refuse pass,
+/// unaccounted. (The others are charged as usual: with `RUST_BACKTRACE`
+/// set, std's cache of symbols — tens of MB, kept for the life of the
+/// process — is charged to the group whose code panicked first, and stays
+/// with its ancestors once that group is removed; print backtraces outside
+/// any group, or resolve them once at start-up, to keep it off a tenant.)
 /// [`Accounted::without_reporting_grace`] turns both off, for callers that
 /// are told of a refusal by a null and handle it — C programs
 /// (`splitcount-preload` uses it).
