@@ -121,7 +121,8 @@
 
 /**
  * The state does not allow it: a limit below the usage, removing a group
- * with children or the root.
+ * with children or the root, or a new handle past the most that may be
+ * live at once (2^24 − 1 of each kind; release some).
  */
 #define SPLITCOUNT_E_BUSY -5
 

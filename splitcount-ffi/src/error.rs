@@ -20,7 +20,8 @@ pub const SPLITCOUNT_E_INVALID: c_int = -3;
 /// limit, its usage and the request.
 pub const SPLITCOUNT_E_LIMIT: c_int = -4;
 /// The state does not allow it: a limit below the usage, removing a group
-/// with children or the root.
+/// with children or the root, or a new handle past the most that may be
+/// live at once (2^24 − 1 of each kind; release some).
 pub const SPLITCOUNT_E_BUSY: c_int = -5;
 /// No group at that path, no stat item of that name.
 pub const SPLITCOUNT_E_NOT_FOUND: c_int = -6;
