@@ -548,6 +548,7 @@ unsafe impl<A: InnerFootprint> GlobalAlloc for Accounted<A, Footprint> {
         let charged = held + grow;
         if now > charged {
             self.charge_unrefused(key, now - charged);
+            self.after_unrefused(key);
         } else if now < charged {
             self.uncharge(acc, charged - now);
         }

@@ -129,3 +129,40 @@ fn blocks_freed_on_another_thread_are_given_back_exactly() {
     assert_eq!(settled(&g), 0);
     assert_eq!(g.events().underflow, 0);
 }
+
+/// A refusing limit is passed by at most one block's rounding, however a
+/// block grows: a `Vec` grown a few bytes at a time was served from the
+/// bytes stocked before the limit was passed, and every move to a larger
+/// class was charged unrefused — on mimalloc the usage ran on to the test's
+/// cap, 1 GiB over a 16.9 MB limit (found by a helper). Now the first
+/// rounding past the limit returns the stocks, and the next growth meets it.
+#[test]
+fn a_block_grown_bytes_at_a_time_passes_a_refusing_limit_by_one_rounding_at_most() {
+    use splitcount::charge::Enforcement;
+    let g = fresh("grown-bytes-at-a-time");
+    g.set_enforcement(Enforcement::Refuse);
+    let max = (16 << 20) + 100_000;
+    g.set_max(max).unwrap();
+    let (grown, v) = g.scope(|| {
+        let mut v: Vec<u8> = Vec::new();
+        v.try_reserve_exact(8 << 20).unwrap();
+        let mut n = 0u64;
+        while v.capacity() < (64 << 20) && v.try_reserve_exact(v.capacity() + 7 - v.len()).is_ok() {
+            // SAFETY: `u8` needs no initialization to be read back here
+            // (it never is); the length stays within the capacity.
+            unsafe { v.set_len(v.capacity()) };
+            n += 1;
+        }
+        (n, v)
+    });
+    assert!(grown > 1_000, "grew {grown} times");
+    assert!(splitcount::alloc::take_last_refusal().is_some());
+    let usage = settled(&g);
+    assert!(
+        usage <= max + max / 8,
+        "usage {usage} over a refusing max of {max} by more than a rounding (capacity {})",
+        v.capacity()
+    );
+    drop(v);
+    assert_eq!(settled(&g), 0);
+}
