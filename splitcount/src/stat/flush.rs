@@ -88,10 +88,12 @@ struct Fold {
 /// that store — finds `kept_at` set and takes no reference: a group
 /// updated between two flushes costs neither the push's increment nor the
 /// fold's decrement (a locked instruction each, about a fifth of a small
-/// flush). `kept_at` changes only under the flush lock and while the mark
-/// is held by the list (set and drained, or carried), so a pusher (which
-/// reads it only after winning the mark) and the flusher never race on
-/// it. Once the group is retired (`Stats::retire`, which pushes its kept
+/// flush). `kept_at` changes only under the flush lock; it goes from
+/// `NOT_KEPT` to an index or back only while the mark is held by the list
+/// (set and drained, or carried), so a pusher (which reads it only after
+/// winning the mark) sees that change or not at all. (An entry moved by
+/// another's `swap_remove` gets its new index at any time, but an index
+/// for an index: a pusher reading either decides the same.) Once the group is retired (`Stats::retire`, which pushes its kept
 /// nodes once more and flushes), a fold takes the reference out of `kept`
 /// again and gives it back; pushes after that take their own.
 pub(crate) struct Flusher {

@@ -26,10 +26,11 @@ pub(crate) struct UpdateNode {
     pub(crate) owner: *const StatGroup,
     /// Where the flusher's kept set for this CPU holds this node's strong
     /// reference ([`NOT_KEPT`]: nowhere, so a push takes one). Written by
-    /// the flusher only, under the flush lock, while it holds the mark
-    /// (before it clears `on_list` with `Release`); read by the push's CAS
-    /// winner (after its `Acquire` on `on_list`). See `flush.rs`, *Kept
-    /// references*.
+    /// the flusher only, under the flush lock; set or cleared only while
+    /// the list holds the mark (before the flusher clears `on_list` with
+    /// `Release`), an index changed for another at any time; read by the
+    /// push's CAS winner (after its `Acquire` on `on_list`). See
+    /// `flush.rs`, *Kept references*.
     pub(crate) kept_at: AtomicUsize,
     /// Carried on this CPU to a later flush for its `pending` (a flush of
     /// a child passed deltas up to it): it holds a fold not done yet.
