@@ -340,6 +340,11 @@ fn colliding_names_still_render_a_valid_exposition() {
         text.contains("req_total 1\n") && text.contains("req_2_total 2\n"),
         "{text}"
     );
+    assert!(text.contains("r_total{_name__=\"n\"} 1\n"), "{text}");
+    assert!(
+        !text.contains("{__") && !text.contains(",__"),
+        "a reserved label:\n{text}"
+    );
 }
 
 /// A counter is a `u64` counter: exact up to `u64::MAX`, an increment above

@@ -904,3 +904,32 @@ fn deserialized_topologies_and_snapshots_are_whole_or_refused() {
     snap["groups"][2]["parent"] = 5.into();
     assert!(serde_json::from_value::<Snapshot>(snap).is_err());
 }
+
+/// Units charged through a removed group's handle go back to the group
+/// they were charged to, also once that group is removed in turn (they went
+/// to the live ancestor of the time, and came off the next one up: `/a`
+/// kept 20 for good, and an over-uncharge through `/a`'s handle then took a
+/// sibling's units off the root — found by a review).
+#[test]
+fn redirected_units_go_back_where_they_were_charged() {
+    let (_m, h) = sim(2, 8);
+    let root = h.root();
+    root.set_max(150).unwrap();
+    let a = root.child("a").unwrap();
+    let b = a.child("b").unwrap();
+    let c = root.child("c").unwrap();
+    let (stale_a, stale_b) = (a.clone(), b.clone());
+    b.remove().unwrap();
+    stale_b.force_charge(20).unwrap();
+    h.drain_stocks();
+    assert_eq!((a.usage(), root.usage()), (20, 20), "charged at /a");
+    a.remove().unwrap();
+    stale_b.uncharge(20);
+    h.drain_stocks();
+    assert_eq!((stale_a.usage(), root.usage()), (0, 0), "given back at /a");
+    c.force_charge(100).unwrap();
+    stale_a.uncharge(20); // /a holds nothing: an over-uncharge
+    h.drain_stocks();
+    assert_eq!((root.usage(), stale_a.events().underflow), (100, 1));
+    assert!(c.charge(70).is_err(), "the root's limit holds");
+}

@@ -444,13 +444,17 @@ mod exposition {
     }
 
     /// Valid, distinct label names: sanitized; a name the format reserves
-    /// (`__` at the start, a histogram's `le`) gets a `_` after it; two
+    /// gets another (`__x` becomes `_x`, a histogram's `le` `le_`); two
     /// keys that sanitize alike get `_2`, `_3` ….
     fn label_set(labels: Vec<(String, String)>, kind: Kind) -> LabelSet {
         let mut out: LabelSet = Vec::with_capacity(labels.len());
         for (k, v) in labels {
             let mut key = sanitize(&k, false);
-            if key.starts_with("__") || (kind == Kind::Histogram && key == "le") {
+            if key.starts_with("__") {
+                // Reserved for Prometheus' own labels: one `_` in front.
+                key = format!("_{}", key.trim_start_matches('_'));
+            }
+            if kind == Kind::Histogram && key == "le" {
                 key.push('_');
             }
             let base = key.clone();
@@ -527,8 +531,8 @@ mod exposition {
         /// `_total` suffix is written once; names that would then collide
         /// — `a.b` and `a-b`, a counter `x` and `x_total`, a counter and a
         /// gauge `x_total` — get `_2`, `_3` …, and so do label names; a
-        /// label named `le` on a histogram or starting with `__` gets a
-        /// `_` after it).
+        /// label named `le` on a histogram becomes `le_`, one starting
+        /// with `__` (reserved) starts with one `_`).
         pub fn render(&self) -> String {
             render_families(&self.families())
         }

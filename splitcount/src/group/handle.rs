@@ -474,7 +474,7 @@ impl Group {
     /// not lost.
     pub fn force_charge(&self, n: u64) -> Result<(), ChargeError> {
         if self.node.is_removed() {
-            return self.redirect(n, || self.force_charge_on(self.live(), n));
+            return self.redirect(n, |to| self.force_charge_on(to, n));
         }
         self.force_charge_on(&self.node, n)
     }
@@ -522,7 +522,7 @@ impl Group {
     /// ```
     pub fn over_charge(&self, n: u64) -> Result<(), ChargeError> {
         if self.node.is_removed() {
-            return self.redirect(n, || self.over_charge_on(self.live(), n));
+            return self.redirect(n, |to| self.over_charge_on(to, n));
         }
         self.over_charge_on(&self.node, n)
     }
@@ -588,7 +588,7 @@ impl Group {
             return Ok(());
         }
         if self.node.is_removed() {
-            return self.redirect(n, || self.charge_on(self.live(), n));
+            return self.redirect(n, |to| self.charge_on(to, n));
         }
         self.charge_on(&self.node, n)
     }
@@ -637,7 +637,7 @@ impl Group {
             return Ok(());
         }
         if self.node.is_removed() {
-            return self.redirect(n, || self.charge_slow(self.live().clone(), n));
+            return self.redirect(n, |to| self.charge_slow(to.clone(), n));
         }
         self.charge_slow(self.node.clone(), n)
     }
@@ -656,45 +656,43 @@ impl Group {
     }
 
     /// A charge through the handle of a removed group: `charge` charges
-    /// its nearest live ancestor, and the units are counted as redirected,
-    /// so that uncharges through the handle give them back there.
+    /// its nearest live ancestor (the node it is given), and the units are
+    /// counted as redirected *to that node*, so that uncharges through the
+    /// handle give them back there — also once that node is removed in
+    /// turn and the handle's charges go higher.
     ///
-    /// Counted first: an uncharge racing this charge may take them back
-    /// from the ancestor a moment before they arrive there (a reading low
-    /// for that moment), never from the removed group's own counter, which
-    /// would count an underflow and leave them charged for good.
+    /// Counted once charged: an uncharge only ever gives back units that
+    /// were charged (counting first and taking back what was left after a
+    /// refusal let a racing uncharge read a refused charge as given, and
+    /// take the removed group's own units for it).
     #[cold]
     fn redirect(
         &self,
         n: u64,
-        charge: impl FnOnce() -> Result<(), ChargeError>,
+        charge: impl FnOnce(&Arc<Node>) -> Result<(), ChargeError>,
     ) -> Result<(), ChargeError> {
-        // Relaxed: a count (see `Node::take_redirected`).
-        self.node
-            .redirected
-            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-        let charged = charge();
-        if charged.is_err() {
-            self.node.take_redirected(n);
-        }
-        charged
+        let to = self.live().clone();
+        charge(&to)?;
+        self.node.add_redirected(to, n);
+        Ok(())
     }
 
     /// An uncharge through the handle of a removed group. Units charged
-    /// through its handles after the removal went to its nearest live
-    /// ancestor: they go back there. The rest were charged before: they
-    /// come off the removed group's own counter, and so off every
-    /// ancestor's — clamped at what it still holds, the excess counted as
-    /// an `underflow` there, so the ancestors never lose units their
-    /// other descendants hold.
+    /// through its handles after the removal went to a live ancestor of
+    /// the time: they go back there, the latest first. The rest were
+    /// charged before: they come off the removed group's own counter, and
+    /// so off every ancestor's — clamped at what it still holds, the excess
+    /// counted as an `underflow` there, so the ancestors never lose units
+    /// their other descendants hold.
     #[cold]
     fn uncharge_removed(&self, n: u64) {
-        let redirected = self.node.take_redirected(n);
-        if redirected > 0 {
-            self.live().usage.uncharge(redirected);
+        let mut left = n;
+        for (to, units) in self.node.take_redirected(n) {
+            to.usage.uncharge(units);
+            left -= units;
         }
-        if n > redirected {
-            self.node.usage.uncharge(n - redirected);
+        if left > 0 {
+            self.node.usage.uncharge(left);
         }
     }
 

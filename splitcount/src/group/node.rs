@@ -54,10 +54,11 @@ pub(crate) struct Node {
     children: RwLock<BTreeMap<String, Arc<Node>>>,
     /// Typed user data ([`super::Extensions`]), dropped at removal.
     pub(crate) extensions: super::extensions::Store,
-    /// Units charged through this group's handles after its removal —
-    /// which went to the nearest live ancestor — and not uncharged yet
-    /// (see `Group::uncharge`).
-    pub(crate) redirected: std::sync::atomic::AtomicU64,
+    /// Units charged through this group's handles after its removal, by
+    /// the node they went to (the nearest live ancestor of the time), and
+    /// not uncharged yet (see `Group::uncharge`). Touched only through
+    /// removed groups' handles.
+    pub(crate) redirected: Mutex<Vec<(Arc<Node>, u64)>>,
 }
 
 impl std::ops::Deref for Node {
@@ -91,7 +92,7 @@ impl Node {
             breach_mode: std::sync::atomic::AtomicU8::new(BreachMode::Sticky as u8),
             children: RwLock::new(BTreeMap::new()),
             extensions: Default::default(),
-            redirected: std::sync::atomic::AtomicU64::new(0),
+            redirected: Mutex::new(Vec::new()),
         }
     }
 
@@ -130,25 +131,35 @@ impl Node {
         }
     }
 
-    /// Take up to `n` of the units [`Node::redirected`] counts; returns
-    /// how many were taken.
-    pub(crate) fn take_redirected(&self, n: u64) -> u64 {
-        let mut seen = self.redirected.load(Relaxed);
-        loop {
-            let take = n.min(seen);
-            if take == 0 {
-                return 0;
-            }
-            // Relaxed: a count; the counters it describes are atomics of
-            // their own.
-            match self
-                .redirected
-                .compare_exchange_weak(seen, seen - take, Relaxed, Relaxed)
-            {
-                Ok(_) => return take,
-                Err(now) => seen = now,
+    /// Count `n` units charged through this (removed) group's handles to
+    /// `to`, its nearest live ancestor then.
+    pub(crate) fn add_redirected(&self, to: Arc<Node>, n: u64) {
+        let mut r = self.redirected.lock().unwrap_or_else(|e| e.into_inner());
+        match r.iter_mut().find(|(t, _)| Arc::ptr_eq(t, &to)) {
+            Some((_, units)) => *units += n,
+            None => r.push((to, n)),
+        }
+    }
+
+    /// Take up to `n` of the units [`Node::redirected`] counts, the latest
+    /// target first: where they go back, and how many.
+    pub(crate) fn take_redirected(&self, n: u64) -> Vec<(Arc<Node>, u64)> {
+        let mut r = self.redirected.lock().unwrap_or_else(|e| e.into_inner());
+        let mut left = n;
+        let mut taken = Vec::new();
+        while left > 0 {
+            let Some((to, units)) = r.last_mut() else {
+                break;
+            };
+            let take = left.min(*units);
+            taken.push((to.clone(), take));
+            *units -= take;
+            left -= take;
+            if *units == 0 {
+                r.pop();
             }
         }
+        taken
     }
 
     /// The nearest live node: this one, or the ancestor its charges go to

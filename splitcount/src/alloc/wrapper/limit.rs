@@ -402,17 +402,26 @@ impl<A, C: Charging> Accounted<A, C> {
     /// After an unrefused charge through `key` (the rounding of a block a
     /// `realloc` moved, in `Footprint` charging): where it took a refusing
     /// limit (or a ceiling) in the way past it, return what the stocks and
-    /// this thread's reserve hold, so that the next charge meets the limit
+    /// this thread's reserve hold of its subtree, so that the next charge
+    /// meets the limit
     /// rather than bytes stocked before it was passed. Without it a `Vec`
     /// grown a few bytes at a time was served from them without end — the
     /// growth taken from the reserve and given back while the block grew in
-    /// place —, and every move to a larger class was charged unrefused: 2.9
-    /// GB over a 16.9 MB refusing limit on mimalloc, whose large classes are
+    /// place —, and every move to a larger class was charged unrefused: up
+    /// to a reproducer's cap of 1 GiB (2.9 GB in another) over a 16.9 MB
+    /// refusing limit on mimalloc, whose large classes are
     /// 64 KiB and more apart (found by a helper). Now a limit is passed by
     /// at most one such rounding.
     pub(crate) fn after_unrefused(&self, key: AccountKey) {
-        if refusal_in_the_way(key.usage(), 0) {
-            self.drain();
+        let Some(st) = self.attached() else {
+            return;
+        };
+        if let Some(refuser) = refuser_in_the_way(key.usage(), 0) {
+            // The thread's reserve, and the stocks of the refusing limit's
+            // subtree only (other groups and CPUs are not touched).
+            // Accounting off: the drain's listeners (a level back under
+            // `high`) may allocate, inside this `realloc`.
+            without_accounting(|| st.hierarchy.shared().drain_for_refusal(refuser, 0));
         }
     }
 }
