@@ -145,11 +145,19 @@ impl Model {
 
     /// The groups whose `own` stands for `to`'s counter when units
     /// redirected to it through removed `g`'s handle go back: `to`, then
-    /// its removed descendants outside `g`'s subtree.
+    /// its descendants outside `g`'s subtree with nothing but removed
+    /// groups between them and `to` (a live one between would see the
+    /// model take units its real counter keeps).
     fn redirect_counter(&self, to: usize, g: usize) -> Vec<usize> {
+        let only_removed_up_to = |x: usize| {
+            self.chain(x)
+                .into_iter()
+                .take_while(|&y| y != to)
+                .all(|y| self.groups[y].removed)
+        };
         std::iter::once(to)
             .chain((0..self.groups.len()).filter(|&x| {
-                x != to && self.groups[x].removed && self.within(x, to) && !self.within(x, g)
+                x != to && self.within(x, to) && !self.within(x, g) && only_removed_up_to(x)
             }))
             .collect()
     }

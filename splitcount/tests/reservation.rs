@@ -7,7 +7,7 @@ mod common;
 
 use common::Rng;
 use proptest::prelude::*;
-use splitcount::charge::{MAX_USAGE, UNLIMITED};
+use splitcount::charge::{MAX_REQUEST, MAX_USAGE, UNLIMITED};
 use splitcount::group::{ChargeErrorKind, Group, Hierarchy, Reservation, ReservationMode};
 use std::sync::Arc;
 
@@ -87,11 +87,12 @@ fn a_request_above_max_request_is_refused_by_try_grow_and_forced_by_grow() {
     let e = r.try_grow(u64::MAX).unwrap_err();
     assert_eq!(e.kind(), ChargeErrorKind::TooLarge);
     assert_eq!(r.size(), 0);
-    r.grow(u64::MAX);
-    // The usage saturates at `MAX_USAGE` (2^56 - 1); the reservation
-    // counts what it was asked for, and freeing it empties the group.
-    assert_eq!((r.size(), pool.usage()), (u64::MAX, MAX_USAGE));
-    assert_eq!(r.free(), u64::MAX);
+    // Forced in steps of `MAX_REQUEST` until the root's usage would pass
+    // `MAX_USAGE` (2^56 - 1): the second step is refused, and the
+    // reservation counts what was charged.
+    assert_eq!(r.grow(u64::MAX), MAX_REQUEST);
+    assert_eq!((r.size(), pool.usage()), (MAX_REQUEST, MAX_REQUEST));
+    assert_eq!(r.free(), MAX_REQUEST);
     assert_eq!(pool.usage(), 0);
 }
 
@@ -442,5 +443,36 @@ fn concurrent_resizes_of_one_reservation_leave_the_group_holding_its_size() {
         drop(r);
         h.drain_stocks();
         assert_eq!(pool.usage(), 0, "{mode:?}");
+    }
+}
+
+/// A forced grow past the most the counters hold (the root's usage past
+/// `MAX_USAGE`) grows by what was charged only, and `resize` leaves the
+/// reservation unchanged: a drop never gives back units another
+/// reservation holds (it counted the refused units in `size`, and its drop
+/// took the other reservation's 10 units off the group — found by a helper).
+#[test]
+fn a_grow_past_the_counters_ceiling_counts_only_what_was_charged() {
+    for mode in [ReservationMode::Exact, ReservationMode::Stocked] {
+        let (h, g) = pool(UNLIMITED);
+        let a = Reservation::with_mode(&g, mode);
+        a.try_grow(10).unwrap();
+        let b = Reservation::with_mode(&g, mode);
+        let grown = b.grow(MAX_USAGE);
+        assert!(grown < MAX_USAGE, "{grown}");
+        assert_eq!(b.size(), grown);
+        h.drain_stocks();
+        assert_eq!(g.usage(), 10 + grown);
+        drop(b);
+        h.drain_stocks();
+        assert_eq!((g.usage(), g.events().underflow), (10, 0), "a's units kept");
+        let c = Reservation::with_mode(&g, mode);
+        c.resize(MAX_USAGE);
+        assert_eq!(c.size(), 0, "refused: unchanged");
+        h.drain_stocks();
+        assert_eq!(g.usage(), 10);
+        drop((a, c));
+        h.drain_stocks();
+        assert_eq!((g.usage(), g.events().underflow), (0, 0));
     }
 }

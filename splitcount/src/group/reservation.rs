@@ -136,15 +136,23 @@ impl Reservation {
     }
 
     /// Grow by `n` units regardless of limits: the forced charge
-    /// ([`Group::force_charge`]), for memory already in use. Never fails and
-    /// never refuses; it may take the group over its hard limit, where its
+    /// ([`Group::force_charge`]), for memory already in use. Never refused
+    /// by a limit; it may take the group over its hard limit, where its
     /// usage is seen ([`Group::usage`] above [`Group::max`]) and every
     /// `try_grow` under it is refused until enough is released. It does not
     /// record a cooperative breach ([`Group::check`]): that is the
-    /// allocator's.
-    pub fn grow(&self, n: u64) {
-        self.force(n);
-        self.add(n);
+    /// allocator's. Returns the units it grew by: `n`, or fewer where the
+    /// root's usage would pass [`crate::charge::MAX_USAGE`] (2^56 − 1, the
+    /// most a counter holds: a caller's bug) — only what was charged is
+    /// added to [`Reservation::size`], so a drop never gives back units
+    /// other reservations hold.
+    pub fn grow(&self, n: u64) -> u64 {
+        let grown = match self.force(n) {
+            Ok(()) => n,
+            Err((charged, _)) => charged,
+        };
+        self.add(grown);
+        grown
     }
 
     /// Release up to `n` units; returns how many were released:
@@ -168,11 +176,15 @@ impl Reservation {
 
     /// Grow or shrink to exactly `target` units (a grow is forced, as
     /// [`Reservation::grow`]). Concurrent resizes of one reservation: the
-    /// last to land wins, and the group is charged for it.
+    /// last to land wins, and the group is charged for it. A grow the
+    /// counters cannot hold (the root's usage past
+    /// [`crate::charge::MAX_USAGE`]) leaves the reservation unchanged.
     pub fn resize(&self, target: u64) {
         let _ = self.resize_with(target, &mut |r, n| {
-            r.force(n);
-            Ok(())
+            r.force(n).map_err(|(charged, e)| {
+                r.uncharge(charged);
+                e
+            })
         });
     }
 
@@ -227,7 +239,7 @@ impl Reservation {
     }
 
     /// Add `n` to `size` (saturating: a size past `u64::MAX` is a caller's
-    /// bug; the usage counters saturate too).
+    /// bug; the usage counters refuse long before, see `force`).
     fn add(&self, n: u64) {
         let _ = self
             .size
@@ -243,14 +255,17 @@ impl Reservation {
 
     /// The forced charge, never through the stock (the stock is only worth
     /// it for charges that could be refused and retried), in requests the
-    /// group accepts.
-    fn force(&self, mut n: u64) {
-        while n > 0 {
-            let step = n.min(MAX_REQUEST);
-            // Cannot fail: `step ≤ MAX_REQUEST` (the only refusal).
-            let _ = self.group.force_charge(step);
-            n -= step;
+    /// group accepts. Refused only where the root's usage would pass
+    /// [`crate::charge::MAX_USAGE`] (`Saturated`): then the units charged
+    /// before that step, and the refusal.
+    fn force(&self, n: u64) -> Result<(), (u64, ChargeError)> {
+        let mut charged = 0;
+        while charged < n {
+            let step = (n - charged).min(MAX_REQUEST);
+            self.group.force_charge(step).map_err(|e| (charged, e))?;
+            charged += step;
         }
+        Ok(())
     }
 
     fn uncharge(&self, n: u64) {
