@@ -100,6 +100,10 @@ enum Command {
         json: bool,
     },
     /// Replay `{"cpu":c,"delta":d}` lines from stdin into a simulated counter.
+    ///
+    /// Values are `i64` and wrap on overflow, as the library's counters do
+    /// (like the kernel's `percpu_counter`): a replay that leaves the range
+    /// prints the wrapped values.
     Replay {
         /// The design.
         #[arg(long)]
@@ -148,7 +152,9 @@ struct Shape {
     /// Batch (default: each design's own).
     #[arg(long)]
     batch: Option<u64>,
-    /// Tree fan-outs: `auto`, `binary` or e.g. `8,8,8` (bottom first).
+    /// Tree fan-outs: `auto`, `binary` or e.g. `8,8,8` (bottom first); a
+    /// list fits the CPU counts whose power of two is its product (`8,8,8`:
+    /// 257 to 512 CPUs).
     #[arg(long, default_value = "auto")]
     arity: String,
     /// Simulated NUMA nodes (default: one per 64 CPUs).

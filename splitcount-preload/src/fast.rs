@@ -2,14 +2,16 @@
 //!
 //! Once the accounting is ready, most calls find everything settled: the
 //! mode (tags or not), the heap, the charging (usable sizes), and the
-//! thread's reserve holding bytes of the account it charges. This module
-//! reads one byte, [`FAST`], that says all the settled part at once, and
-//! then does only what the block needs:
+//! thread's reserve holding bytes of the account it charges. The exported
+//! `malloc` and `free` jump through one function pointer each, [`MALLOC`]
+//! and [`FREE`]: the general path's until the set-up ends, then the
+//! function written for the settled heap and mode, which does only what
+//! the block needs:
 //!
 //! ```text
 //!  malloc(size)                              free(p)
 //!  ───────────                               ───────
-//!  FAST → on, heap, tags?                    FAST → on, heap, tags?
+//!  jump through MALLOC                       jump through FREE (p not null)
 //!  base = heap.malloc(size [+ 16])           [tagged] tag check → account
 //!  n = heap.usable(base) [− 16]              [untagged] not a set-up block
 //!  reserve: take n bytes (thread-local)      n = heap.usable(base) [− 16]
@@ -34,43 +36,59 @@ use crate::header::{self, Block, HEADER};
 use crate::heap::Heap;
 use crate::{untagged, ACCOUNTED};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
-/// The fast path's switch: 0 until the set-up has ended with the
-/// accounting ready and usable-size charging; then [`ON`], with [`INNER`]
-/// for an inner allocator and [`UNTAGGED`] for blocks without tags.
-static FAST: AtomicU8 = AtomicU8::new(0);
+/// A `malloc` the exported one jumps to.
+pub(crate) type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
 
-/// The fast path applies.
-pub(crate) const ON: u8 = 1;
-/// Blocks come from the inner allocator (jemalloc, mimalloc), not glibc.
-const INNER: u8 = 2;
-/// Blocks carry no tag (`SPLITCOUNT_PRELOAD_TAGS=off`).
-const UNTAGGED: u8 = 4;
+/// A `free` of a block (not null) the exported one jumps to.
+pub(crate) type FreeFn = unsafe extern "C" fn(*mut c_void);
+
+/// Where `malloc` jumps: [`crate::malloc_general`] until the set-up has
+/// ended with the accounting ready and usable-size charging, then the
+/// fast function of the heap and mode. Holds only [`MallocFn`]s.
+static MALLOC: AtomicPtr<()> = AtomicPtr::new(crate::malloc_general as MallocFn as *mut ());
+
+/// Where `free` jumps for a block that is not null: as [`MALLOC`], from
+/// [`crate::free_general`]. Holds only [`FreeFn`]s.
+static FREE: AtomicPtr<()> = AtomicPtr::new(crate::free_general as FreeFn as *mut ());
 
 /// Turn the fast path on, for blocks of `heap` with or without tags. Call
 /// once, after the accounting is marked ready.
 pub(crate) fn enable(heap: Heap, untagged: bool) {
     // The fast paths read the cookie without making it (no call): made
-    // here, before the switch's Release.
+    // here, before the pointers' Release.
     header::make_cookie();
-    let mut mode = ON;
-    if heap == Heap::Inner {
-        mode |= INNER;
-    }
-    if untagged {
-        mode |= UNTAGGED;
-    }
-    // Release: a thread that reads the mode sees the set-up's writes (the
-    // attached allocator, `/preload`'s account), as after READY.
-    FAST.store(mode, Ordering::Release);
+    let (malloc, free): (MallocFn, FreeFn) = match (heap == Heap::Inner, untagged) {
+        (false, false) => (malloc_tagged::<false>, free_tagged::<false>),
+        (true, false) => (malloc_tagged::<true>, free_tagged::<true>),
+        (false, true) => (malloc_untagged::<false>, free_untagged::<false>),
+        (true, true) => (malloc_untagged::<true>, free_untagged::<true>),
+    };
+    // Release: a thread that jumps to a fast function sees the set-up's
+    // writes (the attached allocator, `/preload`'s account), as after
+    // READY.
+    FREE.store(free as *mut (), Ordering::Release);
+    MALLOC.store(malloc as *mut (), Ordering::Release);
 }
 
-/// The switch: [`ON`] set when the fast path applies.
+/// The function `malloc` jumps to now.
 #[inline(always)]
-pub(crate) fn mode() -> u8 {
+pub(crate) fn malloc_fn() -> MallocFn {
     // Acquire: pairs with `enable` (a plain load on x86).
-    FAST.load(Ordering::Acquire)
+    let f = MALLOC.load(Ordering::Acquire);
+    // SAFETY: `MALLOC` holds only `MallocFn`s (its initial value and
+    // `enable`'s), never null.
+    unsafe { std::mem::transmute::<*mut (), MallocFn>(f) }
+}
+
+/// The function `free` jumps to now, for a block that is not null.
+#[inline(always)]
+pub(crate) fn free_fn() -> FreeFn {
+    // Acquire: as in `malloc_fn`.
+    let f = FREE.load(Ordering::Acquire);
+    // SAFETY: `FREE` holds only `FreeFn`s, never null.
+    unsafe { std::mem::transmute::<*mut (), FreeFn>(f) }
 }
 
 /// The heap of the fast path's functions for `INNER`.
@@ -83,43 +101,14 @@ const fn heap<const INNER: bool>() -> Heap {
     }
 }
 
-/// `malloc` when [`mode`] is on.
-///
-/// Each combination of heap and tags is a function of its own, reached by
-/// a tail jump: `malloc` and `free` themselves save no registers, and
-/// each function saves only what its own path needs (without calls, glibc
-/// without tags saves none at `free`), with the heap a constant in it.
-/// They are `extern "C"`: a function that cannot unwind needs no landing
-/// pad in the caller (`malloc` may not unwind either), so the call is a
-/// jump.
-///
-/// # Safety
-/// As `malloc(3)`; `mode` is [`mode`]'s answer, with [`ON`].
-#[inline(always)]
-pub(crate) unsafe fn malloc(mode: u8, size: usize) -> *mut c_void {
-    // SAFETY (all): forwarded.
-    match mode & (INNER | UNTAGGED) {
-        0 => unsafe { malloc_tagged::<false>(size) },
-        INNER => unsafe { malloc_tagged::<true>(size) },
-        UNTAGGED => unsafe { malloc_untagged::<false>(size) },
-        _ => unsafe { malloc_untagged::<true>(size) },
-    }
-}
-
-/// `free` when [`mode`] is on; as for [`malloc`].
-///
-/// # Safety
-/// As `free(3)`, `p` not null; `mode` as for [`malloc`].
-#[inline(always)]
-pub(crate) unsafe fn free(mode: u8, p: *mut u8) {
-    // SAFETY (all): forwarded.
-    match mode & (INNER | UNTAGGED) {
-        0 => unsafe { free_tagged::<false>(p) },
-        INNER => unsafe { free_tagged::<true>(p) },
-        UNTAGGED => unsafe { free_untagged::<false>(p) },
-        _ => unsafe { free_untagged::<true>(p) },
-    }
-}
+// Each combination of heap and tags is a function of its own, reached by
+// the exported function's jump through `MALLOC` or `FREE`: `malloc` and
+// `free` themselves save no registers, and each function saves only what
+// its own path needs (without calls, glibc without tags saves none at
+// `free`), with the heap a constant in it. They are `extern "C"`: a
+// function that cannot unwind needs no landing pad in the caller
+// (`malloc` may not unwind either), so every call that ends a path is a
+// jump.
 
 /// # Safety
 /// As `malloc(3)`.
@@ -200,7 +189,8 @@ unsafe extern "C" fn finish_tagged<const INNER: bool>(base: *mut u8) -> *mut c_v
 /// # Safety
 /// As `free(3)`, `p` not null.
 #[inline(never)]
-unsafe extern "C" fn free_untagged<const INNER: bool>(p: *mut u8) {
+unsafe extern "C" fn free_untagged<const INNER: bool>(p: *mut c_void) {
+    let p = p.cast::<u8>();
     let heap = heap::<INNER>();
     if !untagged::may_be_early(p) {
         // SAFETY: a live block of the heap's, made when the accounting was
@@ -232,7 +222,8 @@ unsafe extern "C" fn free_untagged_general(p: *mut u8) {
 /// # Safety
 /// As `free(3)`, `p` not null.
 #[inline(never)]
-unsafe extern "C" fn free_tagged<const INNER: bool>(p: *mut u8) {
+unsafe extern "C" fn free_tagged<const INNER: bool>(p: *mut c_void) {
+    let p = p.cast::<u8>();
     let heap = heap::<INNER>();
     // SAFETY: a pointer the program got from an allocation function; the
     // cookie was made before this path was turned on.

@@ -533,22 +533,19 @@ pub(crate) fn with_header(n: usize, header: usize) -> Option<usize> {
 /// The C contract of `malloc`.
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
-    let fast = fast::mode();
-    if fast & fast::ON != 0 {
-        // SAFETY: the caller's contract; the mode's answer.
-        return unsafe { fast::malloc(fast, size) };
-    }
-    // SAFETY: the caller's contract.
-    unsafe { malloc_general(size) }
+    // SAFETY: the caller's contract; `malloc_general` or the fast path's
+    // function once the set-up has ended.
+    unsafe { fast::malloc_fn()(size) }
 }
 
 /// `malloc` when the fast path does not apply (before the set-up ended,
-/// footprint charging).
+/// footprint charging). `extern "C"`: it cannot unwind, so `malloc`
+/// reaches it by a jump.
 ///
 /// # Safety
 /// As `malloc(3)`.
 #[inline(never)]
-unsafe fn malloc_general(size: usize) -> *mut c_void {
+pub(crate) unsafe extern "C" fn malloc_general(size: usize) -> *mut c_void {
     if size > isize::MAX as usize {
         // `check_malloc_reaches_us`'s call, perhaps through a wrapper (or
         // a program's own request of a size no allocator serves): it
@@ -608,13 +605,9 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
     if ptr.is_null() {
         return;
     }
-    let fast = fast::mode();
-    if fast & fast::ON != 0 {
-        // SAFETY: the caller's contract; the mode's answer.
-        return unsafe { fast::free(fast, ptr.cast()) };
-    }
-    // SAFETY: the caller's contract.
-    unsafe { free_general(ptr) }
+    // SAFETY: the caller's contract, not null; `free_general` or the fast
+    // path's function once the set-up has ended.
+    unsafe { fast::free_fn()(ptr) }
 }
 
 /// `free` of a block (not null) outside the fast path. `extern "C"`: it

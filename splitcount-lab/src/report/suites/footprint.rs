@@ -18,7 +18,13 @@ pub fn run(_: &Settings, progress: &ProgressBar) -> Result<Outcome, String> {
     let rows = footprint::run(&CPUS)?;
     progress.inc(1);
     Ok(Outcome {
-        settings: json!({ "cpus": CPUS, "command": "splitcount-lab footprint --json" }),
+        settings: json!({
+            "cpus": CPUS,
+            "command": format!(
+                "splitcount-lab footprint --cpus {} --json",
+                CPUS.map(|c| c.to_string()).join(",")
+            ),
+        }),
         records: rows
             .iter()
             .map(|r| with_case(&r.design, r))
@@ -97,5 +103,15 @@ mod tests {
             assert!(v.median.unwrap() <= footprint::TREE_TARGET, "{v:?}");
             assert!(v.note.contains("computed"), "{v:?}");
         }
+    }
+
+    #[test]
+    fn the_settings_name_the_command_that_gives_the_same_figures() {
+        let progress = ProgressBar::hidden();
+        let out = run(&Settings { quick: true }, &progress).unwrap();
+        assert_eq!(
+            out.settings["command"],
+            "splitcount-lab footprint --cpus 2,16,64,128,256,1024,4096 --json"
+        );
     }
 }
