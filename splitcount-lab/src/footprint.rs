@@ -149,7 +149,7 @@ pub fn table(rows: &[Row]) -> Table {
     t.note(
         "everything one counter takes: its per-CPU slots (and the arena's overflow copy), \
          its shared items in the arena, its handle and heap; tree-padded: the tree with each \
-         shared item on a 128-byte line of its own, as before stripes",
+         shared item on a 128-byte line of its own, as the tree was laid out before",
     );
     t.note(format!(
         "target: a tree counter takes ≤ {TREE_TARGET} bytes per CPU at 64…4096 CPUs"

@@ -275,6 +275,9 @@ fn run(cli: Cli) -> Result<(), String> {
             groups,
         } => {
             let threads = bench::parse_threads(&threads)?;
+            if matches!(suite.as_str(), "alloc" | "preload") {
+                bench::worker::check_threads(&suite, &threads)?;
+            }
             let plan = splitcount_lab::timing::Plan::split(seconds(s)?, rounds(n)?);
             let exe = std::env::current_exe().map_err(|e| e.to_string())?;
             let result = match suite.as_str() {

@@ -159,16 +159,47 @@ pub(crate) fn program() -> String {
 /// signal handler must not allocate).
 static PROGRAM: OnceLock<String> = OnceLock::new();
 
-/// The process that loaded the preload: a `fork` child (whose pid differs)
-/// says `forked_from=` this, since its figures start as a copy of the
-/// parent's.
+/// The process whose figures this one's started from: the one that loaded
+/// the preload, and in a `fork` child its parent (set by [`forked`]). A
+/// process whose pid differs says `forked_from=` this, since its figures
+/// start as a copy of the parent's.
 static LOADED_BY: AtomicI32 = AtomicI32::new(0);
 
-/// Remember the program's name and pid for the report lines (at load).
+/// The pid of the process that is forking (set by [`forking`] in the
+/// parent; the child reads its copy).
+static FORKING: AtomicI32 = AtomicI32::new(0);
+
+/// Remember the program's name and pid for the report lines (at load), and
+/// what a `fork` changes.
 pub(crate) fn remember_process() {
     let _ = PROGRAM.set(program());
     // SAFETY: no preconditions.
     LOADED_BY.store(unsafe { libc::getpid() }, Ordering::Relaxed);
+    // SAFETY: registers two functions without arguments that never unwind.
+    unsafe { libc::pthread_atfork(Some(forking), None, Some(forked)) };
+}
+
+/// `pthread_atfork`'s prepare handler: the parent's pid, for the child.
+extern "C" fn forking() {
+    // SAFETY: no preconditions.
+    FORKING.store(unsafe { libc::getpid() }, Ordering::Relaxed);
+}
+
+/// `pthread_atfork`'s child handler. The child's reports say the parent
+/// it was forked from (not the process that loaded the preload: a
+/// grandchild named its grandparent). And the child lets the kept copy of
+/// stderr go: a daemon that forks, starts a session and points 0, 1 and 2
+/// at `/dev/null` would otherwise keep its caller's stderr open at the
+/// copy's descriptor — a pipe whose reader (`$(daemon 2>&1)`, a service
+/// manager's log) then waited until the daemon ended. A child reports on
+/// its descriptor 2 as it is.
+extern "C" fn forked() {
+    LOADED_BY.store(FORKING.load(Ordering::Relaxed), Ordering::Relaxed);
+    let copy = STDERR_COPY.swap(-1, Ordering::Relaxed);
+    if copy >= 0 {
+        // SAFETY: the copy this library made; nothing else uses it.
+        unsafe { libc::close(copy) };
+    }
 }
 
 /// End the process now, without `atexit` handlers or the `_exit` report:
@@ -578,7 +609,7 @@ pub(crate) fn set_up(to: Report, snapshot: Option<libc::c_int>) {
     }
     if let Some(sig) = snapshot {
         if !install(sig, on_snapshot_signal, libc::SA_RESTART) {
-            say("splitcount-preload: SPLITCOUNT_PRELOAD_SIGNAL: the signal already has a handler; no snapshots\n");
+            say("splitcount-preload: SPLITCOUNT_PRELOAD_SIGNAL: the signal already has a handler or is ignored (inherited); no snapshots\n");
         }
     }
 }

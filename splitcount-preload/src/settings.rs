@@ -266,6 +266,16 @@ impl Settings {
         let report = match report.as_deref() {
             None | Some("0") | Some("") => Report::Off,
             Some("1") => Report::Stderr,
+            Some(dir) if dir.ends_with('/') => {
+                // `dir/` would have written the hidden file `dir/.<pid>`.
+                bad(
+                    "SPLITCOUNT_PRELOAD_REPORT",
+                    dir,
+                    "a directory: name a file in it (dir/report: the report goes to \
+                     dir/report.<pid>)",
+                );
+                Report::Off
+            }
             Some(path) if path.contains('/') => Report::File(path.to_owned()),
             Some(other) => {
                 bad(
@@ -423,6 +433,10 @@ mod tests {
         assert!(errors[0].starts_with("SPLITCOUNT_PRELOAD_MAX=\"10MX\": not a limit"));
         assert!(errors[1].starts_with("SPLITCOUNT_PRELOAD_ENFORCE=\"maybe\""));
         assert!(errors[2].starts_with("SPLITCOUNT_PRELOAD_REPORT=\"yes\""));
+        for dir in ["/", "/var/log/", "./"] {
+            let e = Settings::parse(None, None, Some(dir.into())).unwrap_err();
+            assert!(e[0].contains("a directory: name a file in it"), "{e:?}");
+        }
         let comma = Settings::parse(Some("1,000".into()), None, None).unwrap_err();
         assert!(comma[0].contains("not 1,000"), "{comma:?}");
         for mistyped in ["512m ", "10MBs", "1.5G", "lots", "1,5G"] {

@@ -983,6 +983,59 @@ fn a_fork_child_says_it_was_forked() {
     holds_within_the_stated_slack(&child[0], 2 * MOMENTS_HELD);
 }
 
+/// A grandchild's reports name its own parent (the child), not the
+/// process that loaded the preload.
+#[test]
+fn a_fork_childs_child_names_its_own_parent() {
+    let (status, out) = report_moments("grandchild", &[]);
+    assert!(status.success(), "{status}\n{out}");
+    let lines = report_lines(&out);
+    // Each process reports when it exits: the grandchild first.
+    assert_eq!(lines.len(), 9, "three processes, 3 lines each:\n{out}");
+    let (grandchild, child, parent) = (&lines[0], &lines[3], &lines[6]);
+    assert_eq!(grandchild["forked_from"], child["pid"], "{out}");
+    assert_eq!(child["forked_from"], parent["pid"], "{out}");
+    assert!(!parent.contains_key("forked_from"), "{out}");
+}
+
+/// A daemon (a `fork` child that starts a session and points 0, 1 and 2
+/// at `/dev/null`) keeps no copy of its caller's stderr: a reader of that
+/// pipe gets its end when the program returns, not when the daemon ends.
+#[test]
+fn a_daemon_does_not_keep_its_callers_stderr_open() {
+    use std::io::{BufRead, BufReader};
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    let exe = EXE.get_or_init(|| plain_c_program("report_moments_test"));
+    let mut c = preloaded(exe, &[("SPLITCOUNT_PRELOAD_REPORT", "1")]);
+    let mut program = c
+        .arg("daemon")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(program.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(program.wait().unwrap().success());
+    let daemon: u32 = line
+        .trim()
+        .strip_prefix("daemon ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The copy is let go in the child before it prints: by now the daemon
+    // holds no descriptor at or above the copy's minimum (1000).
+    let high: Vec<String> = std::fs::read_dir(format!("/proc/{daemon}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|fd| fd.parse::<u32>().is_ok_and(|fd| fd >= 1000))
+        .collect();
+    assert!(high.is_empty(), "the daemon keeps descriptors {high:?}");
+    // SAFETY: a signal to the daemon this test started.
+    unsafe { libc::kill(daemon as i32, libc::SIGKILL) };
+}
+
 /// The figures line of `tests/c/strict_limit_test.c`, as numbers.
 fn strict_limit_test(max: &str, count: u64) -> HashMap<String, u64> {
     strict_limit_test_tags(max, count, "on")

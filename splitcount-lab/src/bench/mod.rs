@@ -22,6 +22,7 @@ pub mod layout;
 pub mod noisy;
 pub mod percpu;
 pub mod preload;
+pub mod preloaded;
 pub mod recorders;
 pub mod redis;
 pub mod requests;
@@ -157,8 +158,24 @@ impl Bench {
                 match figure {
                     Some((f, b)) => r.set_figure(f, b),
                     None => {
-                        let ns: Vec<f64> = s.samples.iter().map(|x| x.ns_per_op).collect();
-                        r.stable = Spread::of(&ns).is_some_and(|sp| sp.stable());
+                        // An absolute figure takes the ratios' rule: the
+                        // usable rounds, or every round (and unstable) if
+                        // fewer than `MIN_ROUNDS` are.
+                        let usable: Vec<f64> = s
+                            .samples
+                            .iter()
+                            .filter(|x| x.usable())
+                            .map(|x| x.ns_per_op)
+                            .collect();
+                        let least = crate::timing::measured::MIN_ROUNDS.min(s.samples.len());
+                        if usable.len() >= least {
+                            r.stable = Spread::of(&usable).is_some_and(|sp| sp.stable());
+                        } else {
+                            r.rounds = s.samples.len();
+                            r.left_out = 0;
+                            r.poor_overlap = true;
+                            r.stable = false;
+                        }
                     }
                 }
                 r
@@ -206,7 +223,13 @@ impl Bench {
         if !multi.is_empty() {
             let poor: usize = multi.iter().map(|s| s.poor_rounds()).sum();
             let total: usize = multi.iter().map(|s| s.samples.len()).sum();
-            let fallback = self.records.iter().filter(|r| r.poor_overlap).count();
+            // Ratios only: a baseline's own record (× 1 by definition) is
+            // not one, as in `stability`.
+            let fallback = self
+                .records
+                .iter()
+                .filter(|r| r.poor_overlap && r.baseline.as_deref() != Some(&r.case))
+                .count();
             notes.push(format!(
                 "pinned multi-thread slices whose threads ran together less than {:.0}% of \
                  the slice: {poor} of {total}, left out of ratios{}",
@@ -228,11 +251,15 @@ impl Bench {
 
     /// "stable: all 24 ratios …" or the list of unstable ones.
     pub fn stability(&self) -> String {
+        // The ratios, or in a suite of absolute figures (`groups`: no
+        // baseline) the figures themselves.
+        let absolute = self.records.iter().all(|r| r.baseline.is_none());
         let with_ratio: Vec<&Record> = self
             .records
             .iter()
-            .filter(|r| r.ratio.is_some() && r.baseline.as_deref() != Some(&r.case))
+            .filter(|r| (absolute || r.ratio.is_some()) && r.baseline.as_deref() != Some(&r.case))
             .collect();
+        let what = if absolute { "figures" } else { "ratios" };
         let unstable: Vec<String> = with_ratio
             .iter()
             .filter(|r| !r.stable)
@@ -240,13 +267,13 @@ impl Bench {
             .collect();
         if unstable.is_empty() {
             format!(
-                "stable: all {} ratios' two halves of rounds agree within 10%",
+                "stable: all {} {what}' two halves of rounds agree within 10%",
                 with_ratio.len()
             )
         } else {
             format!(
                 "UNSTABLE (halves of rounds differ by more than 10%, or too few rounds ran \
-                 together), marked †: {} of {} ratios — {}",
+                 together), marked †: {} of {} {what} — {}",
                 unstable.len(),
                 with_ratio.len(),
                 unstable.join(", ")
@@ -314,13 +341,22 @@ pub fn print_table(bench: &Bench) {
 
 /// Parse `1,2,4,8` into thread counts.
 pub fn parse_threads(s: &str) -> Result<Vec<usize>, String> {
-    s.split(',')
-        .map(|t| match t.trim().parse::<usize>() {
-            Ok(n) if (1..=1024).contains(&n) => Ok(n),
-            _ => Err(format!(
-                "thread count {:?} is not valid (valid: a number from 1 to 1024, e.g. 1,2,4,8)",
-                t.trim()
-            )),
-        })
-        .collect()
+    let mut counts: Vec<usize> = Vec::new();
+    for t in s.split(',') {
+        match t.trim().parse::<usize>() {
+            Ok(n) if (1..=1024).contains(&n) => {
+                // A count given twice is measured once.
+                if !counts.contains(&n) {
+                    counts.push(n);
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "thread count {:?} is not valid (valid: a number from 1 to 1024, e.g. 1,2,4,8)",
+                    t.trim()
+                ))
+            }
+        }
+    }
+    Ok(counts)
 }

@@ -44,12 +44,32 @@ impl Server {
     /// Start `redis-server` on `port` with `env`, and wait until it answers
     /// `PING` (5 s at most).
     pub fn start(port: u16, env: &[(&str, &OsStr)]) -> Result<Server, String> {
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        command
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::null());
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the closure runs in the child between `fork` and
+            // `exec` and only makes a system call (async-signal-safe).
+            unsafe {
+                command.pre_exec(|| {
+                    // The lab killed by a signal runs no `Drop`: the server
+                    // is stopped with it (the signal comes when the thread
+                    // that started it ends; the suite's own thread starts
+                    // and stops the servers).
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                })
+            };
+        }
+        let child = command
             .spawn()
             .map_err(|e| format!("cannot start redis-server: {e}"))?;
         let server = Server {
@@ -60,6 +80,7 @@ impl Server {
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if server.ping() {
+                super::preloaded::check(server.child.id(), env)?;
                 return Ok(server);
             }
             std::thread::sleep(Duration::from_millis(20));

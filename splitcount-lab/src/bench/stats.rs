@@ -2,8 +2,8 @@
 //! changed, against the naive reader that sums every group's per-CPU
 //! values, and what an update costs against a plain per-CPU add.
 //!
-//! The tree has 10,000 groups four levels deep (fan-out 10), 4 stat items
-//! each; between two reads, 10 random groups are updated. All five cases
+//! The tree has 10,000 groups four levels deep (fan-out 10; `--groups`
+//! changes the count, and the depth follows), 4 stat items each; between two reads, 10 random groups are updated. All five cases
 //! run in the same interleaved rounds, one thread:
 //!
 //! - `flush-updated`: a forced flush of the root after those 10 updates
@@ -68,11 +68,12 @@ fn hierarchy() -> Result<(Hierarchy, Vec<StatId>), String> {
     Ok((h, ids))
 }
 
-/// Build the tree: `groups` groups, fan-out 10, depth 4 (root excluded).
+/// Build the tree: `groups` groups, fan-out 10, level by level, as deep as
+/// `groups` needs (root excluded: 4 levels for 10,000, 6 for 1,000,000).
 fn tree(h: &Hierarchy, groups: usize) -> Result<Vec<Group>, String> {
     let mut all = Vec::with_capacity(groups);
     let mut level = vec![h.root()];
-    'build: for _depth in 0..4 {
+    'build: loop {
         let mut next = Vec::new();
         for parent in &level {
             for i in 0..10 {
@@ -197,5 +198,13 @@ mod tests {
         let all = tree(&h, 1111).unwrap();
         assert_eq!(all.len(), 1111);
         assert_eq!(all.last().unwrap().path().matches('/').count(), 4);
+    }
+
+    #[test]
+    fn a_tree_past_four_levels_gets_deeper_not_smaller() {
+        let (h, _) = hierarchy().unwrap();
+        let all = tree(&h, 11_111).unwrap();
+        assert_eq!(all.len(), 11_111);
+        assert_eq!(all.last().unwrap().path().matches('/').count(), 5);
     }
 }

@@ -196,14 +196,30 @@ impl Request {
 /// `/bench`), and the allocator suite's JSON document.
 #[derive(Debug)]
 pub struct Context {
-    /// One group per thread, `/bench/t0`, `/bench/t1`.
+    /// One group per thread, `/bench/t0`, `/bench/t1`, … (up to
+    /// [`MAX_THREADS`]).
     pub groups: Vec<Group>,
     /// The document of the allocator suite's `json` workload.
     pub doc: String,
 }
 
 /// Groups the worker's threads allocate in (one per thread).
-const GROUPS: usize = 2;
+const GROUPS: usize = MAX_THREADS;
+
+/// The most threads a worker's allocator slice runs on, each in a group of
+/// its own (`bench alloc` and `bench preload` refuse more up front).
+pub const MAX_THREADS: usize = 16;
+
+/// `threads` if a worker can run each count, else an error naming `suite`.
+pub fn check_threads(suite: &str, threads: &[usize]) -> Result<(), String> {
+    match threads.iter().find(|&&t| t > MAX_THREADS) {
+        None => Ok(()),
+        Some(t) => Err(format!(
+            "`bench {suite}` runs at most {MAX_THREADS} threads (its worker process has a group \
+             per thread), not {t}"
+        )),
+    }
+}
 
 /// Resident bytes per block of `size` at alignment `align`, as a `Box` of
 /// that layout asks for them: the growth of the resident set while
@@ -394,6 +410,7 @@ impl Worker {
             ));
         }
         w.hello = Some(hello);
+        super::preloaded::check(w.child.id(), env)?;
         Ok(w)
     }
 

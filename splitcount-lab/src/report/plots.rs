@@ -130,7 +130,9 @@ const NAMED: [(&str, RGBColor); 13] = [
     ("truth", RGBColor(0, 0, 0)),
 ];
 
-const PALETTE: [RGBColor; 8] = [
+/// Colors for other names, in order: enough that the largest chart (the
+/// `charge` suite's 11 cases) repeats none.
+const PALETTE: [RGBColor; 16] = [
     RGBColor(23, 190, 207),
     RGBColor(188, 189, 34),
     RGBColor(227, 119, 194),
@@ -139,6 +141,14 @@ const PALETTE: [RGBColor; 8] = [
     RGBColor(44, 160, 44),
     RGBColor(255, 127, 14),
     RGBColor(127, 127, 127),
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(0, 0, 0),
+    RGBColor(174, 199, 232),
+    RGBColor(255, 187, 120),
+    RGBColor(152, 223, 138),
+    RGBColor(197, 176, 213),
+    RGBColor(196, 156, 148),
 ];
 
 fn colors(names: &[&str]) -> Vec<RGBColor> {
@@ -515,8 +525,9 @@ pub fn bar_chart(title: &str, y_label: &str, y_axis: Axis, bars: &[Bar]) -> Resu
         .collect();
     let mut svg = String::new();
     {
+        let height = 380 + labels_below(bars).map_or(0, |room| room - 40);
         let root =
-            SVGBackend::with_string(&mut svg, (SIZE.0 - LEGEND_WIDTH, 380)).into_drawing_area();
+            SVGBackend::with_string(&mut svg, (SIZE.0 - LEGEND_WIDTH, height)).into_drawing_area();
         root.fill(&WHITE).map_err(svg_error)?;
         if y_axis.is_log() {
             let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
@@ -538,6 +549,33 @@ pub fn bar_chart(title: &str, y_label: &str, y_axis: Axis, bars: &[Bar]) -> Resu
         root.present().map_err(svg_error)?;
     }
     Ok(svg)
+}
+
+/// Bars a chart sets side by side with their labels across; more get
+/// their labels turned upright, each in the room under its bar.
+const ACROSS: usize = 6;
+
+/// The room (pixels) under a chart of `bars` for labels turned upright, if
+/// it has more than [`ACROSS`] bars: enough for the longest label.
+fn labels_below(bars: &[Bar]) -> Option<u32> {
+    (bars.len() > ACROSS).then(|| {
+        let longest = bars
+            .iter()
+            .map(|b| b.label.chars().count())
+            .max()
+            .unwrap_or(0);
+        // About 8 px a character at the label size, and a gap.
+        (longest as u32 * 8 + 16).clamp(40, 240)
+    })
+}
+
+/// The space left and right of each bar in its segment: a quarter of the
+/// segment, at most 24 px (a chart of many bars has narrow segments, and a
+/// fixed margin wider than half a segment drew no bar at all).
+fn bar_margin(bars: usize) -> u32 {
+    let plot = f64::from(SIZE.0 - LEGEND_WIDTH - 66 - 24);
+    let segment = plot / bars.max(1) as f64;
+    ((segment / 4.0) as u32).min(24)
 }
 
 /// Bars from `base` to each value on the y axis `y`; each note at
@@ -562,12 +600,16 @@ where
         let mut ctx = ChartBuilder::on(root)
             .caption(title, ("sans-serif", TITLE_FONT))
             .margin(12)
-            .x_label_area_size(40)
+            .x_label_area_size(labels_below(bars).unwrap_or(40))
             .y_label_area_size(66)
             .build_cartesian_2d((0u32..last).into_segmented(), y)
             .map_err(svg_error)?;
+        // Upright labels are drawn below, each from the axis down (the
+        // mesh centres a label on its tick, which would put half of an
+        // upright one inside the plot).
+        let upright = labels_below(bars).is_some();
         let label = |v: &SegmentValue<u32>| match v {
-            SegmentValue::CenterOf(i) => bars
+            SegmentValue::CenterOf(i) if !upright => bars
                 .get(*i as usize)
                 .map_or_else(String::new, |b| b.label.clone()),
             _ => String::new(),
@@ -597,7 +639,8 @@ where
                 ],
                 color.filled(),
             );
-            bar.set_margin(0, 0, 24, 24);
+            let margin = bar_margin(bars.len());
+            bar.set_margin(0, 0, margin, margin);
             ctx.draw_series(std::iter::once(bar)).map_err(svg_error)?;
             ctx.draw_series(std::iter::once(Text::new(
                 b.note.clone(),
@@ -606,6 +649,16 @@ where
                     .pos(Pos::new(HPos::Center, VPos::Bottom)),
             )))
             .map_err(svg_error)?;
+        }
+        if upright {
+            let style = TextStyle::from(("sans-serif", LABEL_FONT).into_font())
+                .transform(FontTransform::Rotate90)
+                .pos(Pos::new(HPos::Left, VPos::Center));
+            for (i, b) in bars.iter().enumerate() {
+                let (x, y) = ctx.backend_coord(&(SegmentValue::CenterOf(i as u32), base));
+                root.draw(&Text::new(b.label.clone(), (x, y + 8), style.clone()))
+                    .map_err(svg_error)?;
+            }
         }
     }
     Ok(())
@@ -624,6 +677,16 @@ mod tests {
                 Some(body[..body.find("</text>")?].trim().to_owned())
             })
             .collect()
+    }
+
+    #[test]
+    fn sixteen_names_take_sixteen_colors() {
+        let names: Vec<String> = (0..16).map(|i| format!("case-{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let c = colors(&names);
+        for (i, a) in c.iter().enumerate() {
+            assert!(!c[..i].contains(a), "{} repeats a color", names[i]);
+        }
     }
 
     #[test]
@@ -726,6 +789,38 @@ mod tests {
                 h[..h.find('"')?].parse().ok()
             })
             .collect()
+    }
+
+    /// The widths of a bar chart's bars, as `bar_heights`.
+    fn bar_widths(svg: &str) -> Vec<f64> {
+        svg.split("<rect")
+            .skip(1)
+            .filter(|r| !r.contains("fill=\"#FFFFFF\""))
+            .filter_map(|r| {
+                let w = r.split("width=\"").nth(1)?;
+                w[..w.find('"')?].parse().ok()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_chart_of_many_bars_draws_every_bar_with_its_label_upright() {
+        let bars: Vec<Bar> = (0..22)
+            .map(|i| Bar {
+                label: format!("small-preload-jemalloc-{i}"),
+                value: 1.0 + i as f64 / 10.0,
+                note: format!("×{i}"),
+                color_of: format!("case-{i}"),
+            })
+            .collect();
+        let svg = bar_chart("preload", "ratio", Axis::Linear, &bars).unwrap();
+        let widths = bar_widths(&svg);
+        assert_eq!(widths.len(), 22, "{svg}");
+        assert!(widths.iter().all(|&w| w >= 4.0), "{widths:?}");
+        assert!(svg.contains("rotate(90"), "labels upright");
+        // A short chart keeps its labels across.
+        let few = bar_chart("layout", "ns", Axis::Linear, &bars[..3]).unwrap();
+        assert!(!few.contains("rotate(90"), "{few}");
     }
 
     #[test]

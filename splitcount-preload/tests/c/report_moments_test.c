@@ -11,7 +11,12 @@
  *             with no stack left to run a handler on;
  *   abort     abort(): SIGABRT;
  *   fork      fork a child that holds another 1,024 blocks and exits
- *             normally; the parent waits and returns 0.
+ *             normally; the parent waits and returns 0;
+ *   grandchild  fork a child that forks a grandchild; each exits
+ *             normally once its own child has;
+ *   daemon    fork a child that starts a session, prints "daemon <pid>",
+ *             points 0, 1 and 2 at /dev/null and sleeps 5 s; the parent
+ *             returns 0 at once.
  *
  * Built without the preload (plain C); the test reads the reports. */
 #define _GNU_SOURCE
@@ -20,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -47,7 +53,8 @@ static int recurse(int n) {
 int main(int argc, char **argv) {
   static char *kept[BLOCKS], *more[BLOCKS];
   if (argc != 2) {
-    fprintf(stderr, "usage: report_moments_test snapshot|_exit|segv|overflow|abort|fork\n");
+    fprintf(stderr,
+            "usage: report_moments_test snapshot|_exit|segv|overflow|abort|fork|grandchild|daemon\n");
     return 2;
   }
   const char *mode = argv[1];
@@ -79,6 +86,35 @@ int main(int argc, char **argv) {
     int status = 0;
     waitpid(child, &status, 0);
     return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+  }
+  if (strcmp(mode, "grandchild") == 0) {
+    for (int generation = 0; generation < 2; generation++) {
+      pid_t child = fork();
+      if (child < 0) return 1;
+      if (child > 0) {
+        int status = 0;
+        waitpid(child, &status, 0);
+        exit(WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1);
+      }
+    }
+    exit(0); /* the grandchild */
+  }
+  if (strcmp(mode, "daemon") == 0) {
+    pid_t child = fork();
+    if (child < 0) return 1;
+    if (child == 0) {
+      setsid();
+      printf("daemon %d\n", (int)getpid());
+      fflush(stdout);
+      int null = open("/dev/null", O_RDWR);
+      dup2(null, 0);
+      dup2(null, 1);
+      dup2(null, 2);
+      if (null > 2) close(null);
+      sleep(5);
+      exit(0);
+    }
+    return 0;
   }
   return 2;
 }

@@ -299,7 +299,9 @@ pub struct OverLimit {
     pub usage: u64,
     /// That group's hard limit.
     pub max: u64,
-    /// The bytes requested (0 where no allocation is named: a removed
+    /// The charge that went over: units of [`crate::group::Group::over_charge`],
+    /// or bytes for the allocator (the block's, or the batch its thread
+    /// charged for small blocks); 0 where no charge is named (a removed
     /// group's [`crate::group::Group::check`] reporting that the group its
     /// charges now go to is over a limit).
     pub request: u64,
@@ -319,7 +321,7 @@ impl fmt::Display for OverLimit {
         } else {
             write!(
                 f,
-                "{} went over the limit of {}: usage {} of {} after an allocation of {} bytes",
+                "{} went over the limit of {}: usage {} of {} after a charge of {}",
                 self.charged, self.group, self.usage, self.max, self.request
             )?;
         }

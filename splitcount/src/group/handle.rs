@@ -517,7 +517,8 @@ impl Group {
     /// assert!(g.check().is_ok());              // within the limit
     /// g.over_charge(60).unwrap();              // past it: charged, and reported
     /// assert_eq!(g.usage(), 120);
-    /// assert!(g.check().is_err());
+    /// let over = g.check().unwrap_err();
+    /// assert_eq!(over.to_string(), "/must-run went over the limit of /must-run: usage 120 of 100 after a charge of 60");
     /// assert_eq!((g.events().max, g.events().breaches), (1, 1));
     /// ```
     pub fn over_charge(&self, n: u64) -> Result<(), ChargeError> {

@@ -82,7 +82,7 @@ fn plot(rows: &[Row]) -> Result<String, String> {
         series,
         marks: Vec::new(),
         key: vec![
-            "dashed: items on own lines (before)".into(),
+            "dashed: tree-padded (before)".into(),
             format!("target: tree ≤ {} B/CPU", footprint::TREE_TARGET),
         ],
     })

@@ -495,16 +495,32 @@ fn thread_plots(suite: &str, records: &[Record], op: &str) -> Result<Vec<String>
             })
             .collect()
     };
-    let baseline = records
-        .iter()
-        .find_map(|r| r.baseline.clone())
-        .unwrap_or_default();
+    // One baseline by name; several (the metrics suite divides each
+    // recorder's cases by its own) by what they are.
+    let mut baselines: Vec<&str> = Vec::new();
+    for b in records.iter().filter_map(|r| r.baseline.as_deref()) {
+        if !baselines.contains(&b) {
+            baselines.push(b);
+        }
+    }
+    let baseline = match baselines.as_slice() {
+        [] => "",
+        [one] => one,
+        [..] => "its baseline",
+    };
     let mut out = Vec::new();
     if !baseline.is_empty() {
         out.push(plots::line_chart(&Chart {
             title: format!("{suite}: time per {op} ÷ {baseline} (same round, same threads)"),
             x_label: "threads".into(),
-            y_label: format!("× {baseline}"),
+            y_label: format!(
+                "× {}",
+                if baselines.len() == 1 {
+                    baseline
+                } else {
+                    "baseline"
+                }
+            ),
             x_axis: Axis::Log2,
             y_axis: Axis::Log,
             series: series(|r| r.ratio),
