@@ -285,3 +285,18 @@ fn a_subtree_written_as_files_reads_back_with_cat() {
     assert_eq!(files.len(), cgroup::FILES.len());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A group named like a cgroup file cannot be a directory beside it: the
+/// tree is refused before anything is written, with the group named.
+#[test]
+fn a_group_named_like_a_cgroup_file_is_refused_before_anything_is_written() {
+    let h = Hierarchy::default();
+    let t = h.root().child("tenants").unwrap();
+    t.child("acme").unwrap().force_charge(10).unwrap();
+    t.child("memory.max").unwrap().force_charge(5).unwrap();
+    let dir = std::env::temp_dir().join(format!("splitcount-cgroup-name-{}", std::process::id()));
+    let e = cgroup::write_tree(&h.root(), &dir).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    assert!(e.to_string().contains("/tenants/memory.max"), "{e}");
+    assert!(!dir.exists(), "nothing written");
+}

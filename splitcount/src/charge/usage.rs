@@ -56,9 +56,15 @@
 //! the charge tries again. (An earlier design re-read the limit after the
 //! add and rolled back: a charge over a limit being set was visible for a
 //! moment, and a charge that fit both the old and the new limit could be
-//! refused on it.) The generation wraps after 256 setters; a charger would
-//! have to sleep between its read and its CAS through all 256 for the
-//! check to miss one. Setters are serialized by a per-counter mutex (a cold
+//! refused on it.) The generation wraps after 256 setters, and a charger
+//! preempted between its read and its CAS can sleep through 256 of them
+//! (microseconds of `set_max` calls): its CAS would then match a wrapped
+//! generation, against a stale limit. So a charge whose CAS succeeded
+//! reads `setting` again: a move of less than `2 · 255` (two per setter,
+//! one setter at each end perhaps half counted) rules out 256 bumps, and
+//! the charge commits; a larger move — only ever after a preemption
+//! through hundreds of setters — takes the units back and reads again,
+//! the one case where a charge is added and taken back. Setters are serialized by a per-counter mutex (a cold
 //! path), so a refused setter restores exactly the limit it replaced.
 //!
 //! **Rollbacks never wrap.** A charge rolled back (a refusal above it)
@@ -305,6 +311,16 @@ const VALUE: u64 = (1 << 56) - 1;
 /// One generation of the usage word (its top 8 bits), bumped by `set_max`.
 const GENERATION: u64 = 1 << 56;
 
+/// How far `setting` may move during a charge before its CAS is not
+/// trusted: each setter adds 2, one may have started before the charge read
+/// `setting` and one may end after its check, so a move below `2 · 255`
+/// means fewer than 256 bumps of the 8-bit generation came between the
+/// charge's read of the word and its CAS — too few to wrap it.
+const WRAP_SETTINGS: u64 = 2 * 255;
+
+/// Turns of [`UsageCounter::settle_high`] at most.
+const SETTLE_TURNS: usize = 4;
+
 /// A hierarchical usage counter with limits. See the module docs.
 ///
 /// ```
@@ -517,12 +533,13 @@ impl UsageCounter {
                 return None;
             }
             let next = ((s >> 1) + 1) << 1 | above as u64;
-            // Relaxed: the word orders nothing else; the CAS elects one
-            // reporter per crossing and numbers it.
+            // SeqCst: ordered against the usage's changes (see
+            // `settle_high`); the CAS elects one reporter per crossing and
+            // numbers it.
             match self
                 .events
                 .high_state
-                .compare_exchange_weak(s, next, Relaxed, Relaxed)
+                .compare_exchange_weak(s, next, SeqCst, Relaxed)
             {
                 Ok(_) => return Some(s >> 1),
                 Err(seen) => s = seen,
@@ -531,7 +548,9 @@ impl UsageCounter {
     }
 
     fn above_high(&self) -> bool {
-        self.events.high_state.load(Relaxed) & 1 == 1
+        // SeqCst: after the usage's change (see `settle_high`); a plain
+        // load on x86.
+        self.events.high_state.load(SeqCst) & 1 == 1
     }
 
     /// Install the listener told of crossings of `high` (once; later calls
@@ -673,22 +692,70 @@ impl UsageCounter {
 
     #[cold]
     fn cross_high(&self, new: u64, high: u64) -> bool {
-        // Two charges crossing at once agree through the CAS on who counts
-        // the crossing.
-        let Some(seq) = self.flip_high(true) else {
+        let crossed = self.report_high(true, new, high);
+        if crossed {
+            self.settle_high();
+        }
+        crossed
+    }
+
+    /// Flip the `high` state to `above` and report it: a crossing counts a
+    /// `high` event and marks the pressure hooks; either way the listener
+    /// hears. Two threads flipping at once agree through the CAS on who
+    /// reports. Whether this call flipped it.
+    fn report_high(&self, above: bool, usage: u64, high: u64) -> bool {
+        let Some(seq) = self.flip_high(above) else {
             return false;
         };
-        self.count(Kind::High);
-        self.events.pressure_pending.store(true, Relaxed);
-        self.tell(true, new, high, seq);
+        if above {
+            self.count(Kind::High);
+            self.events.pressure_pending.store(true, Relaxed);
+        }
+        self.tell(above, usage, high, seq);
         true
+    }
+
+    /// After a flip of the `high` state: make it agree with the usage now.
+    /// A charge that crossed `high` while an uncharge was between its
+    /// subtraction and its flip back found the state still above, and
+    /// reported nothing; the uncharge's flip then said "below" with the
+    /// usage above — no crossing counted, no pressure hook run (and the
+    /// same the other way round). The flipper reads the usage again after
+    /// its flip and reports what the other one could not. Ordering: each
+    /// side's change of the usage and of the state is a `SeqCst`
+    /// read-modify-write and its read of the other a `SeqCst` load, so in
+    /// the single order of those operations, of a charge that read the
+    /// state before the flip and the flipper's read after it, the flipper's
+    /// comes last and sees the charge (a Dekker pattern; the model checker
+    /// does not cover `SeqCst` loads, a stress test does: see
+    /// `tests/high_races.rs`).
+    fn settle_high(&self) {
+        // Each turn follows a flip that raced with another thread's change
+        // of the usage; a few turns settle any real interleaving, and a
+        // thread whose flip loses the CAS leaves the settling to the
+        // winner.
+        for _ in 0..SETTLE_TURNS {
+            let now = self.hot.usage.load(SeqCst) & VALUE;
+            let high = self.limits.high.load(Relaxed);
+            let above = self.above_high();
+            let flipped = if now > high && !above {
+                self.report_high(true, now, high)
+            } else if now <= high && above {
+                self.report_high(false, now, high)
+            } else {
+                return;
+            };
+            if !flipped {
+                return;
+            }
+        }
     }
 
     /// An uncharge left this counter at `new`: back at or below `high`, the
     /// next crossing counts again (and the listener hears of the way back);
     /// below `max`, the next episode at the limit is reported again. (A
     /// charge and an uncharge racing around `high` may count one crossing
-    /// twice; none is ever missed.)
+    /// twice; none is missed: see `settle_high`.)
     #[inline]
     fn note_lower(&self, new: u64) {
         if self.above_high() {
@@ -702,10 +769,8 @@ impl UsageCounter {
     #[cold]
     fn lower_high(&self, new: u64) {
         let high = self.limits.high.load(Relaxed);
-        if new <= high {
-            if let Some(seq) = self.flip_high(false) {
-                self.tell(false, new, high, seq);
-            }
+        if new <= high && self.report_high(false, new, high) {
+            self.settle_high();
         }
     }
 
@@ -719,10 +784,12 @@ impl UsageCounter {
         let mut over_high = false;
         self.top_down(|_, c| {
             let added = |word: u64| (word & !VALUE) | (word & VALUE).saturating_add(n).min(VALUE);
+            // SeqCst: before the read of the `high` state (see
+            // `settle_high`).
             let old = c
                 .hot
                 .usage
-                .fetch_update(Relaxed, Relaxed, |w| Some(added(w)))
+                .fetch_update(SeqCst, Relaxed, |w| Some(added(w)))
                 .unwrap_or_else(|w| w);
             over_high |= c.note_usage(added(old) & VALUE);
             true
@@ -837,7 +904,20 @@ impl UsageCounter {
                     .usage
                     .compare_exchange_weak(word, word + n, SeqCst, SeqCst)
                 {
-                    Ok(_) => return Some(new),
+                    Ok(_) => {
+                        // SeqCst: after the CAS. Fewer than 255 setters
+                        // started since `setting` was read: no wrap of
+                        // the generation can have fooled the CAS.
+                        let after = self.limits.setting.load(SeqCst);
+                        if after.wrapping_sub(setting) < WRAP_SETTINGS {
+                            return Some(new);
+                        }
+                        // Perhaps 256 bumps: the limit read may be stale.
+                        // Taken back (never noted: no peak, no event), and
+                        // read again.
+                        self.sub_clamped(n, false);
+                        continue 'read;
+                    }
                     Err(seen) if (seen ^ word) & !VALUE == 0 => word = seen,
                     Err(_) => continue 'read,
                 }
@@ -896,10 +976,12 @@ impl UsageCounter {
             let cur = word & VALUE;
             let take = n.min(cur);
             // The generation bits are kept: `take ≤ cur` borrows nothing.
+            // SeqCst: before the read of the `high` state (see
+            // `settle_high`).
             match self
                 .hot
                 .usage
-                .compare_exchange_weak(word, word - take, Relaxed, Relaxed)
+                .compare_exchange_weak(word, word - take, SeqCst, Relaxed)
             {
                 Ok(_) => {
                     if take < n {

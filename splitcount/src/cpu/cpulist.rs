@@ -45,9 +45,9 @@ pub fn parse_cpu_list(text: &str) -> Result<Vec<u32>, CpuListError> {
         reason,
     };
     let trimmed = text.trim();
-    let mut ids = Vec::new();
+    let mut ranges: Vec<(u32, u32)> = Vec::new();
     if trimmed.is_empty() {
-        return Ok(ids);
+        return Ok(Vec::new());
     }
     for part in trimmed.split(',') {
         let part = part.trim();
@@ -67,10 +67,21 @@ pub fn parse_cpu_list(text: &str) -> Result<Vec<u32>, CpuListError> {
         if hi > MAX_CPU_ID {
             return Err(err("CPU id beyond the supported maximum"));
         }
-        ids.extend(lo..=hi);
+        ranges.push((lo, hi));
     }
-    ids.sort_unstable();
-    ids.dedup();
+    // Ranges merged before they are expanded: ids come out once each, and
+    // a short list of wide overlapping ranges costs what its ids do, not
+    // its ranges times their width.
+    ranges.sort_unstable();
+    let mut ids = Vec::new();
+    let mut next = 0u32; // the lowest id not yet out
+    for (lo, hi) in ranges {
+        let from = lo.max(next);
+        if from <= hi {
+            ids.extend(from..=hi);
+            next = hi + 1;
+        }
+    }
     Ok(ids)
 }
 
@@ -85,6 +96,20 @@ fn parse_id(s: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn overlapping_and_repeated_ranges_give_each_id_once() {
+        assert_eq!(
+            parse_cpu_list("4-6,0-2,1-5,3,9,9").unwrap(),
+            [0, 1, 2, 3, 4, 5, 6, 9]
+        );
+        // A hundred copies of the widest range: one copy's ids, not a
+        // hundred copies expanded and then deduplicated.
+        let wide = vec![format!("0-{MAX_CPU_ID}"); 100].join(",");
+        let ids = parse_cpu_list(&wide).unwrap();
+        assert_eq!(ids.len(), MAX_CPU_ID as usize + 1);
+        assert!(ids.windows(2).all(|w| w[0] + 1 == w[1]));
+    }
 
     #[test]
     fn sparse_ranges_expand_in_order() {

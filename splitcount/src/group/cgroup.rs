@@ -92,6 +92,11 @@ impl Group {
 /// `.` or `..`). Directories are created as needed; files are replaced.
 /// Returns the number of groups written. Walks without recursion.
 ///
+/// A group named like one of the [`FILES`] (`memory.max`: a valid group
+/// name, which the kernel refuses for a cgroup) cannot be a directory
+/// beside that file: the tree is checked first, and such a group is an
+/// `InvalidInput` error naming it, with nothing written.
+///
 /// ```
 /// use splitcount::group::{cgroup, Hierarchy};
 /// let h = Hierarchy::default();
@@ -103,6 +108,22 @@ impl Group {
 /// # std::fs::remove_dir_all(&dir).unwrap();
 /// ```
 pub fn write_tree(group: &Group, dir: &Path) -> io::Result<usize> {
+    let mut stack = vec![group.clone()];
+    while let Some(g) = stack.pop() {
+        for c in g.children() {
+            if FILES.contains(&c.name()) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "group {} has the name of a cgroup file: it cannot be written as a \
+                         directory beside that file (nothing was written)",
+                        c.path()
+                    ),
+                ));
+            }
+            stack.push(c);
+        }
+    }
     group.flush(true);
     let mut written = 0;
     let mut stack = vec![(group.clone(), dir.to_path_buf())];

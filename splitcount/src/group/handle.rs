@@ -798,6 +798,7 @@ impl Group {
     /// }
     /// let top: Vec<_> = tenants.top(2).into_iter().map(|c| (c.group, c.usage)).collect();
     /// assert_eq!(top, [("/tenants/a".to_string(), 300), ("/tenants/c".to_string(), 200)]);
+    /// assert_eq!(tenants.top(usize::MAX).len(), 3); // every child, whatever `k`
     /// ```
     pub fn top(&self, k: usize) -> Vec<Consumer> {
         self.node.top(k)

@@ -239,7 +239,10 @@ impl Node {
         };
         // Ascending by (usage, then reversed name order): the first is the
         // one to evict.
-        let mut best: Vec<(u64, &Arc<Node>)> = Vec::with_capacity(k + 1);
+        // At most one more than the children (a `k` far above them, even
+        // `usize::MAX`, asks for all of them, not for that much memory).
+        let mut best: Vec<(u64, &Arc<Node>)> =
+            Vec::with_capacity(k.min(children.len()).saturating_add(1));
         for child in children.values() {
             let usage = child.usage.usage();
             let worse =

@@ -323,3 +323,59 @@ pub fn free_on_another_thread(blocks: &[(*mut u8, std::alloc::Layout)]) {
     .join()
     .unwrap();
 }
+
+/// A preemption a test can force: [`parker::park`] stops another thread
+/// of the process at whatever point it is (a `SIGUSR1` handler that spins),
+/// and [`parker::release`] lets it go on. One parked thread at a time per
+/// test binary.
+#[cfg(target_os = "linux")]
+pub mod parker {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+
+    static PARKED: AtomicBool = AtomicBool::new(false);
+    static RELEASE: AtomicBool = AtomicBool::new(false);
+
+    /// The handler: spins until [`release`].
+    extern "C" fn spin(_: libc::c_int) {
+        PARKED.store(true, SeqCst);
+        while !RELEASE.load(SeqCst) {
+            std::hint::spin_loop();
+        }
+        RELEASE.store(false, SeqCst);
+        PARKED.store(false, SeqCst);
+    }
+
+    /// Install the handler (once, before the first [`park`]).
+    pub fn install() {
+        // SAFETY: a handler that touches only atomics (async-signal-safe).
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = spin as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+        }
+    }
+
+    /// This thread's handle, for [`park`] from another thread.
+    pub fn me() -> libc::pthread_t {
+        // SAFETY: no preconditions.
+        unsafe { libc::pthread_self() }
+    }
+
+    /// Stop `thread` where it is; returns once it is parked.
+    pub fn park(thread: libc::pthread_t) {
+        // SAFETY: a live thread of this process, with the handler installed.
+        assert_eq!(unsafe { libc::pthread_kill(thread, libc::SIGUSR1) }, 0);
+        while !PARKED.load(SeqCst) {
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Let the parked thread go on; returns once it has left the handler.
+    pub fn release() {
+        RELEASE.store(true, SeqCst);
+        while PARKED.load(SeqCst) {
+            std::hint::spin_loop();
+        }
+    }
+}
