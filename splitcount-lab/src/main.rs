@@ -52,7 +52,7 @@ enum Command {
         #[arg(long, default_value = "1,2")]
         threads: String,
         /// Seconds of measuring per case, split evenly into `--rounds`
-        /// slices (must be > 0).
+        /// slices (> 0, at most 3600, and at least 1 ms a round).
         #[arg(long, default_value_t = 0.5)]
         seconds: f64,
         /// Interleaved rounds per case (1 to 1000): each case runs once per
@@ -76,7 +76,7 @@ enum Command {
         /// Seed of the random walks.
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Random-walk steps per (design, CPUs).
+        /// Random-walk steps per (design, CPUs): 1 to 100,000,000.
         #[arg(long, default_value_t = 100_000)]
         steps: usize,
         /// Choose the batch (and the tree's fan-outs) with the cheapest add
@@ -183,13 +183,37 @@ fn main() -> ExitCode {
              built with `cargo run --release` or `cargo build --release -p splitcount-lab`"
         );
     }
-    match run(cli) {
+    match check_environment().and_then(|()| run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("splitcount-lab: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// The library's environment switches, which it ignores when it does not
+/// know a value (a program must run all the same); the lab measures with
+/// them, so a mistyped one is an error here, not a silent default.
+fn check_environment() -> Result<(), String> {
+    let known: [(&str, &[&str]); 2] = [
+        (
+            "SPLITCOUNT_CPU_ID_SOURCE",
+            &["glibc-rseq", "own-rseq", "sched-getcpu", "thread-index"],
+        ),
+        ("SPLITCOUNT_PERCPU_ADD", &["rseq", "atomic"]),
+    ];
+    for (var, values) in known {
+        if let Ok(v) = std::env::var(var) {
+            if !values.contains(&v.trim()) {
+                return Err(format!(
+                    "{var}={v:?} is not valid (valid: {}; unset: the library's choice)",
+                    values.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn seconds(s: f64) -> Result<Duration, String> {
@@ -199,6 +223,37 @@ fn seconds(s: f64) -> Result<Duration, String> {
         Err(format!("--seconds must be > 0 (and at most 3600), not {s}"))
     }
 }
+
+/// The shortest slice a round may get: below it a slice is mostly the cost
+/// of starting and stopping it (and the overlap check reads noise).
+const MIN_SLICE: Duration = Duration::from_millis(1);
+
+/// `--seconds` split into `--rounds` slices, each at least [`MIN_SLICE`].
+fn plan(s: f64, n: usize) -> Result<splitcount_lab::timing::Plan, String> {
+    let (total, rounds) = (seconds(s)?, rounds(n)?);
+    if total < MIN_SLICE * rounds as u32 {
+        return Err(format!(
+            "--seconds {s} over {rounds} rounds gives slices shorter than {} ms: give at least \
+             {} seconds",
+            MIN_SLICE.as_millis(),
+            (MIN_SLICE * rounds as u32).as_secs_f64()
+        ));
+    }
+    Ok(splitcount_lab::timing::Plan::split(total, rounds))
+}
+
+/// `--steps` of `accuracy`: at least one, at most [`MAX_STEPS`].
+fn steps(n: usize) -> Result<usize, String> {
+    if (1..=MAX_STEPS).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("--steps must be from 1 to {MAX_STEPS}, not {n}"))
+    }
+}
+
+/// The most random-walk steps `accuracy` takes per (design, CPUs): about a
+/// minute at 1,024 simulated CPUs.
+const MAX_STEPS: usize = 100_000_000;
 
 fn rounds(n: usize) -> Result<usize, String> {
     if (1..=1000).contains(&n) {
@@ -222,7 +277,8 @@ fn design_names() -> String {
 }
 
 fn designs(s: &str) -> Result<Vec<Design>, String> {
-    if s.trim() == "all" {
+    // `all` anywhere in the list means every design.
+    if s.split(',').any(|d| d.trim() == "all") {
         return Ok(Design::ALL.to_vec());
     }
     parse_list(s, "design", &design_names(), |d| d.parse().ok())
@@ -278,7 +334,7 @@ fn run(cli: Cli) -> Result<(), String> {
             if matches!(suite.as_str(), "alloc" | "preload") {
                 bench::worker::check_threads(&suite, &threads)?;
             }
-            let plan = splitcount_lab::timing::Plan::split(seconds(s)?, rounds(n)?);
+            let plan = plan(s, n)?;
             let exe = std::env::current_exe().map_err(|e| e.to_string())?;
             let result = match suite.as_str() {
                 "cpu-id" => bench::cpu_id::run(&threads, &plan),
@@ -325,7 +381,7 @@ fn run(cli: Cli) -> Result<(), String> {
             cpus,
             shape,
             seed,
-            steps,
+            steps: steps_asked,
             max_error,
             json,
         } => {
@@ -335,7 +391,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 for &n in &cpu_counts(&cpus)? {
                     let mut s = spec(d, n, &shape)?;
                     s.seed = seed;
-                    s.steps = steps;
+                    s.steps = steps(steps_asked)?;
                     s.max_error = max_error;
                     if max_error.is_some() {
                         let c = accuracy::choose(&s)?;

@@ -51,6 +51,28 @@ fn json_lines(s: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The library ignores a switch it does not know; the lab, which measures
+/// with them, refuses it.
+#[test]
+fn a_mistyped_environment_switch_is_refused() {
+    for (var, value) in [
+        ("SPLITCOUNT_PERCPU_ADD", "bogus"),
+        ("SPLITCOUNT_CPU_ID_SOURCE", "rseq"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_splitcount-lab"))
+            .arg("machine")
+            .env(var, value)
+            .output()
+            .unwrap();
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(!out.status.success());
+        assert!(
+            err.contains(&format!("{var}=\"{value}\" is not valid")),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn machine_json_has_the_promised_fields() {
     let (ok, out, _) = lab(&["machine", "--json"], "");
@@ -298,6 +320,18 @@ fn bad_flags_are_refused_with_the_valid_values() {
     );
     refused(&["bench", "counters", "--seconds", "0"], &["must be > 0"]);
     refused(&["bench", "counters", "--seconds=-1"], &["must be > 0"]);
+    refused(
+        &["bench", "counters", "--seconds", "1e-9"],
+        &["shorter than 1 ms", "at least 0.009 seconds"],
+    );
+    refused(
+        &["accuracy", "--steps", "0"],
+        &["--steps", "1 to 100000000"],
+    );
+    refused(
+        &["accuracy", "--steps", "18446744073709551615"],
+        &["--steps", "1 to 100000000"],
+    );
     refused(
         &["bench", "counters", "--rounds", "0"],
         &["--rounds", "1 to 1000"],

@@ -115,10 +115,7 @@ impl MachineInfo {
         );
         println!("  NUMA nodes      {}", self.numa_nodes);
         println!("  CPU id source   {}", self.cpu_id_source.name());
-        println!(
-            "  rseq area       registered by {:?}",
-            self.rseq_registered_by
-        );
+        println!("  rseq area       registered by {}", self.rseq_owner_name());
         println!(
             "  mm_cid          {}",
             if self.mm_cid_available {
@@ -134,8 +131,36 @@ impl MachineInfo {
             );
         }
         println!("  kernel          {}", self.kernel);
-        println!("  topology from   {:?}", self.topology_source);
+        println!("  topology from   {}", name_of(&self.topology_source));
     }
+
+    /// Who registered the rseq area, in words (`glibc`, `splitcount`, or
+    /// no one).
+    pub fn rseq_owner_name(&self) -> String {
+        match self.rseq_registered_by {
+            RseqOwner::None => "no one (no rseq area)".to_owned(),
+            other => name_of(&other),
+        }
+    }
+
+    /// How per-CPU adds are made, in words (`rseq`, `atomic`).
+    pub fn percpu_add_name(&self) -> String {
+        name_of(&self.percpu_add)
+    }
+
+    /// Where the topology came from, in words (`sysfs`, `fallback`).
+    pub fn topology_source_name(&self) -> String {
+        name_of(&self.topology_source)
+    }
+}
+
+/// A value's name as the machine's JSON writes it (the library's serde
+/// names: `glibc`, `rseq`, `sysfs`), not Rust's `Debug` (`Glibc`, `Rseq`).
+fn name_of<T: Serialize + std::fmt::Debug>(v: &T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|j| j.as_str().map(str::to_owned))
+        .unwrap_or_else(|| format!("{v:?}"))
 }
 
 /// Format sorted ids back into the kernel's list format.

@@ -314,8 +314,9 @@ fn machine_table(m: &MachineInfo, round_trip_at_end: Option<f64>) -> Table {
     add(
         "rseq",
         format!(
-            "registered by {:?}; per-CPU adds use {:?}",
-            m.rseq_registered_by, m.percpu_add
+            "registered by {}; per-CPU adds use {}",
+            m.rseq_owner_name(),
+            m.percpu_add_name()
         ),
     );
     add(
@@ -327,6 +328,6 @@ fn machine_table(m: &MachineInfo, round_trip_at_end: Option<f64>) -> Table {
         },
     );
     add("kernel", m.kernel.clone());
-    add("topology from", format!("{:?}", m.topology_source));
+    add("topology from", m.topology_source_name());
     t
 }

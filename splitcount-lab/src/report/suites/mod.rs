@@ -335,16 +335,22 @@ pub fn select(spec: Option<&str>) -> Result<Vec<&'static Suite>, String> {
         return Ok(SUITES.iter().collect());
     };
     let mut wanted = Vec::new();
+    let mut all = false;
     for name in spec.split(',').map(str::trim) {
         match SUITES.iter().find(|s| s.name == name) {
             Some(s) => wanted.push(s.name),
+            // `all` in a list: every suite, once the others are checked.
+            None if name == "all" => all = true,
             None if name.is_empty() => {
                 return Err(format!("--suites has an empty name (known: {})", known()))
             }
             None => return Err(format!("unknown suite {name:?} (known: {})", known())),
         }
     }
-    Ok(SUITES.iter().filter(|s| wanted.contains(&s.name)).collect())
+    Ok(SUITES
+        .iter()
+        .filter(|s| all || wanted.contains(&s.name))
+        .collect())
 }
 
 /// Run `f`, growing `progress` by the slices the timing core plans
@@ -383,6 +389,8 @@ mod tests {
         assert_eq!(names, ["counters", "watchdog"]);
         assert_eq!(select(None).unwrap().len(), SUITES.len());
         assert_eq!(select(Some("all")).unwrap().len(), SUITES.len());
+        assert_eq!(select(Some("stats,all")).unwrap().len(), SUITES.len());
+        assert!(select(Some("all,nosuch")).is_err());
     }
 
     #[test]
