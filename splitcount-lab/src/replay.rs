@@ -9,7 +9,18 @@ use std::io::{BufRead, Write};
 #[serde(deny_unknown_fields)]
 struct Input {
     cpu: usize,
-    delta: i64,
+    /// A JSON number with an integer value: `-0` and `1e3` too (serde
+    /// reads those as floats), exactly below 2⁵³ in magnitude.
+    delta: serde_json::Number,
+}
+
+/// `n` as an `i64` if its value is an integer that a float written in
+/// JSON holds exactly.
+fn integer(n: &serde_json::Number) -> Option<i64> {
+    n.as_i64().or_else(|| {
+        let f = n.as_f64()?;
+        (f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0).then_some(f as i64)
+    })
 }
 
 #[derive(Serialize)]
@@ -41,6 +52,11 @@ pub fn run(spec: &Spec, input: impl BufRead, mut out: impl Write) -> Result<(), 
         }
         let Input { cpu, delta } =
             serde_json::from_str(&line).map_err(|e| expected(e.to_string()))?;
+        let delta = integer(&delta).ok_or_else(|| {
+            expected(format!(
+                "delta {delta} is not an integer within the i64 range"
+            ))
+        })?;
         c.add_on(cpu, delta)
             .map_err(|e| format!("line {line_no}: {e}"))?;
         let o = Output {
@@ -106,6 +122,31 @@ mod tests {
         assert!(
             r.unwrap_err().starts_with("line 1:"),
             "unknown fields are refused"
+        );
+        for not_an_integer in ["1.5", "1e300", "9007199254740993.0"] {
+            let (r, _) = replay(
+                Design::Tree,
+                2,
+                &format!("{{\"cpu\":0,\"delta\":{not_an_integer}}}\n"),
+            );
+            assert!(
+                r.unwrap_err().contains("not an integer"),
+                "{not_an_integer}"
+            );
+        }
+    }
+
+    #[test]
+    fn integers_written_as_floats_are_taken() {
+        let (r, out) = replay(
+            Design::Tree,
+            2,
+            "{\"cpu\":0,\"delta\":-0}\n{\"cpu\":1,\"delta\":1e3}\n{\"cpu\":1,\"delta\":-2.0}\n",
+        );
+        r.unwrap();
+        assert!(
+            out.lines().last().unwrap().contains("\"precise\":998"),
+            "{out}"
         );
     }
 }

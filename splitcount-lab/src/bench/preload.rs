@@ -143,6 +143,9 @@ pub struct Setup {
     pub preload: Option<PathBuf>,
     /// Configurations left out.
     pub skipped: Vec<&'static str>,
+    /// Why the redis servers did not start, when they are installed and
+    /// did not (their cases are then left out, not the suite).
+    pub redis_failed: Option<String>,
 }
 
 impl Setup {
@@ -162,11 +165,28 @@ impl Setup {
             .copied()
             .collect();
         if !libraries.is_empty() {
+            // Only what is missing: each configuration's library.
+            let mut missing: Vec<&str> = Vec::new();
+            for c in &libraries {
+                let lib = if c.contains("jemalloc") {
+                    "libjemalloc.so.2 (Debian libjemalloc2)"
+                } else if c.contains("mimalloc") {
+                    "libmimalloc.so.2 (Debian libmimalloc2.0)"
+                } else {
+                    "redis-server and redis-benchmark (Debian redis-server, redis-tools)"
+                };
+                if !missing.contains(&lib) {
+                    missing.push(lib);
+                }
+            }
             why.push(format!(
-                "{} (the system has no libjemalloc.so.2 / libmimalloc.so.2 / redis-server and \
-                 redis-benchmark: Debian libjemalloc2, libmimalloc2.0, redis-server, redis-tools)",
-                libraries.join(", ")
+                "{} (the system has no {})",
+                libraries.join(", "),
+                missing.join(", no ")
             ));
+        }
+        if let Some(e) = &self.redis_failed {
+            why.push(format!("redis-glibc, redis-preload ({e})"));
         }
         if why.is_empty() {
             String::new()
@@ -184,6 +204,7 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<(Bench, Setup),
     let mut setup = Setup {
         preload: find_preload(exe),
         skipped: Vec::new(),
+        redis_failed: None,
     };
     let mut workers = Vec::new();
     for (config, _) in CONFIGS {
@@ -211,10 +232,20 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<(Bench, Setup),
             // Below Linux's ephemeral range (32768 and up by default):
             // no client connection's port can be in the way.
             let port = 20_000 + (std::process::id() % 6_000) as u16 * 2;
-            Some([
-                super::redis::Server::start(port, &[])?,
-                super::redis::Server::start(port + 1, &[("LD_PRELOAD", preload.as_os_str())])?,
-            ])
+            let started = super::redis::Server::start(port, &[]).and_then(|alone| {
+                let under =
+                    super::redis::Server::start(port + 1, &[("LD_PRELOAD", preload.as_os_str())])?;
+                Ok([alone, under])
+            });
+            match started {
+                Ok(servers) => Some(servers),
+                // An installed redis that does not start costs its two
+                // cases, not the suite's other figures.
+                Err(e) => {
+                    setup.redis_failed = Some(e);
+                    None
+                }
+            }
         }
         Some(_) if threads.contains(&1) => {
             setup.skipped.push("redis");
@@ -253,6 +284,22 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan) -> Result<(Bench, Setup),
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_was_left_out_names_only_what_is_missing() {
+        let setup = Setup {
+            preload: Some(PathBuf::from("/x/libsplitcount_preload.so")),
+            skipped: vec!["mimalloc", "preload-mimalloc"],
+            redis_failed: Some("redis-server on port 1 did not answer PING".into()),
+        };
+        let line = setup.left_out();
+        assert!(line.contains("mimalloc, preload-mimalloc (the system has no libmimalloc.so.2"));
+        assert!(!line.contains("jemalloc"), "{line}");
+        assert!(
+            line.contains("redis-glibc, redis-preload (redis-server on port 1"),
+            "{line}"
+        );
+    }
 
     #[test]
     fn each_case_is_divided_by_its_inner_allocator_alone() {

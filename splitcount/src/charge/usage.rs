@@ -49,8 +49,9 @@
 //! it commits (a word of the new generation comes with the new limit: the
 //! setter stores the limit before it bumps). A bump after the commit reads
 //! a usage that includes the charge, and a setter whose limit is below it
-//! puts the old one back (`Busy`). Nothing is ever added and taken back, so
-//! no other charge sees a usage that was never real. A refusal is final
+//! puts the old one back (`Busy`). Nothing is added and taken back (but in
+//! the one case below), so no other charge sees a usage that was never
+//! real. A refusal is final
 //! only if no setter ran while it looked (`setting` even and unchanged):
 //! else the limit it saw may be one the setter is about to put back, and
 //! the charge tries again. (An earlier design re-read the limit after the
@@ -64,8 +65,11 @@
 //! one setter at each end perhaps half counted) rules out 256 bumps, and
 //! the charge commits; a larger move — only ever after a preemption
 //! through hundreds of setters — takes the units back and reads again,
-//! the one case where a charge is added and taken back. Setters are serialized by a per-counter mutex (a cold
-//! path), so a refused setter restores exactly the limit it replaced.
+//! the one case where a charge is added and taken back: for that moment
+//! other threads see them (a charge or a `set_max` may be refused on
+//! them, the peak may keep them, as with the kernel's speculative adds).
+//! Setters are serialized by a per-counter mutex (a cold path), so a
+//! refused setter restores exactly the limit it replaced.
 //!
 //! **Rollbacks never wrap.** A charge rolled back (a refusal above it)
 //! subtracts with the same clamp at zero as
@@ -317,9 +321,6 @@ const GENERATION: u64 = 1 << 56;
 /// means fewer than 256 bumps of the 8-bit generation came between the
 /// charge's read of the word and its CAS — too few to wrap it.
 const WRAP_SETTINGS: u64 = 2 * 255;
-
-/// Turns of [`UsageCounter::settle_high`] at most.
-const SETTLE_TURNS: usize = 4;
 
 /// A hierarchical usage counter with limits. See the module docs.
 ///
@@ -684,8 +685,14 @@ impl UsageCounter {
             self.hot.watermark.fetch_max(new, Relaxed);
         }
         let high = self.limits.high.load(Relaxed);
-        if new > high && !self.above_high() {
-            return self.cross_high(new, high);
+        if new > high {
+            if !self.above_high() {
+                return self.cross_high(new, high);
+            }
+            // A crossing an uncharge's `settle_high` reported (it runs no
+            // hooks): this charge, above `high`, has its pressure hooks
+            // run (once: `take_pressure` clears the mark).
+            return self.events.pressure_pending.load(Relaxed);
         }
         false
     }
@@ -730,11 +737,11 @@ impl UsageCounter {
     /// does not cover `SeqCst` loads, a stress test does: see
     /// `tests/high_races.rs`).
     fn settle_high(&self) {
-        // Each turn follows a flip that raced with another thread's change
-        // of the usage; a few turns settle any real interleaving, and a
-        // thread whose flip loses the CAS leaves the settling to the
-        // winner.
-        for _ in 0..SETTLE_TURNS {
+        // Each further turn follows a flip that raced with another
+        // thread's change of the usage (lock-free: a turn only repeats
+        // because another thread crossed); a thread whose flip loses the
+        // CAS leaves the settling to the winner, which reads again.
+        loop {
             let now = self.hot.usage.load(SeqCst) & VALUE;
             let high = self.limits.high.load(Relaxed);
             let above = self.above_high();
@@ -755,7 +762,10 @@ impl UsageCounter {
     /// next crossing counts again (and the listener hears of the way back);
     /// below `max`, the next episode at the limit is reported again. (A
     /// charge and an uncharge racing around `high` may count one crossing
-    /// twice; none is missed: see `settle_high`.)
+    /// twice. Once the racing threads are done the state agrees with the
+    /// usage — see `settle_high` — but a crossing that was over before the
+    /// thread settling the state looked, among three or more threads, may
+    /// go uncounted.)
     #[inline]
     fn note_lower(&self, new: u64) {
         if self.above_high() {
@@ -955,9 +965,10 @@ impl UsageCounter {
                             return Some(new);
                         }
                         // Perhaps 256 bumps: the limit read may be stale.
-                        // Taken back (never noted: no peak, no event), and
-                        // read again.
-                        self.sub_clamped(n, false);
+                        // Taken back, and read again. Noted on the way
+                        // down: a racing charge may have seen these units
+                        // and flipped the `high` state up.
+                        self.sub_clamped(n, true);
                         continue 'read;
                     }
                     Err(seen) if (seen ^ word) & !VALUE == 0 => word = seen,
@@ -1098,6 +1109,21 @@ mod tests {
         assert_eq!(b.events().max, 0);
         c.try_charge(10).unwrap();
         assert_eq!(a.usage(), 100, "exactly at the limit is allowed");
+    }
+
+    #[test]
+    fn a_crossing_reported_by_an_uncharge_has_its_hooks_run_by_the_next_charge_above_high() {
+        let c = UsageCounter::root();
+        c.set_high(10);
+        assert!(c.charge(20), "a crossing: the charger runs the hooks");
+        assert!(c.take_pressure());
+        assert!(!c.charge(1), "above high, nothing pending");
+        // What an uncharge's `settle_high` leaves when it reports a
+        // crossing: the state above and the mark set, no hook run.
+        c.events.pressure_pending.store(true, Relaxed);
+        assert!(c.charge(1), "the next charge above high runs them");
+        assert!(c.take_pressure());
+        assert!(!c.charge(1), "once");
     }
 
     #[test]
