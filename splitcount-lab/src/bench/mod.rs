@@ -341,22 +341,11 @@ pub fn print_table(bench: &Bench) {
 
 /// Parse `1,2,4,8` into thread counts.
 pub fn parse_threads(s: &str) -> Result<Vec<usize>, String> {
-    let mut counts: Vec<usize> = Vec::new();
-    for t in s.split(',') {
-        match t.trim().parse::<usize>() {
-            Ok(n) if (1..=1024).contains(&n) => {
-                // A count given twice is measured once.
-                if !counts.contains(&n) {
-                    counts.push(n);
-                }
-            }
-            _ => {
-                return Err(format!(
-                    "thread count {:?} is not valid (valid: a number from 1 to 1024, e.g. 1,2,4,8)",
-                    t.trim()
-                ))
-            }
-        }
-    }
-    Ok(counts)
+    // A count given twice is measured once (`parse_list` keeps the first).
+    crate::parse_list(
+        s,
+        "thread count",
+        "a number from 1 to 1024, e.g. 1,2,4,8",
+        |t| t.parse().ok().filter(|n| (1..=1024).contains(n)),
+    )
 }

@@ -778,29 +778,28 @@ mod tests {
         assert!(texts.iter().any(|t| t == "×2.50"), "{texts:?}");
     }
 
-    /// The heights of a bar chart's bars, in pixels (its filled rects
-    /// other than the white background).
-    fn bar_heights(svg: &str) -> Vec<f64> {
+    /// An attribute (`height`, `width`) of a bar chart's bars, in pixels
+    /// (its filled rects other than the white background).
+    fn bar_sizes(svg: &str, attr: &str) -> Vec<f64> {
+        let key = format!("{attr}=\"");
         svg.split("<rect")
             .skip(1)
             .filter(|r| !r.contains("fill=\"#FFFFFF\""))
             .filter_map(|r| {
-                let h = r.split("height=\"").nth(1)?;
-                h[..h.find('"')?].parse().ok()
+                let v = r.split(key.as_str()).nth(1)?;
+                v[..v.find('"')?].parse().ok()
             })
             .collect()
     }
 
-    /// The widths of a bar chart's bars, as `bar_heights`.
+    /// The heights of a bar chart's bars.
+    fn bar_heights(svg: &str) -> Vec<f64> {
+        bar_sizes(svg, "height")
+    }
+
+    /// The widths of a bar chart's bars.
     fn bar_widths(svg: &str) -> Vec<f64> {
-        svg.split("<rect")
-            .skip(1)
-            .filter(|r| !r.contains("fill=\"#FFFFFF\""))
-            .filter_map(|r| {
-                let w = r.split("width=\"").nth(1)?;
-                w[..w.find('"')?].parse().ok()
-            })
-            .collect()
+        bar_sizes(svg, "width")
     }
 
     #[test]

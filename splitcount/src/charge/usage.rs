@@ -322,6 +322,10 @@ const GENERATION: u64 = 1 << 56;
 /// charge's read of the word and its CAS — too few to wrap it.
 const WRAP_SETTINGS: u64 = 2 * 255;
 
+/// Levels of a chain [`UsageCounter::top_down`] keeps on the stack (and
+/// marks a deeper chain by).
+const KEPT: usize = 16;
+
 /// A hierarchical usage counter with limits. See the module docs.
 ///
 /// ```
@@ -822,7 +826,6 @@ impl UsageCounter {
         &'a self,
         mut f: impl FnMut(usize, &'a UsageCounter) -> bool,
     ) -> Option<&'a UsageCounter> {
-        const KEPT: usize = 16;
         let mut kept: [&UsageCounter; KEPT] = [self; KEPT];
         let mut depth = 0;
         for c in self.chain() {
@@ -849,7 +852,6 @@ impl UsageCounter {
         depth: usize,
         mut f: impl FnMut(usize, &'a UsageCounter) -> bool,
     ) -> Option<&'a UsageCounter> {
-        const KEPT: usize = 16;
         let stride = depth.div_ceil(KEPT);
         // marks[b]: the level at distance b · stride (b < KEPT).
         let mut marks: [&UsageCounter; KEPT] = [self; KEPT];
