@@ -33,16 +33,10 @@
 //! look at the heap's own sizes), and everything before the set-up ended.
 
 use crate::header::{self, Block, HEADER};
-use crate::heap::Heap;
+use crate::heap::{FreeFn, Heap, MallocFn};
 use crate::{untagged, ACCOUNTED};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicPtr, Ordering};
-
-/// A `malloc` the exported one jumps to.
-pub(crate) type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
-
-/// A `free` of a block (not null) the exported one jumps to.
-pub(crate) type FreeFn = unsafe extern "C" fn(*mut c_void);
 
 /// Where `malloc` jumps: [`crate::malloc_general`] until the set-up has
 /// ended with the accounting ready and usable-size charging, then the
