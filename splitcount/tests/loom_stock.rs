@@ -151,3 +151,38 @@ fn a_drain_returns_after_the_units_another_drain_took_are_off_the_counter() {
         });
     }
 }
+
+/// A child left out charges through its parent's slot (taking over its
+/// sibling's slot for the parent: the units come off the sibling's counter
+/// and stay charged at the parent) and gives one back, while another
+/// thread drains the stock: whatever the interleaving, the sibling ends
+/// with what it used, the parent with both children's units, and no level
+/// underflows — the hand-over and the take happen under the block's lock,
+/// so a drain takes each unit either before them (the child then charges
+/// directly) or after (as the parent's).
+#[test]
+fn charges_through_the_parents_slot_racing_a_drain_keep_every_level_exact() {
+    loom::model(|| {
+        let stock = Arc::new(Stock::new(1, 1, 8).unwrap());
+        let p = UsageCounter::root();
+        let a = UsageCounter::child_of(&p);
+        let b = UsageCounter::child_of(&p);
+        // a's miss: a batch of 8 charged, 6 kept, 2 used.
+        a.charge(8);
+        let _ = stock.stash(0, &a, 6).uncharge();
+        let (s, child) = (stock.clone(), b.clone());
+        let user = thread::spawn(move || {
+            if s.charge_through_parent(0, &child, 3).is_none() {
+                child.try_charge(3).unwrap();
+            }
+            s.return_left_out(0, &child, 1);
+        });
+        stock.drain_all(&|_| true);
+        user.join().unwrap();
+        stock.drain_all(&|_| true);
+        assert_eq!((a.usage(), b.usage(), p.usage()), (2, 2, 4));
+        for c in [&a, &b, &p] {
+            assert_eq!(c.events().underflow, 0);
+        }
+    });
+}

@@ -21,9 +21,19 @@ fn machine(cpus: usize) -> Machine {
     Machine::simulated(cpus, 1).unwrap()
 }
 
+/// `n` tenants, each the one child of a group of its own (`/p{i}/t`): no
+/// tenant's parent has another child in the slots, so none can charge
+/// through its parent's slot (see `tests/stock_parent_slot.rs`) and the
+/// admission filter decides for every tenant left out.
 fn tenants(h: &Hierarchy, n: usize) -> Vec<Group> {
     (0..n)
-        .map(|i| h.root().child(&format!("t{i}")).unwrap())
+        .map(|i| {
+            h.root()
+                .child(&format!("p{i}"))
+                .unwrap()
+                .child("t")
+                .unwrap()
+        })
         .collect()
 }
 
@@ -166,7 +176,13 @@ fn a_new_working_set_replaces_an_idle_one() {
 /// `rounds` that refilled or charged directly.
 fn seven_new_tenants_take_over(h: &Hierarchy, old: &[Group], rounds: usize) -> usize {
     let new: Vec<Group> = (0..7)
-        .map(|i| h.root().child(&format!("n{i}")).unwrap())
+        .map(|i| {
+            h.root()
+                .child(&format!("n{i}"))
+                .unwrap()
+                .child("t")
+                .unwrap()
+        })
         .collect();
     let warm_up = take_turns(&new, rounds);
     for g in old {

@@ -53,6 +53,32 @@
 //! charge or return and no lock; only an admitted key locks the block to
 //! take its slot.
 //!
+//! **Children share their parent's slot.** A key left out — no slot of
+//! its own, its window full — whose parent holds a slot charges through
+//! it ([`Stock::charge_through_parent`]): the parent's units are charged
+//! at the parent and every level above, so only the child's own counter
+//! moves (its limit checked as by any charge) — one update of a line the
+//! child's CPU owns, where a direct charge updates every level up to the
+//! root, lines every CPU shares. Its uncharge comes off its own counter
+//! and goes into the parent's slot ([`Stock::return_left_out`]). A parent
+//! without a slot takes over the slot of its nearest descendant there
+//! (`Stock::promote`, under the block's lock): the descendant's units
+//! come off its levels below the parent and stay charged above, now the
+//! parent's, and the descendant charges through the parent's slot from
+//! then on, like its siblings left out. So 4 children of one parent over
+//! one slot, or 8 over 7, share the parent's slot instead of evicting each
+//! other or charging up to the root. Children do not compete for a slot of
+//! their own while their parent serves them (their misses are not
+//! counted), and a parent gets a slot only by a promotion or by its own
+//! charges — never through the filter on its children's behalf, where it
+//! would compete with them. The budget holds (a promotion keeps the slot's
+//! quota), limits stay exact at every level (the parent already counts
+//! the units; the child's level is checked), and a parent is never below
+//! its children (the descendant's levels give up the units before anyone
+//! takes them). Keys whose units stand for more than a charge
+//! ([`StockKey::MOVABLE`]: an allocator's account) never share; groups of
+//! different parents do not either — the filter decides for them.
+//!
 //! **Locking.** Threads that share a CPU can preempt each other, so each
 //! CPU's block has a try-lock. The hot path never waits: if the lock is
 //! held, the caller bypasses the stock and charges the usage counter
@@ -154,6 +180,18 @@ pub trait StockKey: Clone {
     /// validity depends on the units it stands for (an allocator account)
     /// must not stay behind with none.
     const KEEP_EMPTY: bool;
+    /// Whether a slot's units may serve another key — a child charging
+    /// through its parent's slot, a slot handed to the parent: true when
+    /// the units stand for nothing but the charge on the counters (see
+    /// [`Stock`]'s docs on children sharing their parent's slot). An
+    /// allocator account's units also hold references to it: they stay
+    /// put.
+    const MOVABLE: bool = false;
+    /// The key of the counter's parent, where the key type has one (a
+    /// counter's `Arc`: its parent's).
+    fn parent_key(&self) -> Option<&Self> {
+        None
+    }
     /// The key's identity as one non-zero word: two keys are the same when
     /// their words are (a slot stores this word).
     fn as_raw(&self) -> usize;
@@ -178,6 +216,10 @@ impl StockKey for Arc<UsageCounter> {
     }
     // Keeping the key saves an `Arc` drop and clone per refill.
     const KEEP_EMPTY: bool = true;
+    const MOVABLE: bool = true;
+    fn parent_key(&self) -> Option<&Self> {
+        self.parent()
+    }
     fn as_raw(&self) -> usize {
         Arc::as_ptr(self) as usize
     }
@@ -1082,6 +1124,43 @@ impl<K: StockKey> Stock<K> {
         key: &K,
         n: u64,
     ) -> (Consumed, u64) {
+        self.take::<false>(cpu, key, n)
+    }
+
+    /// [`Stock::take_with`] for a key that is used only where it already
+    /// holds a slot (a parent whose slot its children left out share; a
+    /// group, which goes to its parent's slot before the admission filter
+    /// decides about it): a hit; a miss with the refill of its slot when
+    /// that is short; and `(Miss, 0)` when it holds no slot here — no
+    /// admission decided, no miss counted. Always inlined: it is
+    /// `Group::charge`'s hit path.
+    #[inline(always)]
+    pub(crate) fn take_if_held(
+        &self,
+        cpu: impl FnOnce() -> usize,
+        key: &K,
+        n: u64,
+    ) -> (Consumed, u64) {
+        self.take::<true>(cpu, key, n)
+    }
+
+    /// [`Stock::take_with`] (`HELD_ONLY` false) and
+    /// [`Stock::take_if_held`] (true): one rseq sequence, two answers to a
+    /// key without a slot.
+    #[inline(always)]
+    fn take<const HELD_ONLY: bool>(
+        &self,
+        cpu: impl FnOnce() -> usize,
+        key: &K,
+        n: u64,
+    ) -> (Consumed, u64) {
+        let locked = |cpu: usize| {
+            if HELD_ONLY {
+                self.consume_held_locked(cpu, key, n)
+            } else {
+                self.consume_locked(cpu, key, n)
+            }
+        };
         #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
         if let Mode::Rseq { offset } = self.mode {
             use stock_rseq::{Consumed as Found, Step};
@@ -1107,15 +1186,28 @@ impl<K: StockKey> Stock<K> {
                     granted,
                     used,
                 } => (Consumed::Miss, self.refill(Some((quota, granted, used)))),
+                Found::Step(Step::Miss) if HELD_ONLY => (Consumed::Miss, 0),
                 Found::Step(Step::Miss) => (Consumed::Miss, self.admit_absent(cpu(), key)),
-                Found::Step(Step::Slow) => self.consume_locked(cpu(), key, n),
+                Found::Step(Step::Slow) => locked(cpu()),
                 // A sealed block (after a failed fence) is used under its
                 // lock; a held one is bypassed.
-                Found::Step(Step::Busy) if self.fell_back() => self.consume_locked(cpu(), key, n),
+                Found::Step(Step::Busy) if self.fell_back() => locked(cpu()),
                 _ => (Consumed::Busy, self.batch),
             };
         }
-        self.consume_locked(cpu(), key, n)
+        locked(cpu())
+    }
+
+    /// [`Stock::take_if_held`] under the block's lock.
+    #[cold]
+    fn consume_held_locked(&self, cpu: usize, key: &K, n: u64) -> (Consumed, u64) {
+        let b = self.block(cpu);
+        if b.find_unlocked(self.window(key.as_raw()), key.as_raw())
+            .is_none()
+        {
+            return (Consumed::Miss, 0);
+        }
+        self.consume_locked(cpu, key, n)
     }
 
     /// The refill of a key that has no slot on CPU `cpu`: a batch if the
@@ -1127,9 +1219,8 @@ impl<K: StockKey> Stock<K> {
     /// a key left out — every miss of it, with more keys than slots — then
     /// costs its direct charge and a scan, not a lock. (Lock mode decides
     /// under the lock it already holds, in `consume_locked`.)
-    #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
     #[cold]
-    fn admit_absent(&self, cpu: usize, key: &K) -> u64 {
+    pub(crate) fn admit_absent(&self, cpu: usize, key: &K) -> u64 {
         self.refill_absent(self.block(cpu), key)
     }
 
@@ -1502,12 +1593,237 @@ impl<K: StockKey> Stock<K> {
     /// their listeners.
     #[cold]
     pub(crate) fn return_after_miss(&self, cpu: usize, key: &K, n: u64) {
+        // A child without a slot whose window is full and whose parent
+        // holds one: through the parent's slot (no miss counted: it does
+        // not compete for a slot of its own).
+        if let Some(parent) = key.parent_key().filter(|_| K::MOVABLE) {
+            let held = || {
+                let raw = parent.as_raw();
+                self.block(cpu)
+                    .find_unlocked(self.window(raw), raw)
+                    .is_some()
+            };
+            if self.window_full(cpu, key) && held() {
+                return self.return_left_out(cpu, key, n);
+            }
+        }
         match self.admit_returned(cpu, key) {
             None => key.return_units_kept(n),
             Some(admitted) => {
                 let _ = self.give_back_admitted(cpu, key, n, admitted).uncharge();
             }
         }
+    }
+
+    /// Whether `key` holds no slot of its window on CPU `cpu` and none is
+    /// empty: the admission filter would decide about it. A hint, read
+    /// without the lock (the locked paths re-check).
+    fn window_full(&self, cpu: usize, key: &K) -> bool {
+        let b = self.block(cpu);
+        let raw = key.as_raw();
+        let (start, end) = self.window(raw);
+        (start..end).all(|i| {
+            let k = b.key(i);
+            k != 0 && k != raw
+        })
+    }
+
+    /// The slot, in the locked block `b`, of the nearest strict descendant
+    /// of `top` (a child at best) that `fits`, within `top`'s window and
+    /// at most 16 levels below it, and not retired; with its levels below
+    /// `top`.
+    fn descendant_slot(
+        &self,
+        b: &Block,
+        top: &K,
+        fits: impl Fn(usize) -> bool,
+    ) -> Option<(usize, usize)> {
+        let top_counter = top.counter();
+        let raw = top.as_raw();
+        let (start, end) = self.window(raw);
+        let mut best: Option<(usize, usize)> = None;
+        for j in start..end {
+            let other = b.key(j);
+            if other == 0 || other == raw || !fits(j) {
+                continue;
+            }
+            // SAFETY: under the lock the slot keeps its key alive; borrowed
+            // (`ManuallyDrop`), not owned.
+            let other = std::mem::ManuallyDrop::new(unsafe { K::from_raw(other) });
+            let counter = other.counter();
+            if counter.is_retired() {
+                continue;
+            }
+            let below = counter
+                .chain()
+                .take(17)
+                .position(|c| std::ptr::eq(c, top_counter));
+            if let Some(d) = below.filter(|&d| d > 0) {
+                if best.map_or(true, |(_, b)| d < b) {
+                    best = Some((j, d));
+                    if d == 1 {
+                        break;
+                    }
+                }
+            }
+        }
+        best
+    }
+
+    /// Hand the slot of a descendant of `parent` in the locked block `b`
+    /// to `parent` (see [`Stock::charge_through_parent`]): the slot's
+    /// units, charged from the descendant up, come off the descendant's
+    /// levels below `parent` (untold) and stay charged at `parent` and
+    /// above, now as `parent`'s; the descendant's key leaves the slot
+    /// (returned, to be settled and let go once the lock is released).
+    /// `None` if no descendant holds a slot of `parent`'s window, or
+    /// `parent` is retired; slot `usize::MAX` if `parent` was retired
+    /// meanwhile (the slot emptied, its units off the counters untold:
+    /// the caller settles `parent` too).
+    fn promote(&self, b: &Block, parent: &K) -> Option<(usize, K)> {
+        if parent.counter().is_retired() {
+            return None;
+        }
+        let (j, below) = self.descendant_slot(b, parent, |_| true)?;
+        // SAFETY: as in `descendant_slot`.
+        let child = std::mem::ManuallyDrop::new(unsafe { K::from_raw(b.key(j)) });
+        child.counter().sub_levels(below, b.units(j), false);
+        child.counter().note_stock_slot_levels(below, false);
+        // The key word changes under the lock; the units stay, now
+        // `parent`'s (see `stash_locked` for the fence and the retired
+        // check of a key new to a block).
+        let old = b.swap_key(j, parent.clone().into_raw());
+        crate::sync::fence(SeqCst);
+        // SAFETY: the slot owned the child's word; taken out once.
+        let child = unsafe { K::from_raw(old) };
+        if parent.counter().is_retired() {
+            // Its drain may have passed: the units go back from `parent`
+            // up (untold: the caller settles `parent` once the lock is
+            // released), and the slot is emptied.
+            parent.counter().uncharge_untold(b.units(j));
+            // SAFETY: the word just stored.
+            drop(unsafe { K::from_raw(Self::forget_slot(b, j)) });
+            parent.counter().note_stock_slot(false);
+            return Some((usize::MAX, child));
+        }
+        Some((j, child))
+    }
+
+    /// Charge `n` units to `key`, which holds no slot on CPU `cpu` and
+    /// finds its window full (the admission filter would decide), through
+    /// its parent's slot there: units charged at the parent and every
+    /// level above it, so that only `key`'s own level needs the charge
+    /// (its limit checked as by any charge). The parent's slot gives
+    /// them — a hit, lock-free —, or refills (a batch charged from the
+    /// parent up) when short; a parent without a slot takes over the slot
+    /// of its nearest descendant there (`Stock::promote`, under the
+    /// lock): siblings left out then share their parent's slot instead of
+    /// evicting each other. `Some(crossed)` if charged (`crossed`: a level
+    /// crossed its `high`); `None` if `key` has a free slot or no parent,
+    /// the parent has no units here and no descendant's slot to take, the
+    /// parent refuses a refill, or `key`'s own limit refuses (the units go
+    /// back to the parent): the caller goes on as before.
+    pub fn charge_through_parent(&self, cpu: usize, key: &K, n: u64) -> Option<bool> {
+        let parent = key.parent_key().filter(|_| K::MOVABLE)?;
+        if !self.window_full(cpu, key) {
+            return None;
+        }
+        let mut crossed = false;
+        match self.take_if_held(|| cpu, parent, n) {
+            (Consumed::Hit, _) => {}
+            (_, refill) if refill >= n => {
+                crossed = parent.counter().try_charge_quiet(refill).ok()?;
+                let _ = self
+                    .stash_surplus(|| cpu, parent, refill - n, refill)
+                    .uncharge();
+            }
+            _ => {
+                let locked = self.try_lock_here(cpu)?;
+                let b = locked.block;
+                let (j, child) = self.promote(b, parent)?;
+                let taken = j != usize::MAX && b.units(j) >= n;
+                if taken {
+                    b.set_units(j, b.units(j) - n);
+                }
+                drop(locked);
+                child.counter().settle();
+                drop(child);
+                if j == usize::MAX {
+                    parent.counter().settle();
+                }
+                if !taken {
+                    return None;
+                }
+            }
+        }
+        match key.counter().try_charge_levels(1, n) {
+            Ok(own) => Some(crossed || own),
+            Err(_) => {
+                self.return_to_parent(cpu, parent, n);
+                None
+            }
+        }
+    }
+
+    /// Return `n` units of `key`, which holds no slot on CPU `cpu` and
+    /// finds its window full (the inverse of
+    /// [`Stock::charge_through_parent`]): `key`'s own level loses them
+    /// (clamped at its usage, an underflow counted, as by any uncharge),
+    /// and they go on as units of its parent ([`Stock::return_to_parent`]).
+    /// A key without a parent, or whose units do not move
+    /// ([`StockKey::MOVABLE`]), is uncharged directly.
+    pub fn return_left_out(&self, cpu: usize, key: &K, n: u64) {
+        match key.parent_key() {
+            Some(parent) if K::MOVABLE => {
+                let removed = key.counter().sub_levels(1, n, true);
+                if removed > 0 {
+                    self.return_to_parent(cpu, parent, removed);
+                }
+            }
+            _ => key.return_units_kept(n),
+        }
+    }
+
+    /// Return `n` units charged at `parent` and every level above it and at
+    /// none below (what a child gave back): into `parent`'s slot on this
+    /// CPU (the rseq hit, lock-free), else under the lock — into its slot
+    /// (one it overflows drains to half its quota, as any return), or the
+    /// slot of its nearest descendant there, handed to it
+    /// (`Stock::promote`); else to the counters from `parent` up (a
+    /// parent gets no slot through the admission filter here: its children
+    /// would then compete with it for their slots).
+    pub fn return_to_parent(&self, cpu: usize, parent: &K, n: u64) {
+        if self.stash_hit(parent, n, parent.counter().usage().min(self.batch)) {
+            return;
+        }
+        let Some(locked) = self.try_lock_here(cpu) else {
+            parent.return_units_kept(n);
+            return;
+        };
+        let b = locked.block;
+        let mut child = None;
+        let raw = parent.as_raw();
+        if b.find(self.window(raw), raw).is_none() {
+            match self.promote(b, parent) {
+                Some(promoted) => child = Some(promoted),
+                None => {
+                    drop(locked);
+                    parent.return_units_kept(n);
+                    return;
+                }
+            }
+        }
+        let mut left = Leftovers::default();
+        let how = Stashed::Returned { admitted: false };
+        self.stash_locked(&locked, parent, n, how, &mut left);
+        drop(locked);
+        if let Some((j, child)) = child {
+            child.counter().settle();
+            if j == usize::MAX {
+                parent.counter().settle();
+            }
+        }
+        let _ = left.uncharge();
     }
 
     /// The locked half of [`Stock::give_back_after_miss`], once the block

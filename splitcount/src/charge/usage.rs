@@ -648,6 +648,20 @@ impl UsageCounter {
         }
     }
 
+    /// [`UsageCounter::note_stock_slot`] at the `levels` nearest levels
+    /// only: a slot handed from this counter to its ancestor `levels`
+    /// levels up (or back) still counts at that ancestor and above.
+    pub(crate) fn note_stock_slot_levels(&self, levels: usize, taken: bool) {
+        for c in self.chain().take(levels) {
+            // Relaxed: as in `note_stock_slot`.
+            if taken {
+                c.hot.stock_slots.fetch_add(1, Relaxed);
+            } else {
+                c.hot.stock_slots.fetch_sub(1, Relaxed);
+            }
+        }
+    }
+
     /// Set the soft limit. Crossing it records `high` events; it never
     /// refuses a charge.
     pub fn set_high(&self, high: u64) {
@@ -1021,6 +1035,51 @@ impl UsageCounter {
         for c in self.chain() {
             c.note_lower(c.usage());
         }
+    }
+
+    /// [`UsageCounter::try_charge_quiet`] of the `levels` nearest levels
+    /// only (this counter and its ancestors below a level that holds the
+    /// units already; at most 16): top-down, refused at the first level
+    /// whose `max` the charge would exceed, the levels above it rolled
+    /// back. On success, whether some level crossed its `high`.
+    pub(crate) fn try_charge_levels(&self, levels: usize, n: u64) -> Result<bool, &UsageCounter> {
+        let mut kept: [&UsageCounter; KEPT] = [self; KEPT];
+        let levels = levels.min(KEPT);
+        for (d, c) in self.chain().take(levels).enumerate() {
+            kept[d] = c;
+        }
+        let mut news = [0u64; KEPT];
+        for d in (0..levels).rev() {
+            match kept[d].add_within_max(n) {
+                Some(new) => news[d] = new,
+                None => {
+                    // Noted on the way down, as in `try_charge_quiet`.
+                    for above in &kept[d + 1..levels] {
+                        above.sub_clamped(n, true);
+                    }
+                    return Err(kept[d]);
+                }
+            }
+        }
+        let mut crossed = false;
+        for d in 0..levels {
+            crossed |= kept[d].note_usage(news[d]);
+        }
+        Ok(crossed)
+    }
+
+    /// Subtract `n` here (clamped: an underflow is counted) and what that
+    /// was at the ancestors among the `levels` nearest levels; untold when
+    /// `!note` (see [`UsageCounter::uncharge_untold`]). What was subtracted.
+    pub(crate) fn sub_levels(&self, levels: usize, n: u64, note: bool) -> u64 {
+        if levels == 0 {
+            return 0;
+        }
+        let removed = self.sub_clamped(n, note);
+        for p in self.chain().skip(1).take(levels - 1) {
+            p.sub_clamped(removed, note);
+        }
+        removed
     }
 
     /// Subtract up to `n` (what the usage holds); `note`: whether to run

@@ -600,9 +600,22 @@ impl Group {
     fn charge_on(&self, node: &Arc<Node>, n: u64) -> Result<(), ChargeError> {
         let stock = &self.shared.stock;
         let machine = &self.shared.config.machine;
-        let (taken, refill) = stock.take_with(|| machine.current_cpu(), &node.usage, n);
+        let (taken, mut refill) = stock.take_if_held(|| machine.current_cpu(), &node.usage, n);
         if taken == Consumed::Hit {
             return Ok(());
+        }
+        if refill == 0 {
+            // No slot here. With the window full, through the parent's
+            // slot (lock-free on a hit; see `Stock::charge_through_parent`);
+            // else the admission filter decides.
+            let cpu = machine.current_cpu();
+            if let Some(crossed) = stock.charge_through_parent(cpu, &node.usage, n) {
+                if crossed {
+                    self.shared.pressure(node, reclaim::direct);
+                }
+                return Ok(());
+            }
+            refill = stock.admit_absent(cpu, &node.usage);
         }
         // The stock left the group out (every slot of this CPU is another
         // group's, and its admission filter kept them): just `n`, on the
