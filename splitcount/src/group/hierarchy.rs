@@ -64,13 +64,17 @@ impl HierarchyConfig {
     }
 
     /// Groups per CPU stock (1 to [`crate::raw::MAX_STOCK_SLOTS`], the
-    /// default). When more groups than that charge on one CPU, the ones
-    /// without a slot charge the usage counters directly, and one of their
-    /// misses in [`crate::raw::ADMIT_EVERY`] takes a slot from another
-    /// group (one in up to [`crate::raw::ADMIT_EVERY_MAX`] on a CPU whose
-    /// evictions keep bringing back keys it evicted shortly before): the
-    /// groups in the slots keep hitting rather than evicting each other on
-    /// every charge.
+    /// default). When more groups than that charge on one CPU, a group
+    /// without a slot charges through its parent's slot there — units its
+    /// parent and every level above count already, so only the group's own
+    /// counter moves — and a parent without a slot takes over the slot of
+    /// one of its descendants for that. A group whose parent has no slot
+    /// and no descendant in one charges the usage counters directly, and
+    /// one of those misses in [`crate::raw::ADMIT_EVERY`] takes a slot
+    /// from another group (one in up to [`crate::raw::ADMIT_EVERY_MAX`] on
+    /// a CPU whose evictions keep bringing back keys it evicted shortly
+    /// before): the groups in the slots keep hitting rather than evicting
+    /// each other on every charge.
     pub fn stock_slots(mut self, slots: usize) -> Self {
         self.stock_slots = slots;
         self
