@@ -24,6 +24,7 @@ mod common;
 use common::{Migrator, Rng};
 use splitcount::cpu::Machine;
 use splitcount::group::{Group, Hierarchy, HierarchyConfig};
+use splitcount::raw::{Stock, StockKey, UsageCounter};
 use std::time::{Duration, Instant};
 
 /// A hierarchy on one simulated CPU whose stock has `slots` slots (batch 64).
@@ -125,6 +126,33 @@ fn a_child_with_a_free_slot_takes_its_own() {
     p.charge(1).unwrap();
     a.charge(1).unwrap();
     assert_eq!((a.usage(), a.stocked(), p.stocked()), (64, 63, 63));
+}
+
+#[test]
+fn a_parent_short_of_units_keeps_one_slot_and_its_removal_drains_it() {
+    // Found in review: a parent whose slot was short of a large charge
+    // took over a second child's slot, holding two slots of one block; a
+    // removal's drain takes a key's first slot only, and left 7 units
+    // stocked for the removed parent. A parent with a slot is never
+    // promoted again.
+    let stock: Stock = Stock::new(1, 2, 8).unwrap();
+    let root = UsageCounter::root();
+    let p = UsageCounter::child_of(&root);
+    let [d1, d2, k] = [(); 3].map(|_| UsageCounter::child_of(&p));
+    for d in [&d1, &d2] {
+        d.charge(8);
+        let _ = stock.stash(0, d, 7).uncharge();
+    }
+    assert_eq!(stock.charge_through_parent(0, &k, 1), Some(false));
+    assert_eq!((d1.usage(), stock.stocked(&p), k.usage()), (1, 6, 1));
+    // 20 fits neither p's slot (6) nor a refill of it (a batch of 8).
+    assert_eq!(stock.charge_through_parent(0, &k, 20), None);
+    assert_eq!(stock.stocked(&d2), 7, "d2 keeps its slot");
+    p.retire();
+    stock.drain_key(p.as_raw());
+    assert_eq!(stock.stocked(&p), 0, "no slot of the removed parent left");
+    stock.drain_all(&|_| true);
+    assert_eq!((root.usage(), p.usage()), (3, 3));
 }
 
 #[test]

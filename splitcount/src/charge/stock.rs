@@ -1207,7 +1207,7 @@ impl<K: StockKey> Stock<K> {
         {
             return (Consumed::Miss, 0);
         }
-        self.consume_locked(cpu, key, n)
+        self.consume_locked_as(cpu, key, n, true)
     }
 
     /// The refill of a key that has no slot on CPU `cpu`: a batch if the
@@ -1258,6 +1258,12 @@ impl<K: StockKey> Stock<K> {
 
     #[cold]
     fn consume_locked(&self, cpu: usize, key: &K, n: u64) -> (Consumed, u64) {
+        self.consume_locked_as(cpu, key, n, false)
+    }
+
+    /// [`Stock::consume_locked`]; `held_only`: a key without a slot gets
+    /// `(Miss, 0)`, no admission decided (see [`Stock::take_if_held`]).
+    fn consume_locked_as(&self, cpu: usize, key: &K, n: u64, held_only: bool) -> (Consumed, u64) {
         let Some(locked) = self.try_lock_here(cpu) else {
             return (Consumed::Busy, self.batch);
         };
@@ -1279,6 +1285,7 @@ impl<K: StockKey> Stock<K> {
                 ),
                 None,
             ),
+            None if held_only => ((Consumed::Miss, 0), None),
             None => ((Consumed::Miss, self.refill_absent(b, key)), None),
         };
         drop(locked);
@@ -1676,13 +1683,23 @@ impl<K: StockKey> Stock<K> {
     /// levels below `parent` (untold) and stay charged at `parent` and
     /// above, now as `parent`'s; the descendant's key leaves the slot
     /// (returned, to be settled and let go once the lock is released).
-    /// `None` if no descendant holds a slot of `parent`'s window, or
-    /// `parent` is retired; slot `usize::MAX` if `parent` was retired
-    /// meanwhile (the slot emptied, its units off the counters untold:
-    /// the caller settles `parent` too).
-    fn promote(&self, b: &Block, parent: &K) -> Option<(usize, K)> {
+    /// The slot and the descendant's key; the slot `parent` holds already
+    /// and no key, if it does. `None` if no descendant holds a slot of
+    /// `parent`'s window, or `parent` is retired; slot `usize::MAX` if
+    /// `parent` was retired meanwhile (the slot emptied, its units off the
+    /// counters untold: the caller settles `parent` too).
+    fn promote(&self, b: &Block, parent: &K) -> Option<(usize, Option<K>)> {
         if parent.counter().is_retired() {
             return None;
+        }
+        // A slot of its own already (found by this thread's look without
+        // the lock gone, or given since by another): that one, or the
+        // parent would hold two slots of one block — and a removal's
+        // drain, which takes the first slot of a key, would leave the
+        // other behind.
+        let raw = parent.as_raw();
+        if let Some(i) = b.find(self.window(raw), raw) {
+            return Some((i, None));
         }
         let (j, below) = self.descendant_slot(b, parent, |_| true)?;
         // SAFETY: as in `descendant_slot`.
@@ -1704,9 +1721,9 @@ impl<K: StockKey> Stock<K> {
             // SAFETY: the word just stored.
             drop(unsafe { K::from_raw(Self::forget_slot(b, j)) });
             parent.counter().note_stock_slot(false);
-            return Some((usize::MAX, child));
+            return Some((usize::MAX, Some(child)));
         }
-        Some((j, child))
+        Some((j, Some(child)))
     }
 
     /// Charge `n` units to `key`, which holds no slot on CPU `cpu` and
@@ -1731,6 +1748,8 @@ impl<K: StockKey> Stock<K> {
         let mut crossed = false;
         match self.take_if_held(|| cpu, parent, n) {
             (Consumed::Hit, _) => {}
+            // Held by another thread of this CPU: go on as before.
+            (Consumed::Busy, _) => return None,
             (_, refill) if refill >= n => {
                 crossed = parent.counter().try_charge_quiet(refill).ok()?;
                 let _ = self
@@ -1746,8 +1765,9 @@ impl<K: StockKey> Stock<K> {
                     b.set_units(j, b.units(j) - n);
                 }
                 drop(locked);
-                child.counter().settle();
-                drop(child);
+                if let Some(child) = child {
+                    child.counter().settle();
+                }
                 if j == usize::MAX {
                     parent.counter().settle();
                 }
@@ -1818,7 +1838,9 @@ impl<K: StockKey> Stock<K> {
         self.stash_locked(&locked, parent, n, how, &mut left);
         drop(locked);
         if let Some((j, child)) = child {
-            child.counter().settle();
+            if let Some(child) = child {
+                child.counter().settle();
+            }
             if j == usize::MAX {
                 parent.counter().settle();
             }
