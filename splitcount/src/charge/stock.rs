@@ -426,6 +426,7 @@ impl Block {
     }
 
     /// Slot `i`'s key word.
+    #[inline]
     fn key(&self, i: usize) -> usize {
         // Relaxed: keys change only under the lock, which the caller holds
         // (or, for a lookup without it, a stale answer is allowed).
@@ -442,6 +443,7 @@ impl Block {
     }
 
     /// The slot holding the key whose word is `raw`, within `window`.
+    #[inline]
     fn find(&self, window: (usize, usize), raw: usize) -> Option<usize> {
         (window.0..window.1).find(|&i| self.key(i) == raw)
     }
@@ -475,6 +477,7 @@ impl Block {
     }
 
     /// [`Block::find`] without the lock.
+    #[inline]
     fn find_unlocked(&self, window: (usize, usize), raw: usize) -> Option<usize> {
         // Acquire: pairs with `swap_key`: a key seen gone had its units
         // taken off its counter.

@@ -413,6 +413,7 @@ impl UsageCounter {
     }
 
     /// Current usage (stocked units included).
+    #[inline]
     pub fn usage(&self) -> u64 {
         self.hot.usage.load(Relaxed) & VALUE
     }
