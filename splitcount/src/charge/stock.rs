@@ -1729,6 +1729,18 @@ impl<K: StockKey> Stock<K> {
         Some((j, Some(child)))
     }
 
+    /// What [`Stock::promote`] leaves for after the lock: the descendant's
+    /// levels told of their lower usage (then its key let go), and a
+    /// parent found retired settled too.
+    fn settle_promoted(parent: &K, (slot, child): (usize, Option<K>)) {
+        if let Some(child) = child {
+            child.counter().settle();
+        }
+        if slot == usize::MAX {
+            parent.counter().settle();
+        }
+    }
+
     /// Charge `n` units to `key`, which holds no slot on CPU `cpu` and
     /// finds its window full (the admission filter would decide), through
     /// its parent's slot there: units charged at the parent and every
@@ -1768,12 +1780,7 @@ impl<K: StockKey> Stock<K> {
                     b.set_units(j, b.units(j) - n);
                 }
                 drop(locked);
-                if let Some(child) = child {
-                    child.counter().settle();
-                }
-                if j == usize::MAX {
-                    parent.counter().settle();
-                }
+                Self::settle_promoted(parent, (j, child));
                 if !taken {
                     return None;
                 }
@@ -1823,31 +1830,17 @@ impl<K: StockKey> Stock<K> {
             parent.return_units_kept(n);
             return;
         };
-        let b = locked.block;
-        let mut child = None;
-        let raw = parent.as_raw();
-        if b.find(self.window(raw), raw).is_none() {
-            match self.promote(b, parent) {
-                Some(promoted) => child = Some(promoted),
-                None => {
-                    drop(locked);
-                    parent.return_units_kept(n);
-                    return;
-                }
-            }
-        }
+        // The parent's own slot, or a descendant's handed to it.
+        let Some(promoted) = self.promote(locked.block, parent) else {
+            drop(locked);
+            parent.return_units_kept(n);
+            return;
+        };
         let mut left = Leftovers::default();
         let how = Stashed::Returned { admitted: false };
         self.stash_locked(&locked, parent, n, how, &mut left);
         drop(locked);
-        if let Some((j, child)) = child {
-            if let Some(child) = child {
-                child.counter().settle();
-            }
-            if j == usize::MAX {
-                parent.counter().settle();
-            }
-        }
+        Self::settle_promoted(parent, promoted);
         let _ = left.uncharge();
     }
 
