@@ -1220,8 +1220,9 @@ impl<K: StockKey> Stock<K> {
     /// (a slot that changes hands meanwhile makes one answer stale, never
     /// a count wrong: the refill's stash takes the lock and re-checks), and
     /// a key left out — every miss of it, with more keys than slots — then
-    /// costs its direct charge and a scan, not a lock. (Lock mode decides
-    /// under the lock it already holds, in `consume_locked`.)
+    /// costs its direct charge and a scan, not a lock. (`take_with` in lock
+    /// mode decides under the lock it already holds, in `consume_locked`;
+    /// `Group::charge` calls this after `take_if_held` in both modes.)
     #[cold]
     pub(crate) fn admit_absent(&self, cpu: usize, key: &K) -> u64 {
         self.refill_absent(self.block(cpu), key)
