@@ -46,6 +46,17 @@ fn siblings() -> (Hierarchy, Group, Group, Group) {
     (h, p, a, b)
 }
 
+/// `/p` and its child `a` on one simulated CPU with `slots` slots, each
+/// holding a slot (a batch each, one unit used).
+fn parent_and_child_in_slots(slots: usize) -> (Hierarchy, Group, Group) {
+    let h = one_cpu_with_slots(slots);
+    let p = h.root().child("p").unwrap();
+    let a = p.child("a").unwrap();
+    p.charge(1).unwrap();
+    a.charge(1).unwrap();
+    (h, p, a)
+}
+
 #[test]
 fn a_child_left_out_takes_over_its_siblings_slot_for_the_parent() {
     let (h, p, a, b) = siblings();
@@ -116,15 +127,61 @@ fn an_over_uncharge_moves_only_what_the_child_held() {
 }
 
 #[test]
+fn a_child_holding_a_slot_returns_into_it_even_beside_its_parent() {
+    // The window is full and the parent holds a slot, but the child holds
+    // one too: its return that overflows its own slot (here an
+    // over-uncharge) stays its own — its slot drains, its level clamps —
+    // and nothing goes to the parent's slot. Sent there, the child's level
+    // would lose units its own slot still holds, and the parent's slot
+    // would gain units no level below it gave up.
+    let (h, p, a) = parent_and_child_in_slots(2);
+    assert_eq!((a.stocked(), p.stocked()), (63, 63), "both in the slots");
+    a.uncharge(100);
+    assert_eq!(p.stocked(), 63, "nothing went to the parent's slot");
+    h.drain_stocks();
+    assert_eq!((a.usage(), a.events().underflow), (0, 1));
+    assert_eq!((p.usage(), p.events().underflow), (1, 0));
+    assert_eq!(h.root().usage(), 1);
+}
+
+#[test]
+fn a_child_whose_window_has_room_again_returns_into_a_slot_of_its_own() {
+    // b charged through its parent's slot while the window was full; by
+    // its return a slot is free again: its units go the way of any
+    // return with room (a slot of its own), not to the parent's slot.
+    let (h, p, _a) = parent_and_child_in_slots(2);
+    let b = p.child("b").unwrap();
+    b.charge(2).unwrap();
+    assert_eq!((b.stocked(), p.stocked()), (0, 61), "through p's slot");
+    h.drain_stocks();
+    p.charge(1).unwrap();
+    b.uncharge(1);
+    assert_eq!((b.stocked(), p.stocked()), (1, 63), "b's own slot");
+    h.drain_stocks();
+    assert_eq!((b.usage(), p.usage(), h.root().usage()), (1, 4, 4));
+}
+
+#[test]
+fn a_child_through_its_parents_slot_crosses_its_high() {
+    // Its own level is charged like any level: a crossing of its `high`
+    // is counted (and its pressure hooks run).
+    let (_h, _p, _a, b) = siblings();
+    b.set_high(4);
+    b.charge(5).unwrap();
+    assert_eq!(
+        (b.usage(), b.stocked()),
+        (5, 0),
+        "through the parent's slot"
+    );
+    assert_eq!(b.events().high, 1);
+}
+
+#[test]
 fn a_child_with_a_free_slot_takes_its_own() {
     // Sharing is for children left out: with a slot free, a child takes
     // it (its hits then touch no counter), even where its parent holds
     // one.
-    let h = one_cpu_with_slots(3);
-    let p = h.root().child("p").unwrap();
-    let a = p.child("a").unwrap();
-    p.charge(1).unwrap();
-    a.charge(1).unwrap();
+    let (_h, p, a) = parent_and_child_in_slots(3);
     assert_eq!((a.usage(), a.stocked(), p.stocked()), (64, 63, 63));
 }
 

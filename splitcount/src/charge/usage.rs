@@ -1044,6 +1044,12 @@ impl UsageCounter {
     /// whose `max` the charge would exceed, the levels above it rolled
     /// back. On success, whether some level crossed its `high`.
     pub(crate) fn try_charge_levels(&self, levels: usize, n: u64) -> Result<bool, &UsageCounter> {
+        if levels == 1 {
+            // A child through its parent's slot (`Stock::charge_through_parent`):
+            // its own level only, without the tables below.
+            let new = self.add_within_max(n).ok_or(self)?;
+            return Ok(self.note_usage(new));
+        }
         let mut kept: [&UsageCounter; KEPT] = [self; KEPT];
         let levels = levels.min(KEPT);
         for (d, c) in self.chain().take(levels).enumerate() {
