@@ -186,3 +186,41 @@ fn charges_through_the_parents_slot_racing_a_drain_keep_every_level_exact() {
         }
     });
 }
+
+/// A promotion racing the parent's removal: a child left out takes over
+/// its sibling's slot for the parent (`Stock::promote`, under the block's
+/// lock) while the parent is retired and its key drained (`drain_key`,
+/// which looks at the key words without the lock). The promotion stores
+/// the parent's key word, fences and re-checks `retired` — the same Dekker
+/// pattern as a stash installing a new key —, so either the drain sees the
+/// parent's slot or the promotion sees the retirement and empties the
+/// slot. Without the re-check the parent keeps a slot after its removal
+/// (its units stocked for a group that is gone).
+#[test]
+fn a_promotion_racing_the_parents_removal_leaves_nothing_stocked_for_it() {
+    loom::model(|| {
+        let stock = Arc::new(Stock::new(1, 1, 8).unwrap());
+        let p = UsageCounter::root();
+        let d = UsageCounter::child_of(&p);
+        let k = UsageCounter::child_of(&p);
+        // d's miss: a batch of 8 charged, 6 kept, 2 used.
+        d.charge(8);
+        let _ = stock.stash(0, &d, 6).uncharge();
+        let (s, child) = (stock.clone(), k.clone());
+        let user = thread::spawn(move || {
+            if s.charge_through_parent(0, &child, 3).is_none() {
+                child.try_charge(3).unwrap();
+            }
+        });
+        p.retire();
+        stock.drain_key(p.as_raw());
+        user.join().unwrap();
+        assert_eq!(stock.stocked(&p), 0, "units stocked for the removed parent");
+        stock.drain_all(&|_| true);
+        assert_eq!((d.usage(), k.usage(), p.usage()), (2, 3, 5));
+        assert_eq!((d.stock_slots(), p.stock_slots()), (0, 0));
+        for c in [&d, &k, &p] {
+            assert_eq!(c.events().underflow, 0);
+        }
+    });
+}
