@@ -129,11 +129,12 @@ fn an_over_uncharge_moves_only_what_the_child_held() {
 #[test]
 fn a_child_holding_a_slot_returns_into_it_even_beside_its_parent() {
     // The window is full and the parent holds a slot, but the child holds
-    // one too: its return that overflows its own slot (here an
-    // over-uncharge) stays its own — its slot drains, its level clamps —
-    // and nothing goes to the parent's slot. Sent there, the child's level
-    // would lose units its own slot still holds, and the parent's slot
-    // would gain units no level below it gave up.
+    // one too: its return that does not fit its slot (here an
+    // over-uncharge) stays its own — its level clamps, the underflow is
+    // counted, its slot keeps its units — and nothing goes to the parent's
+    // slot. Sent there, the child's level would lose units its own slot
+    // still holds, and the parent's slot would gain units no level below
+    // it gave up.
     let (h, p, a) = parent_and_child_in_slots(2);
     assert_eq!((a.stocked(), p.stocked()), (63, 63), "both in the slots");
     a.uncharge(100);
@@ -210,6 +211,27 @@ fn a_parent_short_of_units_keeps_one_slot_and_its_removal_drains_it() {
     assert_eq!(stock.stocked(&p), 0, "no slot of the removed parent left");
     stock.drain_all(&|_| true);
     assert_eq!((root.usage(), p.usage()), (3, 3));
+}
+
+#[test]
+fn a_key_given_a_slot_since_its_miss_keeps_it() {
+    // The charge's window check is the block's count of slots in use: it
+    // does not look for the key, which another thread of its CPU may have
+    // given a slot since the key's own look missed. Found in review: the
+    // promotion then took the key's own slot for its parent. It checks
+    // under the lock that the key holds none.
+    let stock: Stock = Stock::new(1, 1, 8).unwrap();
+    let p = UsageCounter::root();
+    let a = UsageCounter::child_of(&p);
+    a.charge(8);
+    let _ = stock.stash(0, &a, 7).uncharge();
+    assert_eq!(stock.charge_through_parent(0, &a, 1), None);
+    assert_eq!(
+        (stock.stocked(&a), stock.stocked(&p)),
+        (7, 0),
+        "a keeps its slot"
+    );
+    assert_eq!((a.usage(), p.usage()), (8, 8));
 }
 
 #[test]

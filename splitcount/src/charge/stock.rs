@@ -1802,9 +1802,12 @@ impl<K: StockKey> Stock<K> {
     ///
     /// For a key its caller found no slot for (its own rseq look missed):
     /// with a window of the whole block, "full" is the block's count of
-    /// slots in use, which does not look for `key` itself. A key that
-    /// holds a slot is still charged right (its own level, limit-checked;
-    /// the units charged above it already), only not from its own slot.
+    /// slots in use, which does not look for `key` itself. A key given a
+    /// slot since (by another thread of its CPU) is still charged right —
+    /// its own level, limit-checked; the units charged above it already —
+    /// only from its parent's slot rather than its own; a promotion, under
+    /// the lock, first checks that `key` holds no slot, so a key never
+    /// loses its own slot to its parent here.
     pub fn charge_through_parent(&self, cpu: usize, key: &K, n: u64) -> Option<bool> {
         let parent = key.parent_key().filter(|_| K::MOVABLE)?;
         if !self.window_full(cpu, key) {
@@ -1824,6 +1827,12 @@ impl<K: StockKey> Stock<K> {
             _ => {
                 let locked = self.try_lock_here(cpu)?;
                 let b = locked.block;
+                // A key given a slot since its miss (by another thread of
+                // this CPU) keeps it: never handed to its parent here.
+                let raw = key.as_raw();
+                if b.find(self.window(raw), raw).is_some() {
+                    return None;
+                }
                 let (j, child) = self.promote(b, parent)?;
                 let taken = j != usize::MAX && b.units(j) >= n;
                 if taken {
