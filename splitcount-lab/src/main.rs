@@ -387,8 +387,17 @@ fn run(cli: Cli) -> Result<(), String> {
         } => {
             let mut records = Vec::new();
             let mut choices = Vec::new();
-            for d in designs(&design)? {
-                for &n in &cpu_counts(&cpus)? {
+            let (designs, counts) = (designs(&design)?, cpu_counts(&cpus)?);
+            // Before anything runs: a CPU count that cannot fit is refused
+            // up front, not after the smaller ones were measured.
+            let available = machine::memory::available();
+            for &d in &designs {
+                for &n in &counts {
+                    accuracy::check_memory(d, n, available)?;
+                }
+            }
+            for d in designs {
+                for &n in &counts {
                     let mut s = spec(d, n, &shape)?;
                     s.seed = seed;
                     s.steps = steps(steps_asked)?;

@@ -2,6 +2,7 @@
 //! where the CPU id comes from.
 
 pub mod host;
+pub mod memory;
 
 use serde::Serialize;
 use splitcount::cpu::{self, CpuIdSource, Topology, TopologySource};
