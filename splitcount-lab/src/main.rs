@@ -432,6 +432,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 .parse()
                 .map_err(|e: splitcount::counter::ConfigError| e.to_string())?;
             let s = spec(design, cpus, &shape)?;
+            accuracy::check_memory(design, cpus, machine::memory::available())?;
             replay::run(&s, std::io::stdin().lock(), std::io::stdout().lock())?;
         }
         Command::Report { quick, suites, out } => {
