@@ -327,9 +327,27 @@ fn forced_charges_past_the_counters_ceiling_are_refused_not_lost() {
         "an unlimited root is not breached"
     );
     assert_eq!(h.root().events().breaches, 0);
+    assert_eq!(h.root().events().max, 0, "no `max` to hit");
     a.uncharge(2 * MAX_REQUEST - 1);
     h.drain_stocks();
     assert_eq!((a.usage(), a.events().underflow), (0, 0));
+}
+
+/// The same at the usage counter's own API: a `try_charge` refused at the
+/// ceiling of an unlimited counter is not a `max` event (it counted one —
+/// a limit hit at a counter without a limit); one refused by a limit is.
+#[test]
+fn a_raw_refusal_at_the_ceiling_is_not_a_max_event() {
+    use splitcount::charge::MAX_USAGE;
+    use splitcount::raw::UsageCounter;
+    let c = UsageCounter::root();
+    c.charge(MAX_USAGE);
+    assert!(c.try_charge(1).is_err());
+    assert_eq!(c.events().max, 0);
+    let d = UsageCounter::root();
+    d.set_max(5).unwrap();
+    assert!(d.try_charge(6).is_err());
+    assert_eq!(d.events().max, 1);
 }
 
 /// A limit set through a removed group's handle would hold nowhere (its

@@ -109,7 +109,10 @@ pub struct Events {
     /// it by a cooperative limit (the kernel's meaning). A count of charges,
     /// not of allocations: the allocator charges a thread's small blocks
     /// in batches (up to [`crate::alloc::RESERVE_BATCH`] bytes), so one
-    /// event may stand for many blocks let through.
+    /// event may stand for many blocks let through. A refusal at the
+    /// ceiling of what a counter holds ([`MAX_USAGE`]) where no `max` at or
+    /// below it is set is not one (a group's charge then fails with
+    /// [`crate::group::ChargeErrorKind::Saturated`]).
     pub max: u64,
     /// Times a charge took this counter's usage above its `high` soft limit
     /// (from at or below it): one per crossing, not one per charge above.
@@ -913,9 +916,13 @@ impl UsageCounter {
         self.count(Kind::Underflow);
     }
 
-    /// Count a refusal at this counter (a `max` event).
+    /// Count a refusal at this counter (a `max` event) — unless it has no
+    /// `max`: then the refusal was at the ceiling of what a counter holds
+    /// ([`MAX_USAGE`]), which the error reports as such; no limit was hit.
     pub(crate) fn record_max(&self) {
-        self.count(Kind::Max);
+        if self.max() <= VALUE {
+            self.count(Kind::Max);
+        }
     }
 
     /// [`UsageCounter::try_charge`] without counting the refusal: for the
