@@ -152,6 +152,24 @@ fn a_drain_returns_after_the_units_another_drain_took_are_off_the_counter() {
     }
 }
 
+/// A one-slot stock whose slot the first of two children of a parent
+/// holds (its miss: a batch of 8 charged, 6 kept, 2 used); the second is
+/// left out. `(stock, parent, in the slot, left out)`.
+fn sibling_in_the_only_slot() -> (
+    Arc<Stock>,
+    Arc<UsageCounter>,
+    Arc<UsageCounter>,
+    Arc<UsageCounter>,
+) {
+    let stock = Arc::new(Stock::new(1, 1, 8).unwrap());
+    let p = UsageCounter::root();
+    let a = UsageCounter::child_of(&p);
+    let b = UsageCounter::child_of(&p);
+    a.charge(8);
+    let _ = stock.stash(0, &a, 6).uncharge();
+    (stock, p, a, b)
+}
+
 /// A child left out charges through its parent's slot (taking over its
 /// sibling's slot for the parent: the units come off the sibling's counter
 /// and stay charged at the parent) and gives one back, while another
@@ -163,13 +181,7 @@ fn a_drain_returns_after_the_units_another_drain_took_are_off_the_counter() {
 #[test]
 fn charges_through_the_parents_slot_racing_a_drain_keep_every_level_exact() {
     loom::model(|| {
-        let stock = Arc::new(Stock::new(1, 1, 8).unwrap());
-        let p = UsageCounter::root();
-        let a = UsageCounter::child_of(&p);
-        let b = UsageCounter::child_of(&p);
-        // a's miss: a batch of 8 charged, 6 kept, 2 used.
-        a.charge(8);
-        let _ = stock.stash(0, &a, 6).uncharge();
+        let (stock, p, a, b) = sibling_in_the_only_slot();
         let (s, child) = (stock.clone(), b.clone());
         let user = thread::spawn(move || {
             if s.charge_through_parent(0, &child, 3).is_none() {
@@ -199,13 +211,7 @@ fn charges_through_the_parents_slot_racing_a_drain_keep_every_level_exact() {
 #[test]
 fn a_promotion_racing_the_parents_removal_leaves_nothing_stocked_for_it() {
     loom::model(|| {
-        let stock = Arc::new(Stock::new(1, 1, 8).unwrap());
-        let p = UsageCounter::root();
-        let d = UsageCounter::child_of(&p);
-        let k = UsageCounter::child_of(&p);
-        // d's miss: a batch of 8 charged, 6 kept, 2 used.
-        d.charge(8);
-        let _ = stock.stash(0, &d, 6).uncharge();
+        let (stock, p, d, k) = sibling_in_the_only_slot();
         let (s, child) = (stock.clone(), k.clone());
         let user = thread::spawn(move || {
             if s.charge_through_parent(0, &child, 3).is_none() {

@@ -1683,22 +1683,17 @@ impl<K: StockKey> Stock<K> {
     }
 
     /// The slot, in the locked block `b`, of the nearest strict descendant
-    /// of `top` (a child at best) that `fits`, within `top`'s window and
+    /// of `top` (a child at best), within `top`'s window and
     /// at most 16 levels below it, and not retired; with its levels below
     /// `top`.
-    fn descendant_slot(
-        &self,
-        b: &Block,
-        top: &K,
-        fits: impl Fn(usize) -> bool,
-    ) -> Option<(usize, usize)> {
+    fn descendant_slot(&self, b: &Block, top: &K) -> Option<(usize, usize)> {
         let top_counter = top.counter();
         let raw = top.as_raw();
         let (start, end) = self.window(raw);
         let mut best: Option<(usize, usize)> = None;
         for j in start..end {
             let other = b.key(j);
-            if other == 0 || other == raw || !fits(j) {
+            if other == 0 || other == raw {
                 continue;
             }
             // SAFETY: under the lock the slot keeps its key alive; borrowed
@@ -1748,7 +1743,7 @@ impl<K: StockKey> Stock<K> {
         if let Some(i) = b.find(self.window(raw), raw) {
             return Some((i, None));
         }
-        let (j, below) = self.descendant_slot(b, parent, |_| true)?;
+        let (j, below) = self.descendant_slot(b, parent)?;
         // SAFETY: as in `descendant_slot`.
         let child = std::mem::ManuallyDrop::new(unsafe { K::from_raw(b.key(j)) });
         child.counter().sub_levels(below, b.units(j), false);
@@ -1845,7 +1840,7 @@ impl<K: StockKey> Stock<K> {
                 }
             }
         }
-        match key.counter().try_charge_levels(1, n) {
+        match key.counter().try_charge_own(n) {
             Ok(own) => Some(crossed || own),
             Err(_) => {
                 self.return_to_parent(cpu, parent, n);

@@ -1045,41 +1045,15 @@ impl UsageCounter {
         }
     }
 
-    /// [`UsageCounter::try_charge_quiet`] of the `levels` nearest levels
-    /// only (this counter and its ancestors below a level that holds the
-    /// units already; at most 16): top-down, refused at the first level
-    /// whose `max` the charge would exceed, the levels above it rolled
-    /// back. On success, whether some level crossed its `high`.
-    pub(crate) fn try_charge_levels(&self, levels: usize, n: u64) -> Result<bool, &UsageCounter> {
-        if levels == 1 {
-            // A child through its parent's slot (`Stock::charge_through_parent`):
-            // its own level only, without the tables below.
-            let new = self.add_within_max(n).ok_or(self)?;
-            return Ok(self.note_usage(new));
-        }
-        let mut kept: [&UsageCounter; KEPT] = [self; KEPT];
-        let levels = levels.min(KEPT);
-        for (d, c) in self.chain().take(levels).enumerate() {
-            kept[d] = c;
-        }
-        let mut news = [0u64; KEPT];
-        for d in (0..levels).rev() {
-            match kept[d].add_within_max(n) {
-                Some(new) => news[d] = new,
-                None => {
-                    // Noted on the way down, as in `try_charge_quiet`.
-                    for above in &kept[d + 1..levels] {
-                        above.sub_clamped(n, true);
-                    }
-                    return Err(kept[d]);
-                }
-            }
-        }
-        let mut crossed = false;
-        for d in 0..levels {
-            crossed |= kept[d].note_usage(news[d]);
-        }
-        Ok(crossed)
+    /// Charge `n` at this counter only (its ancestors hold the units
+    /// already: a child charging through its parent's stock slot, see
+    /// `Stock::charge_through_parent`), refused if it would pass this
+    /// counter's `max` — the same limit-checked `add_within_max` as every
+    /// level of [`UsageCounter::try_charge_quiet`]. On success, whether it
+    /// crossed its `high`.
+    pub(crate) fn try_charge_own(&self, n: u64) -> Result<bool, &UsageCounter> {
+        let new = self.add_within_max(n).ok_or(self)?;
+        Ok(self.note_usage(new))
     }
 
     /// Subtract `n` here (clamped: an underflow is counted) and what that
