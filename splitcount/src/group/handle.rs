@@ -458,10 +458,7 @@ impl Group {
     }
 
     fn subscribe(&self, change: impl FnOnce(&mut Hooks)) {
-        let mut hooks = self.node.hooks.lock().unwrap_or_else(|e| e.into_inner());
-        let mut new = (**hooks).clone();
-        change(&mut new);
-        *hooks = Arc::new(new);
+        self.node.replace_hooks(change);
     }
 
     /// Charge `n` units regardless of limits (the kernel's forced charge),

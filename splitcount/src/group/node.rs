@@ -40,7 +40,14 @@ pub(crate) struct Node {
     read: CachePadded<Hot>,
     pub(crate) name: String,
     pub(crate) path: String,
-    pub(crate) hooks: Mutex<Arc<Hooks>>,
+    /// The subscribers. Readers (every refusal, event and crossing that
+    /// runs hooks) clone the `Arc` under the read lock, so a reader stopped
+    /// there — preempted, or parked in a signal handler — holds up no other
+    /// reader; the write lock is held only for the store of a new `Arc`
+    /// (see [`Node::replace_hooks`]).
+    hooks: RwLock<Arc<Hooks>>,
+    /// Serializes the subscribers' read-copy-update of `hooks`.
+    hooks_writer: Mutex<()>,
     /// The allocator's account of this group, made on first `enter()`.
     account: OnceLock<AccountKey>,
     /// A cooperative over-charge happened here (see [`OverLimit`]).
@@ -85,7 +92,8 @@ impl Node {
             }),
             name,
             path,
-            hooks: Mutex::new(Arc::default()),
+            hooks: RwLock::new(Arc::default()),
+            hooks_writer: Mutex::new(()),
             account: OnceLock::new(),
             breached: std::sync::atomic::AtomicBool::new(false),
             breach: Mutex::new(None),
@@ -265,12 +273,35 @@ impl Node {
             .collect()
     }
 
-    /// The hooks, cloned out of the mutex (never held while a hook runs).
-    /// Waits only a little for a subscriber being added; gives up (no
-    /// hooks) if the mutex stays held — after a `fork` that caught a thread
-    /// holding it, it stays held for ever in the child.
+    /// The hooks, cloned out of the read lock (never held while a hook
+    /// runs). Readers never wait for each other; only a subscriber — its
+    /// store of a new set (a pointer, under the write lock), or its wait
+    /// for that lock, which turns new readers away — can keep one waiting,
+    /// and it waits only a little: it gives up (no hooks) if the lock stays
+    /// unavailable — a subscriber preempted for that long inside its store,
+    /// or a `fork` that caught one there (the lock then stays held for ever
+    /// in the child).
     pub(crate) fn hooks(&self) -> Option<Arc<Hooks>> {
-        try_lock_a_while(&self.hooks).map(|h| h.clone())
+        try_read_a_while(&self.hooks).map(|h| h.clone())
+    }
+
+    /// Replace the hooks with `change` applied to a copy of them
+    /// (read-copy-update): the copy is made and allocated outside the
+    /// write lock, which is held only to store the new `Arc`; the old set
+    /// is dropped after it is released (a reader may still hold it).
+    /// Subscribers take `hooks_writer` first, so none loses another's
+    /// change.
+    pub(crate) fn replace_hooks(&self, change: impl FnOnce(&mut Hooks)) {
+        let _writer = self.hooks_writer.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.hooks.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut new = (*current).clone();
+        change(&mut new);
+        let new = Arc::new(new);
+        let old = std::mem::replace(
+            &mut *self.hooks.write().unwrap_or_else(|e| e.into_inner()),
+            new,
+        );
+        drop((old, current));
     }
 
     /// Record a cooperative over-charge past `by`'s limit (the first
