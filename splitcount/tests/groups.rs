@@ -574,6 +574,28 @@ fn a_pressure_hook_may_charge_its_own_group() {
     assert!(charged >= 25);
 }
 
+/// A refusal reports and counts the limit that refused it, not the one in
+/// force by the time it is reported: here a reclaim hook lifts the limit
+/// during the refusal (a `set_max` of another thread does the same). The
+/// error said "limit 18446744073709551615" and no `max` event was counted
+/// (the limit read afterwards was none), though `max ≥ refused` is
+/// documented.
+#[test]
+fn a_refusal_reports_the_limit_that_refused_it_though_a_hook_lifts_it() {
+    let h = Hierarchy::default();
+    let g = h.root().child("g").unwrap();
+    g.set_max(100).unwrap();
+    g.on_reclaim(|g, _| {
+        g.set_max(UNLIMITED).unwrap();
+        0
+    });
+    let e = g.charge(1000).unwrap_err();
+    assert_eq!((e.kind(), e.limit()), (ChargeErrorKind::Limit, 100));
+    let events = g.events();
+    assert_eq!((events.max, events.refused), (1, 1));
+    g.charge(1000).unwrap(); // the lifted limit holds from now on
+}
+
 /// A reclaim hook may install hooks on its own group (the mutex is not held
 /// while it runs).
 #[test]

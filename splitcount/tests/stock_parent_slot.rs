@@ -126,6 +126,41 @@ fn an_over_uncharge_moves_only_what_the_child_held() {
     assert_eq!((a.usage(), p.usage(), h.root().usage()), (1, 1, 1));
 }
 
+/// A child over-uncharged on one CPU, with units stocked for it on
+/// another (they cover the excess until they drain): its counter is then
+/// below that slot's units. When its parent takes the slot over, only what
+/// the child's counter still held becomes the parent's — the rest was taken
+/// off every level by the over-uncharge already. Handing the parent all the
+/// slot's units left it below its honest child once they drained (here 0
+/// under a child holding 10, and its limit of 10 then let 20 through).
+#[test]
+fn a_slot_promoted_from_an_over_uncharged_child_gives_the_parent_only_what_it_backs() {
+    let m = Machine::simulated(2, 1).unwrap();
+    let config = HierarchyConfig::default().machine(&m).stock_slots(1);
+    let h = Hierarchy::new(config).unwrap();
+    let p = h.root().child("p").unwrap();
+    let (rogue, honest) = (p.child("rogue").unwrap(), p.child("honest").unwrap());
+    m.set_current_cpu(0).unwrap();
+    rogue.charge(1).unwrap(); // a batch: 63 stocked on CPU 0
+    m.set_current_cpu(1).unwrap();
+    rogue.charge(1).unwrap(); // 63 stocked on CPU 1
+    m.set_current_cpu(0).unwrap();
+    rogue.uncharge(65); // it holds 2: 63 too many, covered by CPU 1's slot
+    assert!(rogue.usage() < 63, "below the units CPU 1 stocks for it");
+    m.set_current_cpu(1).unwrap();
+    honest.charge(10).unwrap(); // left out: `p` takes over rogue's slot
+    h.drain_stocks();
+    assert_eq!((rogue.usage(), honest.usage()), (0, 10));
+    assert_eq!((p.usage(), h.root().usage()), (10, 10));
+    assert_eq!(
+        p.events().underflow,
+        0,
+        "the parent was never asked for more"
+    );
+    p.set_max(10).unwrap();
+    assert!(honest.charge(1).is_err(), "the parent's limit holds");
+}
+
 #[test]
 fn a_child_holding_a_slot_returns_into_it_even_beside_its_parent() {
     // The window is full and the parent holds a slot, but the child holds

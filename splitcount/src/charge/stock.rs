@@ -1746,7 +1746,17 @@ impl<K: StockKey> Stock<K> {
         let (j, below) = self.descendant_slot(b, parent)?;
         // SAFETY: as in `descendant_slot`.
         let child = std::mem::ManuallyDrop::new(unsafe { K::from_raw(b.key(j)) });
-        child.counter().sub_levels(below, b.units(j), false);
+        // Only what the descendant's counter still holds becomes
+        // `parent`'s: an over-uncharge covered by this slot (the units of
+        // a key stocked on another CPU back an excess until they drain)
+        // took the rest off every level already, so the slot keeps what
+        // came off here (clamped, the underflow counted) and no more —
+        // all of it would later come off `parent` a second time, below
+        // its other children.
+        let removed = child.counter().sub_levels(below, b.units(j), false);
+        if removed < b.units(j) {
+            b.set_units(j, removed);
+        }
         child.counter().note_stock_slot_levels(below, false);
         // The key word changes under the lock; the units stay, now
         // `parent`'s (see `stash_locked` for the fence and the retired

@@ -187,8 +187,9 @@ struct EventCounts {
     /// compare-and-swap that makes it, and the numbers of crossings
     /// alternate up and down.
     high_state: AtomicU64,
-    /// A crossing of `high` whose pressure hooks have not run yet.
-    pressure_pending: AtomicBool,
+    /// Crossings of `high` whose pressure hooks have not run yet (a count:
+    /// a crossing made while another still waits is not merged into it).
+    pressure_pending: AtomicU64,
     /// What an allocation over this counter's `max` does ([`Enforcement`]).
     enforcement: AtomicU8,
     /// Past this usage even a cooperative over-charge is refused.
@@ -200,6 +201,11 @@ struct EventCounts {
     /// Nanoseconds charges spent stalled at this counter or below it
     /// (reclaim hooks, drains, retries, OOM hooks).
     stall_ns: AtomicU64,
+    /// The `max` that refused this counter's latest refused charge
+    /// ([`UNLIMITED`] before any): what refusals report and count, not the
+    /// limit read again afterwards, which a `set_max` or a reclaim hook
+    /// may have raised meanwhile.
+    refused_at: AtomicU64,
     /// Told of crossings of `high` (both ways), once the group layer asks.
     listener: std::sync::OnceLock<Listener>,
 }
@@ -250,11 +256,12 @@ impl Default for EventCounts {
             subtree: Default::default(),
             setting: Mutex::new(()),
             high_state: AtomicU64::new(0),
-            pressure_pending: AtomicBool::new(false),
+            pressure_pending: AtomicU64::new(0),
             enforcement: AtomicU8::new(Enforcement::Cooperative as u8),
             ceiling: AtomicU64::new(UNLIMITED),
             episode: AtomicU8::new(0),
             stall_ns: AtomicU64::new(0),
+            refused_at: AtomicU64::new(UNLIMITED),
             listener: std::sync::OnceLock::new(),
         }
     }
@@ -580,11 +587,14 @@ impl UsageCounter {
         }
     }
 
-    /// Whether a crossing of `high` is waiting for its pressure hooks;
-    /// clears it (each crossing is delivered once).
-    pub(crate) fn take_pressure(&self) -> bool {
-        self.events.pressure_pending.load(Relaxed)
-            && self.events.pressure_pending.swap(false, Relaxed)
+    /// How many crossings of `high` are waiting for their pressure hooks;
+    /// takes them (each crossing is delivered once). One load when none
+    /// waits.
+    pub(crate) fn take_pressure(&self) -> u64 {
+        match self.events.pressure_pending.load(Relaxed) {
+            0 => 0,
+            _ => self.events.pressure_pending.swap(0, Relaxed),
+        }
     }
 
     /// Count an out-of-memory event (the charge path gave up here).
@@ -713,8 +723,8 @@ impl UsageCounter {
             }
             // A crossing an uncharge's `settle_high` reported (it runs no
             // hooks): this charge, above `high`, has its pressure hooks
-            // run (once: `take_pressure` clears the mark).
-            return self.events.pressure_pending.load(Relaxed);
+            // run (once: `take_pressure` takes the count).
+            return self.events.pressure_pending.load(Relaxed) != 0;
         }
         false
     }
@@ -738,7 +748,7 @@ impl UsageCounter {
         };
         if above {
             self.count(Kind::High);
-            self.events.pressure_pending.store(true, Relaxed);
+            self.events.pressure_pending.fetch_add(1, Relaxed);
         }
         self.tell(above, usage, high, seq);
         true
@@ -916,13 +926,26 @@ impl UsageCounter {
         self.count(Kind::Underflow);
     }
 
-    /// Count a refusal at this counter (a `max` event) — unless it has no
-    /// `max`: then the refusal was at the ceiling of what a counter holds
-    /// ([`MAX_USAGE`]), which the error reports as such; no limit was hit.
+    /// Count a refusal at this counter (a `max` event) — unless the limit
+    /// that refused it was none: then the refusal was at the ceiling of
+    /// what a counter holds ([`MAX_USAGE`]), which the error reports as
+    /// such; no limit was hit. Decided by the limit in force at the
+    /// refusal ([`UsageCounter::refused_limit`]), not by the one in force
+    /// now.
     pub(crate) fn record_max(&self) {
-        if self.max() <= VALUE {
+        if self.refused_limit() <= VALUE {
             self.count(Kind::Max);
         }
+    }
+
+    /// The `max` in force when this counter last refused a charge (above
+    /// [`MAX_USAGE`]: the refusal was at the ceiling, no limit set;
+    /// `u64::MAX` if it never refused one). A refusal's error and events
+    /// report this one: the limit may have been raised since — by a
+    /// `set_max` of another thread, or by a reclaim hook during the
+    /// refusal itself.
+    pub fn refused_limit(&self) -> u64 {
+        self.events.refused_at.load(Relaxed)
     }
 
     /// [`UsageCounter::try_charge`] without counting the refusal: for the
@@ -1001,6 +1024,9 @@ impl UsageCounter {
             }
             // Refused by `max` as read: final unless a setter ran meanwhile.
             if setting % 2 == 0 && self.limits.setting.load(SeqCst) == setting {
+                // Relaxed: a report of the refusal, read by the refusing
+                // thread (program order) and, as a hint, by others.
+                self.events.refused_at.store(max, Relaxed);
                 return None;
             }
             while self.limits.setting.load(SeqCst) % 2 == 1 {
@@ -1165,14 +1191,29 @@ mod tests {
         let c = UsageCounter::root();
         c.set_high(10);
         assert!(c.charge(20), "a crossing: the charger runs the hooks");
-        assert!(c.take_pressure());
+        assert_eq!(c.take_pressure(), 1);
         assert!(!c.charge(1), "above high, nothing pending");
         // What an uncharge's `settle_high` leaves when it reports a
         // crossing: the state above and the mark set, no hook run.
-        c.events.pressure_pending.store(true, Relaxed);
+        c.events.pressure_pending.store(1, Relaxed);
         assert!(c.charge(1), "the next charge above high runs them");
-        assert!(c.take_pressure());
+        assert_eq!(c.take_pressure(), 1);
         assert!(!c.charge(1), "once");
+    }
+
+    /// Two crossings made before the hooks of the first ran (another
+    /// thread's, say) are two deliveries, not one: the count was a flag
+    /// that merged them.
+    #[test]
+    fn crossings_waiting_for_their_hooks_are_not_merged() {
+        let c = UsageCounter::root();
+        c.set_high(10);
+        assert!(c.charge(20));
+        c.uncharge(15);
+        assert!(c.charge(10), "back above high: a second crossing");
+        assert_eq!(c.events().high, 2);
+        assert_eq!(c.take_pressure(), 2);
+        assert_eq!(c.take_pressure(), 0);
     }
 
     #[test]

@@ -735,7 +735,7 @@ impl Group {
             }
             Err(refuser) => {
                 if refuser.usage.begin_episode(EPISODE_REFUSED) {
-                    let (usage, max) = (refuser.usage.usage(), refuser.usage.max());
+                    let (usage, max) = (refuser.usage.usage(), refuser.usage.refused_limit());
                     events::emit(
                         &self.shared,
                         &refuser,
@@ -747,7 +747,7 @@ impl Group {
                 }
                 // A limit no higher than the counters hold refuses as a
                 // limit; one above it only at the counters' ceiling.
-                let saturated = refuser.usage.max() > crate::charge::MAX_USAGE
+                let saturated = refuser.usage.refused_limit() > crate::charge::MAX_USAGE
                     && refuser.usage.usage().saturating_add(n) > crate::charge::MAX_USAGE;
                 if saturated {
                     return Err(ChargeError {
@@ -785,7 +785,11 @@ impl Group {
             kind,
             charged: self.live().path.clone(),
             group: refuser.path.clone(),
-            limit: refuser.usage.max(),
+            // The limit that refused, not one raised since.
+            limit: match kind {
+                ChargeErrorKind::Limit => refuser.usage.refused_limit(),
+                ChargeErrorKind::TooLarge | ChargeErrorKind::Saturated => refuser.usage.max(),
+            },
             usage: refuser.usage.usage(),
             request: n,
             top: match kind {

@@ -470,7 +470,7 @@ pub(crate) fn mark_breached(shared: &Arc<Shared>, node: &Arc<Node>, refuser: &Ar
             charged: node.path.clone(),
             group: refuser.path.clone(),
             usage: refuser.usage.usage(),
-            max: refuser.usage.max(),
+            max: refuser.usage.refused_limit(),
             request: n,
             top: refuser.top(super::error::TOP_CONSUMERS),
         })

@@ -149,7 +149,7 @@ impl Shared {
         let NoRoom { refuser, stalled } = over;
         let stall_ends = || node.usage.add_stall(stalled.elapsed().as_nanos() as u64);
         if refuser.usage.begin_episode(EPISODE_OOM) {
-            let (usage, max) = (refuser.usage.usage(), refuser.usage.max());
+            let (usage, max) = (refuser.usage.usage(), refuser.usage.refused_limit());
             events::emit(self, &refuser, EventKind::Oom, usage, max, None);
         }
         let short = short_by(&refuser.usage, n);
@@ -183,17 +183,22 @@ impl Shared {
     }
 
     /// Run the pressure hooks of every group from `node` up whose usage
-    /// just crossed its `high` (each crossing once).
+    /// just crossed its `high`: once per crossing (crossings made before
+    /// the hooks of an earlier one ran — by other threads — run them once
+    /// each, here).
     #[cold]
     pub(crate) fn pressure(self: &Arc<Self>, node: &Arc<Node>, run: HookRunner) {
         let mut n = Some(node.clone());
         while let Some(g) = n {
-            if g.usage.take_pressure() {
+            let crossings = g.usage.take_pressure();
+            if crossings > 0 {
                 let over = g.usage.usage().saturating_sub(g.usage.high());
                 if let Some(h) = g.hooks() {
                     let group = Group::new(self.clone(), g.clone());
-                    for hook in &h.pressure {
-                        run(&mut || hooks::run((), || hook(&group, over)));
+                    for _ in 0..crossings {
+                        for hook in &h.pressure {
+                            run(&mut || hooks::run((), || hook(&group, over)));
+                        }
                     }
                 }
             }

@@ -271,7 +271,7 @@ impl<A, C: Charging> Accounted<A, C> {
             let limit = if by.usage().saturating_add(n) > by.ceiling() {
                 by.ceiling()
             } else {
-                by.max()
+                by.refused_limit()
             };
             let refusal = Refusal {
                 request: n,
@@ -308,7 +308,7 @@ impl<A, C: Charging> Accounted<A, C> {
                     refuser,
                     EventKind::MaxRefused,
                     by.usage(),
-                    by.max(),
+                    by.refused_limit(),
                     None,
                 );
             }
