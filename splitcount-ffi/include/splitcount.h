@@ -649,8 +649,9 @@ int splitcount_group_child(splitcount_group *parent, const char *name, splitcoun
  * `SPLITCOUNT_E_BUSY`) and release this handle. Its usage stays counted at
  * its ancestors; later uncharges through other handles on it reach them.
  *
- * Under the preload with `SPLITCOUNT_PRELOAD_TAGS=off`, `/preload` cannot
- * be removed (`SPLITCOUNT_E_STATE`).
+ * Under the preload, `/preload` cannot be removed (`SPLITCOUNT_E_STATE`):
+ * threads outside any group charge it, and `SPLITCOUNT_PRELOAD_MAX` is its
+ * limit.
  *
  * Must not run concurrently with other calls using this handle.
  */

@@ -9,7 +9,7 @@
 
 use crate::error::{
     put, run, text, Error, Result, SPLITCOUNT_E_BUFFER, SPLITCOUNT_E_INVALID, SPLITCOUNT_E_LIMIT,
-    SPLITCOUNT_E_OVER_LIMIT, SPLITCOUNT_E_REMOVED,
+    SPLITCOUNT_E_NULL, SPLITCOUNT_E_OVER_LIMIT, SPLITCOUNT_E_REMOVED,
 };
 use crate::handle::{id, Registry};
 use crate::hierarchy::HierarchyEntry;
@@ -169,16 +169,24 @@ pub unsafe extern "C" fn splitcount_group_child(
         let p = live(parent)?;
         // SAFETY: the caller's contract.
         let name = unsafe { text(name, "name") }?;
+        // Checked before anything is made: a failed call changes nothing
+        // (the group was made, its name taken, with no handle to it).
+        if out.is_null() {
+            return Err(Error::new(SPLITCOUNT_E_NULL, "the out-pointer is NULL"));
+        }
         let group = p.group.child(name)?;
         // The C API's default (see `SPLITCOUNT_ENFORCE_REFUSE`).
         group.set_enforcement(Enforcement::Refuse);
         let entry = GroupEntry {
-            group,
+            group: group.clone(),
             stat_ids: p.stat_ids.clone(),
             owner: p.owner,
         };
         // SAFETY: the caller's contract.
-        unsafe { GROUPS.hand_out(entry, out) }
+        unsafe { GROUPS.hand_out(entry, out) }.inspect_err(|_| {
+            // No handle for it (the table is full): it goes again.
+            let _ = group.remove();
+        })
     })
 }
 
@@ -186,8 +194,9 @@ pub unsafe extern "C" fn splitcount_group_child(
 /// `SPLITCOUNT_E_BUSY`) and release this handle. Its usage stays counted at
 /// its ancestors; later uncharges through other handles on it reach them.
 ///
-/// Under the preload with `SPLITCOUNT_PRELOAD_TAGS=off`, `/preload` cannot
-/// be removed (`SPLITCOUNT_E_STATE`).
+/// Under the preload, `/preload` cannot be removed (`SPLITCOUNT_E_STATE`):
+/// threads outside any group charge it, and `SPLITCOUNT_PRELOAD_MAX` is its
+/// limit.
 ///
 /// Must not run concurrently with other calls using this handle.
 #[no_mangle]

@@ -35,13 +35,21 @@ pub(crate) fn enter_allowed() -> Result<(), Error> {
     }
 }
 
-/// `Err` when `group` is the preload's default group and the preload
-/// charges every block to it (see [`refuse_enter`]).
+/// `Err` when `group` is the preload's default group: every thread
+/// outside a scope charges it for the life of the process, and its limit is
+/// `SPLITCOUNT_PRELOAD_MAX` — removed, its charges went to the root and the
+/// limit stopped holding, silently, while the report still showed it. With
+/// tags off (see [`refuse_enter`]) every block is charged to it as well.
 pub(crate) fn removal_allowed(group: &Group) -> Result<(), Error> {
-    match (ENTER_REFUSED.get(), PRELOAD.get()) {
-        (Some(why), Some((_, default))) if default == group => Err(Error::new(
+    match PRELOAD.get() {
+        Some((_, default)) if default == group => Err(Error::new(
             SPLITCOUNT_E_STATE,
-            format!("the preload's group cannot be removed: {why}"),
+            match ENTER_REFUSED.get() {
+                Some(why) => format!("the preload's group cannot be removed: {why}"),
+                None => "the preload's group cannot be removed: threads outside any \
+                         group charge it, and SPLITCOUNT_PRELOAD_MAX is its limit"
+                    .to_owned(),
+            },
         )),
         _ => Ok(()),
     }

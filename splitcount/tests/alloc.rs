@@ -308,6 +308,31 @@ fn allocations_after_the_exit_guard_leave_nothing_charged() {
     assert_eq!(live_bytes(&g), 0);
 }
 
+/// A thread whose only allocation call is a `realloc` that grows a block
+/// (made by another thread) fills its reserve on the slow path of the
+/// growth: the exit guard must be armed there too, or the reserve stays
+/// charged after the thread is gone. (It was armed only by an allocation's
+/// miss: under the C heap's preload a program whose threads only `realloc`
+/// left 16 KiB charged per thread, until a limit refused everything while
+/// it held nothing.)
+#[test]
+fn a_thread_that_only_grows_a_block_returns_its_reserve_at_exit() {
+    let g = fresh("grown-elsewhere");
+    for _ in 0..20 {
+        let v: Vec<u8> = g.scope(|| Vec::with_capacity(100));
+        let v = std::thread::spawn(move || {
+            let mut v = v;
+            v.reserve_exact(200);
+            v
+        })
+        .join()
+        .unwrap();
+        assert!(v.capacity() >= 200);
+        drop(v);
+    }
+    assert_eq!(live_bytes(&g), 0);
+}
+
 #[test]
 fn many_threads_allocating_across_limited_groups_return_to_baseline() {
     let parent = fresh("stress");

@@ -124,6 +124,11 @@ static void groups(void) {
   FAILS(splitcount_group_child(tenant, "query", &dup), SPLITCOUNT_E_EXISTS);
   FAILS(splitcount_group_child(tenant, "a/b", &dup), SPLITCOUNT_E_INVALID);
   FAILS(splitcount_group_child(tenant, NULL, &dup), SPLITCOUNT_E_NULL);
+  /* A failed call changes nothing: no out-pointer, no group made (it was
+   * made without a handle, its name taken). */
+  FAILS(splitcount_group_child(tenant, "unseen", NULL), SPLITCOUNT_E_NULL);
+  OK(splitcount_group_child(tenant, "unseen", &dup));
+  OK(splitcount_group_remove(dup));
 
   /* Limits, charges, refusals with the numbers. */
   OK(splitcount_group_set_max(tenant, 1000));

@@ -303,6 +303,47 @@ static void threads_and_cross_thread_frees(void) {
   }
 }
 
+/* A thread whose only call is a realloc that grows a block fills its
+ * reserve on the growth's slow path: it must go back when the thread exits
+ * (it stayed charged: 16 KiB more per such thread, until a limit refused a
+ * program that held nothing). */
+static void *grown;
+static void *grow_only(void *arg) {
+  (void)arg;
+  void *q = realloc(grown, 200);
+  CHECK(q != NULL);
+  grown = q;
+  return NULL;
+}
+
+static void threads_that_only_realloc_leave_nothing_charged(void) {
+  uint64_t before = usage(preload_group);
+  for (int i = 0; i < 50; i++) {
+    grown = malloc(100);
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, grow_only, NULL) == 0);
+    CHECK(pthread_join(t, NULL) == 0);
+    free(grown);
+  }
+  /* The main thread's reserve may hold more (the freed blocks' bytes, up
+   * to its 32 KiB cap); 50 threads' reserves would be 800 KiB. */
+  CHECK(usage(preload_group) <= before + 32768);
+}
+
+/* /preload cannot go: threads outside any group charge it, and
+ * SPLITCOUNT_PRELOAD_MAX is its limit (removed, its limit stopped holding
+ * while the report still showed it). */
+static void the_preload_group_cannot_be_removed(void) {
+  CHECK(splitcount_group_remove(preload_group) == SPLITCOUNT_E_STATE);
+  CHECK(strstr(splitcount_last_error(), "cannot be removed") != NULL);
+  void *p = malloc(1000);
+  CHECK(p != NULL);
+  uint64_t u = 0;
+  OK(splitcount_group_usage(preload_group, &u));
+  CHECK(u >= 1000);
+  free(p);
+}
+
 static int fork_child(void) {
   void *p[100];
   for (int i = 0; i < 100; i++) p[i] = malloc(100 + i * 1000);
@@ -330,6 +371,8 @@ int main(void) {
   cooperative_limits_let_it_through_and_say_so();
   realloc_and_aligned_blocks_are_charged_to_their_group();
   threads_and_cross_thread_frees();
+  threads_that_only_realloc_leave_nothing_charged();
+  the_preload_group_cannot_be_removed();
   fork_while_threads_allocate();
   printf("heap_test: %d checks passed\n", checks);
   return 0;

@@ -58,7 +58,7 @@ use super::{Accounted, Attached, LAST_REFUSAL, REPORTING_GRACE, REPORTING_GRACE_
 use crate::alloc::charging::Charging;
 use crate::alloc::reserve::{flush_headers, RESERVE_BATCH};
 use crate::alloc::scope::{run_unaccounted, without_accounting};
-use crate::alloc::thread::STATE;
+use crate::alloc::thread::{arm_exit_guard, STATE};
 use crate::charge::usage::EPISODE_REFUSED;
 use crate::charge::{Enforcement, UsageCounter, MAX_REQUEST, UNLIMITED};
 use crate::group::{
@@ -207,9 +207,19 @@ impl<A, C: Charging> Accounted<A, C> {
 
     /// `RESERVE_BATCH` bytes charged beyond the allocation go to the
     /// thread's reserve (whose previous bytes, another account's, go back).
+    ///
+    /// The exit guard, which returns the reserve when the thread exits, is
+    /// armed here, where a reserve is filled, whatever path got here: an
+    /// allocation's miss arms it first, but a growing `realloc`
+    /// (`charge_growth`) comes without one — a thread whose only call was
+    /// such a `realloc` kept its reserve charged for ever.
     fn keep_reserve(&self, st: &Attached, acc: AccountKey) {
         STATE.with(|t| t.grace.set(0));
-        if let Ok(Some((old, bytes))) = STATE.try_with(|t| t.reserve.refill(acc, RESERVE_BATCH)) {
+        let refilled = STATE.try_with(|t| {
+            arm_exit_guard(t);
+            t.reserve.refill(acc, RESERVE_BATCH)
+        });
+        if let Ok(Some((old, bytes))) = refilled {
             self.uncharge_shared(st, old, bytes);
         }
     }
