@@ -27,6 +27,14 @@ use splitcount::group::{Group, Hierarchy, HierarchyConfig};
 use splitcount::raw::{Stock, StockKey, UsageCounter};
 use std::time::{Duration, Instant};
 
+/// Two simulated CPUs whose stocks have one slot each (batch 64), and the
+/// machine (to move between them).
+fn two_cpus_with_one_slot() -> (Machine, Hierarchy) {
+    let m = Machine::simulated(2, 1).unwrap();
+    let config = HierarchyConfig::default().machine(&m).stock_slots(1);
+    (m.clone(), Hierarchy::new(config).unwrap())
+}
+
 /// A hierarchy on one simulated CPU whose stock has `slots` slots (batch 64).
 fn one_cpu_with_slots(slots: usize) -> Hierarchy {
     let m = Machine::simulated(1, 1).unwrap();
@@ -135,9 +143,7 @@ fn an_over_uncharge_moves_only_what_the_child_held() {
 /// under a child holding 10, and its limit of 10 then let 20 through).
 #[test]
 fn a_slot_promoted_from_an_over_uncharged_child_gives_the_parent_only_what_it_backs() {
-    let m = Machine::simulated(2, 1).unwrap();
-    let config = HierarchyConfig::default().machine(&m).stock_slots(1);
-    let h = Hierarchy::new(config).unwrap();
+    let (m, h) = two_cpus_with_one_slot();
     let p = h.root().child("p").unwrap();
     let (rogue, honest) = (p.child("rogue").unwrap(), p.child("honest").unwrap());
     m.set_current_cpu(0).unwrap();
@@ -159,6 +165,38 @@ fn a_slot_promoted_from_an_over_uncharged_child_gives_the_parent_only_what_it_ba
     );
     p.set_max(10).unwrap();
     assert!(honest.charge(1).is_err(), "the parent's limit holds");
+}
+
+/// The same two levels down: a grandchild's slot taken over by its
+/// grandparent when the level between them was over-uncharged (it is below
+/// the slot's units, the grandchild is not). Each level gives what the one
+/// below gave, clamped, and the slot keeps what the level just below the
+/// grandparent gave: it kept every unit, and the grandparent ended below
+/// its other child once they drained.
+#[test]
+fn a_slot_promoted_over_an_over_uncharged_middle_level_gives_only_what_it_backs() {
+    let (m, h) = two_cpus_with_one_slot();
+    let other = h.root().child("other").unwrap();
+    let p = h.root().child("p").unwrap();
+    let mid = p.child("mid").unwrap();
+    let rogue = mid.child("rogue").unwrap();
+    let honest = p.child("honest").unwrap();
+    m.set_current_cpu(1).unwrap();
+    rogue.charge(1).unwrap(); // CPU 1's slot: 63 stocked for rogue
+    m.set_current_cpu(0).unwrap();
+    other.charge(1).unwrap(); // CPU 0's slot is another's
+    mid.uncharge(60); // `mid` never charged itself: an over-uncharge
+    assert!(mid.usage() < 63 && rogue.usage() >= 63);
+    m.set_current_cpu(1).unwrap();
+    honest.charge(10).unwrap(); // left out: `p` takes over rogue's slot
+    h.drain_stocks();
+    assert_eq!(honest.usage(), 10);
+    assert!(p.usage() >= honest.usage() + mid.usage(), "p {}", p.usage());
+    assert_eq!(
+        p.events().underflow,
+        0,
+        "the parent was never asked for more"
+    );
 }
 
 #[test]

@@ -1746,13 +1746,14 @@ impl<K: StockKey> Stock<K> {
         let (j, below) = self.descendant_slot(b, parent)?;
         // SAFETY: as in `descendant_slot`.
         let child = std::mem::ManuallyDrop::new(unsafe { K::from_raw(b.key(j)) });
-        // Only what the descendant's counter still holds becomes
-        // `parent`'s: an over-uncharge covered by this slot (the units of
-        // a key stocked on another CPU back an excess until they drain)
-        // took the rest off every level already, so the slot keeps what
-        // came off here (clamped, the underflow counted) and no more —
-        // all of it would later come off `parent` a second time, below
-        // its other children.
+        // Only what the descendant's levels below `parent` still hold
+        // becomes `parent`'s: an over-uncharge covered by this slot (the
+        // units of a key stocked on another CPU back an excess until they
+        // drain) took the rest off every level above it already, so the
+        // slot keeps what came off the level just below `parent` (each
+        // level clamped in turn, the underflow counted) and no more — all
+        // of it would later come off `parent` a second time, below its
+        // other children.
         let removed = child.counter().sub_levels(below, b.units(j), false);
         if removed < b.units(j) {
             b.set_units(j, removed);

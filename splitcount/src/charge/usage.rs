@@ -943,9 +943,20 @@ impl UsageCounter {
     /// `u64::MAX` if it never refused one). A refusal's error and events
     /// report this one: the limit may have been raised since — by a
     /// `set_max` of another thread, or by a reclaim hook during the
-    /// refusal itself.
+    /// refusal itself. It is the counter's *latest* refusal: two refusals
+    /// at once by different limits (a `set_max` between them) may both
+    /// report the later limit.
     pub fn refused_limit(&self) -> u64 {
         self.events.refused_at.load(Relaxed)
+    }
+
+    /// Note a refusal decided against the `max` in force now rather than
+    /// by a compare-and-swap that refused (the allocator's shortcuts: a
+    /// limit still in the way of a thread in its reporting grace, an
+    /// over-charge of a breach already begun): what
+    /// [`UsageCounter::refused_limit`] reports from then on.
+    pub(crate) fn note_refused_now(&self) {
+        self.events.refused_at.store(self.max(), Relaxed);
     }
 
     /// [`UsageCounter::try_charge`] without counting the refusal: for the
@@ -1082,16 +1093,20 @@ impl UsageCounter {
         Ok(self.note_usage(new))
     }
 
-    /// Subtract `n` here (clamped: an underflow is counted) and what that
-    /// was at the ancestors among the `levels` nearest levels; untold when
-    /// `!note` (see [`UsageCounter::uncharge_untold`]). What was subtracted.
+    /// Subtract `n` here (clamped: an underflow is counted) and, level by
+    /// level up the `levels` nearest levels, what the level below gave
+    /// (each clamped in turn); untold when `!note` (see
+    /// [`UsageCounter::uncharge_untold`]). What the topmost of them gave:
+    /// no more than any level below it. (A level in between that was
+    /// over-uncharged gives less than the one below; the levels above it
+    /// must then lose only that — they lost the rest with it already.)
     pub(crate) fn sub_levels(&self, levels: usize, n: u64, note: bool) -> u64 {
         if levels == 0 {
             return 0;
         }
-        let removed = self.sub_clamped(n, note);
+        let mut removed = self.sub_clamped(n, note);
         for p in self.chain().skip(1).take(levels - 1) {
-            p.sub_clamped(removed, note);
+            removed = p.sub_clamped(removed, note);
         }
         removed
     }

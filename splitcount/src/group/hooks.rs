@@ -5,9 +5,10 @@
 //! Hooks run on the charge paths — also inside the global allocator, where
 //! they run with accounting off (their own allocations are not charged, so
 //! they cannot recurse into a full group) — and so:
-//! - they are read from a snapshot cloned out of the group's mutex, which is
-//!   never held while a hook runs: a hook may charge its own group or
-//!   subscribe more hooks;
+//! - they are read from a snapshot cloned out of the group's read lock,
+//!   which is never held while a hook runs (a subscription copies the set,
+//!   with accounting off, and stores the new one under the write lock): a
+//!   hook may charge its own group or subscribe more hooks;
 //! - a hook that panics has declined (reclaimed nothing, allowed nothing):
 //!   the unwind stops at the charge path, never leaving it (out of
 //!   `GlobalAlloc::alloc` that would be undefined behaviour); the panic hook

@@ -287,20 +287,31 @@ impl Node {
 
     /// Replace the hooks with `change` applied to a copy of them
     /// (read-copy-update): the copy is made and allocated outside the
-    /// write lock, which is held only to store the new `Arc`; the old set
-    /// is dropped after it is released (a reader may still hold it).
-    /// Subscribers take `hooks_writer` first, so none loses another's
-    /// change.
+    /// write lock, which is held only to store the new `Arc`. Subscribers
+    /// take `hooks_writer` first, so none loses another's change.
+    ///
+    /// Nothing under `hooks_writer` runs a hook: the copy is allocated with
+    /// the allocator's accounting off (a charge refused there would run
+    /// this group's hooks, and a hook that subscribes — which hooks may do
+    /// — would wait for ever for the writer lock its own thread holds),
+    /// and the old set, whose closures may own values with a `Drop` of the
+    /// user's, is dropped once the lock is released (a reader may still
+    /// hold it anyway).
     pub(crate) fn replace_hooks(&self, change: impl FnOnce(&mut Hooks)) {
-        let _writer = self.hooks_writer.lock().unwrap_or_else(|e| e.into_inner());
-        let current = self.hooks.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut new = (*current).clone();
-        change(&mut new);
-        let new = Arc::new(new);
-        let old = std::mem::replace(
-            &mut *self.hooks.write().unwrap_or_else(|e| e.into_inner()),
-            new,
-        );
+        let (old, current) = {
+            let _writer = self.hooks_writer.lock().unwrap_or_else(|e| e.into_inner());
+            let current = self.hooks.read().unwrap_or_else(|e| e.into_inner()).clone();
+            let new = crate::alloc::without_accounting(|| {
+                let mut new = (*current).clone();
+                change(&mut new);
+                Arc::new(new)
+            });
+            let old = std::mem::replace(
+                &mut *self.hooks.write().unwrap_or_else(|e| e.into_inner()),
+                new,
+            );
+            (old, current)
+        };
         drop((old, current));
     }
 
@@ -479,7 +490,7 @@ pub(crate) fn mark_breached(shared: &Arc<Shared>, node: &Arc<Node>, refuser: &Ar
     let mut g = Some(node.clone());
     while let Some(x) = g {
         if x.record_breach(&refuser.usage, &mut make) {
-            let (usage, max) = (refuser.usage.usage(), refuser.usage.max());
+            let (usage, max) = (refuser.usage.usage(), refuser.usage.refused_limit());
             super::emit_event(shared, &x, super::EventKind::Breached, usage, max, None);
         }
         if Arc::ptr_eq(&x, refuser) {

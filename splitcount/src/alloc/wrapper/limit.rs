@@ -115,6 +115,7 @@ impl<A, C: Charging> Accounted<A, C> {
                 // A large one, or a limit that has not refused yet (the
                 // grace began at another group's), takes the whole path.
                 if n <= REPORTING_GRACE_ALLOCATION && refuser.in_refused_episode() {
+                    refuser.note_refused_now();
                     refuser.record_max();
                     refuser.record_oom();
                     refuser.record_refused();
@@ -241,6 +242,9 @@ impl<A, C: Charging> Accounted<A, C> {
     ) -> Option<AccountKey> {
         let shared = st.hierarchy.shared();
         let crossed = acc.force_charge(if refill { n + RESERVE_BATCH } else { n });
+        // The breach's record reports the limit in force, which this
+        // over-charge passed (no compare-and-swap refused it).
+        blocking.note_refused_now();
         blocking.record_over_charge();
         if refill {
             self.keep_reserve(st, acc);
@@ -274,15 +278,23 @@ impl<A, C: Charging> Accounted<A, C> {
                 return Ok(passed);
             }
         }
+        // The limit that refused: the one a refusal stored, or — a request
+        // no limit could grant, refused by no limit — the one in force.
+        let limit_of = |by: &UsageCounter, refused: bool| {
+            if by.usage().saturating_add(n) > by.ceiling() {
+                by.ceiling()
+            } else if refused {
+                by.refused_limit()
+            } else {
+                by.max()
+            }
+        };
+        let refused = by.is_some();
         let by = by.unwrap_or(acc.usage());
         let node = acc.node().or_else(|| acc.live_node());
         let refuser = node.as_ref().map(|n| n.find(by));
         let retry = without_accounting(|| {
-            let limit = if by.usage().saturating_add(n) > by.ceiling() {
-                by.ceiling()
-            } else {
-                by.refused_limit()
-            };
+            let limit = limit_of(by, refused);
             let refusal = Refusal {
                 request: n,
                 group: refuser.as_ref().map(|r| r.path.clone()).unwrap_or_default(),
@@ -318,7 +330,7 @@ impl<A, C: Charging> Accounted<A, C> {
                     refuser,
                     EventKind::MaxRefused,
                     by.usage(),
-                    by.refused_limit(),
+                    limit_of(by, refused),
                     None,
                 );
             }

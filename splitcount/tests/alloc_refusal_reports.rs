@@ -1,0 +1,102 @@
+//! What the allocator's refusals and breaches report, and subscriptions
+//! made while the allocator may refuse: each case a reviewer found on a
+//! path that decides without a compare-and-swap refusing at the limit, or
+//! that ran hooks where it must not.
+
+#![cfg(not(loom))]
+
+#[macro_use]
+mod common;
+
+use splitcount::alloc::{take_last_refusal, REPORTING_GRACE};
+use splitcount::charge::Enforcement;
+use splitcount::group::{BreachMode, EventKind};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+
+accounted_heap!();
+
+/// A request no limit could grant is reported against the limit in force,
+/// and a small allocation refused at once in the reporting grace (the
+/// limit still in the way) counts a `max` as every refusal does: both read
+/// a limit no refusal had stored ("limit 18446744073709551615", `max` 0
+/// for `refused` 1).
+#[test]
+fn refusals_decided_without_a_refusing_charge_report_the_limit_in_force() {
+    let g = fresh("no-stored-refusal");
+    g.set_max(1 << 20).unwrap();
+    g.set_enforcement(Enforcement::Refuse);
+    let rx = g.event_channel(16).unwrap();
+    let (limit, small_refused) = g.scope(|| {
+        assert!(Vec::<u8>::new().try_reserve(1 << 56).is_err());
+        let limit = take_last_refusal().unwrap().limit;
+        // Past max and the grace's headroom by a forced charge (no refusal
+        // stored), then a small allocation in the grace.
+        let over = (1u64 << 20) + REPORTING_GRACE + 1 - g.usage();
+        g.force_charge(over).unwrap();
+        splitcount::alloc::drain_thread();
+        let small = Vec::<u8>::new().try_reserve(100).is_err();
+        g.uncharge(over);
+        (limit, small)
+    });
+    assert_eq!(limit, 1 << 20);
+    assert!(small_refused);
+    for e in rx.try_iter().filter(|e| e.kind == EventKind::MaxRefused) {
+        assert_eq!(e.limit, 1 << 20);
+    }
+    let events = g.events();
+    assert!(events.max >= events.refused, "{events:?}");
+}
+
+/// An over-charge in a breach already begun (no charge refused it) records
+/// the limit it passed — the one in force — not the one an earlier refusal
+/// of the episode stored.
+#[test]
+fn a_breach_of_a_raised_limit_reports_the_raised_limit() {
+    let g = fresh("raised-mid-breach");
+    g.set_breach_mode(BreachMode::Level);
+    g.set_max(1 << 20).unwrap();
+    let (a, b) = g.scope(|| {
+        let a: Vec<u8> = Vec::with_capacity(2 << 20);
+        assert!(g.check().is_err());
+        g.set_max(8 << 20).unwrap();
+        assert!(g.check().is_ok(), "back under the limit in force");
+        let b: Vec<u8> = Vec::with_capacity(8 << 20);
+        (a, b)
+    });
+    let e = g.check().unwrap_err();
+    drop((a, b));
+    assert!(
+        e.to_string().contains(&format!("of {} after", 8u64 << 20)),
+        "{e}"
+    );
+}
+
+/// A subscription made while the group is at its limit: copying the set of
+/// hooks allocates, and a refused charge there would run the group's
+/// hooks — a reclaim hook that subscribes then waited for ever for the
+/// writer lock its own thread held. The copy is not charged.
+#[test]
+fn a_subscription_at_the_limit_runs_no_hook_that_could_wait_for_it() {
+    let g = fresh("subscribing-at-the-limit");
+    let runs = Arc::new(AtomicU64::new(0));
+    {
+        let runs = runs.clone();
+        g.on_reclaim(move |g, _| {
+            if runs.fetch_add(1, SeqCst) == 0 {
+                g.on_pressure(|_, _| {});
+            }
+            0
+        });
+    }
+    let g2 = g.clone();
+    common::finishes_within(std::time::Duration::from_secs(20), move || {
+        g2.scope(|| {
+            splitcount::alloc::drain_thread();
+            ALLOC.drain();
+            g2.set_max(g2.usage()).unwrap();
+            g2.on_oom(|_, _| false);
+        });
+    });
+    assert_eq!(runs.load(SeqCst), 0, "no hook ran inside the subscription");
+}
