@@ -103,7 +103,7 @@ fn the_exposition_reads_as_expected() {
 # TYPE splitcount_group_usage gauge
 splitcount_group_usage{group=\"/\"} 300
 splitcount_group_usage{group=\"/tenant\"} 300
-# HELP splitcount_group_usage_slack Units of the usage pre-charged in the per-CPU stocks and not in use: the error bound of usage.
+# HELP splitcount_group_usage_slack Units of the usage pre-charged in the per-CPU stocks and not in use: the error bound of usage (an allocator's per-thread reserves aside).
 # TYPE splitcount_group_usage_slack gauge
 splitcount_group_usage_slack{group=\"/\"} 0
 splitcount_group_usage_slack{group=\"/tenant\"} 0
@@ -250,6 +250,45 @@ fn the_collector_writes_openmetrics_through_a_registry() {
         text.contains("requests_total{tenant=\"acme\"} 3\n"),
         "{text}"
     );
+}
+
+/// What a user writes that is not valid exposition text is made valid: a
+/// prefix with `-` and `.` (it was written as given: "invalid metric
+/// name"), and a description with a newline and a backslash through the
+/// collector (escaped by `render` already; written raw through a
+/// registry, it split the HELP line in two). Found by a helper, with
+/// promtool.
+#[test]
+fn a_prefix_and_a_description_that_are_not_valid_text_are_made_valid() {
+    let h = demo();
+    let text = render(&h.root(), &Options::default().prefix("my-app.v2"));
+    assert!(
+        text.contains("# TYPE my_app_v2_group_usage gauge\n"),
+        "{text}"
+    );
+    assert_eq!(promtool(&text), None, "{text}");
+    let recorder = SplitRecorder::new();
+    metrics::with_local_recorder(&recorder, || {
+        metrics::describe_counter!("jobs", "Jobs run.\nCounted per worker \\ shard.");
+        metrics::counter!("jobs").increment(1);
+    });
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(recorder));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains("# HELP jobs Jobs run.\\nCounted per worker \\\\ shard.\n"),
+        "{text}"
+    );
+    // Every line is a comment or a sample (promtool's lints about the
+    // OpenMetrics counter's `_total` suffix aside, which prometheus-client
+    // writes for every counter).
+    for line in text.lines() {
+        assert!(
+            line.starts_with('#') || line.starts_with("jobs_total"),
+            "{line}"
+        );
+    }
 }
 
 /// The recorder's counters are exact after concurrent increments, its

@@ -823,6 +823,14 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Accounted<A, Requested> {
         }
     }
 
+    /// A growth is charged to the block's own account — the group that
+    /// allocated it, named in its tag — not to the group whose scope the
+    /// call runs in: the tag names one account, which the block's `free`
+    /// uncharges whole. (Charging the growth to another group would need
+    /// the whole block moved to it: its old size uncharged from the owner,
+    /// its new size charged to the caller, the tag rewritten. Not done: a
+    /// request growing a buffer made outside it charges the buffer's owner;
+    /// see the README.)
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let f = front(layout.align());
         // The new block's layout must be valid before anything is charged.

@@ -259,10 +259,16 @@ impl std::hash::Hasher for PreHashed {
 type Fast = std::hash::BuildHasherDefault<PreHashed>;
 type ByKey = HashMap<Key, Cached, Fast>;
 
+/// A thread's handles on one recorder's metrics, by kind (counter, gauge,
+/// histogram), then by key; and the recorder, to tell when it is gone.
+type OfRecorder = (std::sync::Weak<Inner>, [ByKey; 3]);
+
 thread_local! {
-    /// Each thread's handles: by recorder, then by kind (counter, gauge,
-    /// histogram), then by key.
-    static HANDLES: std::cell::RefCell<HashMap<u64, [ByKey; 3], Fast>> =
+    /// Each thread's handles, by recorder. The handles of a recorder that
+    /// was dropped go when this thread first meets a new recorder: they
+    /// keep its counters alive (a program that made and dropped a recorder
+    /// 100,000 times on one thread held 55 MB more).
+    static HANDLES: std::cell::RefCell<HashMap<u64, OfRecorder, Fast>> =
         std::cell::RefCell::new(HashMap::default());
 }
 
@@ -328,7 +334,7 @@ impl SplitRecorder {
         let found = HANDLES.try_with(|h| {
             h.borrow()
                 .get(&id)
-                .and_then(|kinds| kinds[kind].get(key))
+                .and_then(|(_, kinds)| kinds[kind].get(key))
                 .cloned()
         });
         match found {
@@ -336,7 +342,15 @@ impl SplitRecorder {
             Ok(None) => {
                 let c = make();
                 let _ = HANDLES.try_with(|h| {
-                    h.borrow_mut().entry(id).or_default()[kind].insert(key.clone(), c.clone())
+                    let mut h = h.borrow_mut();
+                    if !h.contains_key(&id) {
+                        // A recorder new to this thread: forget the gone.
+                        h.retain(|_, (recorder, _)| recorder.strong_count() > 0);
+                        h.insert(id, (Arc::downgrade(&self.inner), Default::default()));
+                    }
+                    if let Some((_, kinds)) = h.get_mut(&id) {
+                        kinds[kind].insert(key.clone(), c.clone());
+                    }
                 });
                 c
             }
@@ -404,31 +418,11 @@ impl Recorder for SplitRecorder {
 mod exposition {
     use super::{KeyParts, SplitRecorder};
     use crate::export::prometheus::{
-        encode_families, render_families, Family, Kind, LabelSet, Value,
+        encode_families, render_families, sanitize, Family, Kind, LabelSet, Value,
     };
     use prometheus_client::collector::Collector;
     use prometheus_client::encoding::DescriptorEncoder;
     use std::collections::{BTreeMap, BTreeSet};
-
-    /// A Prometheus metric or label name from any string: characters
-    /// outside `[a-zA-Z0-9_]` become `_` (and `:` in metric names is
-    /// kept), and a leading digit gets a `_` before it.
-    pub(crate) fn sanitize(name: &str, colons: bool) -> String {
-        let mut out: String = name
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '_' || (colons && c == ':') {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        if out.is_empty() || out.starts_with(|c: char| c.is_ascii_digit()) {
-            out.insert(0, '_');
-        }
-        out
-    }
 
     /// The names a family of `kind` named `name` writes (its HELP and
     /// TYPE lines' name and its samples').
@@ -542,5 +536,27 @@ mod exposition {
         fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
             encode_families(&mut encoder, &self.families())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SplitRecorder, HANDLES};
+
+    /// A thread's handles on a dropped recorder's metrics go when it meets
+    /// the next recorder: a thread that makes and drops recorders keeps
+    /// one recorder's handles at most, not all of them.
+    #[test]
+    fn a_dropped_recorders_handles_go_when_the_thread_meets_a_new_one() {
+        std::thread::spawn(|| {
+            for _ in 0..100 {
+                let r = SplitRecorder::new();
+                metrics::with_local_recorder(&r, || metrics::counter!("c").increment(1));
+            }
+            let kept = HANDLES.with(|h| h.borrow().len());
+            assert_eq!(kept, 1, "the last recorder's, until the next one");
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -9,7 +9,7 @@
 //! | family | type | value |
 //! |---|---|---|
 //! | `splitcount_group_usage` | gauge | usage of the group's subtree, stocked units included |
-//! | `splitcount_group_usage_slack` | gauge | units of that usage pre-charged in the per-CPU stocks and not in use: the error bound of `usage` (what is in use lies in `[usage − slack, usage]`) |
+//! | `splitcount_group_usage_slack` | gauge | units of that usage pre-charged in the per-CPU stocks and not in use: the error bound of `usage` (what is in use lies in `[usage − slack, usage]`) — for a group an allocator charges (`_bytes`), besides the threads' reserves: up to [`MAX_THREAD_RESERVE`](crate::alloc::MAX_THREAD_RESERVE) more per thread that allocated in the subtree and has not drained |
 //! | `splitcount_group_max`, `splitcount_group_high` | gauge | the limits, `+Inf` when unlimited |
 //! | `splitcount_group_peak` | gauge | the peak usage |
 //! | `splitcount_group_events_total{event="max\|high\|oom\|underflow\|breaches\|refused"}` | counter | events of the subtree (`memory.events`; see [`crate::charge::Events`]): `refused` is the count of refused requests, `breaches` of crossings of a cooperative limit — also of request groups removed since |
@@ -136,9 +136,13 @@ impl Default for Options {
 }
 
 impl Options {
-    /// Families named `{prefix}_group_…`.
+    /// Families named `{prefix}_group_…`. A prefix that is not a valid
+    /// metric name is made one: characters outside `[a-zA-Z0-9_:]` become
+    /// `_`, and a leading digit (or nothing) gets a `_` before it —
+    /// `my-app.v2` exports `my_app_v2_group_usage` (written as given, it
+    /// made a scrape that Prometheus rejects).
     pub fn prefix(mut self, prefix: &str) -> Self {
-        prefix.clone_into(&mut self.prefix);
+        self.prefix = sanitize(prefix, true);
         self
     }
 
@@ -271,7 +275,7 @@ fn families(group: &Group, o: &Options) -> Vec<Family> {
         ),
         per_group(
             "usage_slack",
-            "Units of the usage pre-charged in the per-CPU stocks and not in use: the error bound of usage.",
+            "Units of the usage pre-charged in the per-CPU stocks and not in use: the error bound of usage (an allocator's per-thread reserves aside).",
             unit.clone(),
             Kind::Gauge,
             &|g| Value::Int(g.stocked),
@@ -524,6 +528,26 @@ pub(crate) fn escape_label(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// A Prometheus metric or label name from any string: characters
+/// outside `[a-zA-Z0-9_]` become `_` (and `:` in metric names is
+/// kept), and a leading digit gets a `_` before it.
+pub(crate) fn sanitize(name: &str, colons: bool) -> String {
+    let mut out: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || (colons && c == ':') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if out.is_empty() || out.starts_with(|c: char| c.is_ascii_digit()) {
+        out.insert(0, '_');
+    }
+    out
+}
+
 /// A help text with `\` and newlines escaped.
 fn escape_help(v: &str) -> String {
     v.replace('\\', "\\\\").replace('\n', "\\n")
@@ -562,8 +586,12 @@ pub(crate) fn encode_families(
             Kind::Counter => MetricType::Counter,
             Kind::Histogram => MetricType::Histogram,
         };
+        // Escaped as `render` escapes it: prometheus-client writes the
+        // text as given, and a newline in a description (a user's, through
+        // the `metrics` recorder) broke the exposition.
+        let help = escape_help(&fam.help);
         let mut family =
-            encoder.encode_descriptor(&fam.name, &fam.help, fam.unit.as_ref(), metric_type)?;
+            encoder.encode_descriptor(&fam.name, &help, fam.unit.as_ref(), metric_type)?;
         for (labels, value) in &fam.samples {
             let labels: Vec<(&str, &str)> = labels
                 .iter()

@@ -25,6 +25,11 @@ where
 /// hold nothing charged to any group (each holds at most
 /// [`crate::alloc::MAX_THREAD_RESERVE`] bytes while it works).
 ///
+/// It takes the builder's one `on_thread_park` callback: a later
+/// `on_thread_park` replaces it (tokio keeps one) and the workers stop
+/// draining. A program that needs its own park callback calls
+/// [`crate::alloc::drain_thread`] from it instead.
+///
 /// ```
 /// let runtime = splitcount::task::drain_on_park(&mut tokio::runtime::Builder::new_multi_thread())
 ///     .worker_threads(2)
