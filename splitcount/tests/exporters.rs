@@ -269,7 +269,7 @@ fn a_prefix_and_a_description_that_are_not_valid_text_are_made_valid() {
     assert_eq!(promtool(&text), None, "{text}");
     let recorder = SplitRecorder::new();
     metrics::with_local_recorder(&recorder, || {
-        metrics::describe_counter!("jobs", "Jobs run.\nCounted per worker \\ shard.");
+        metrics::describe_counter!("jobs", "Jobs \"run\".\nCounted per worker \\ shard.");
         metrics::counter!("jobs").increment(1);
     });
     let mut registry = Registry::default();
@@ -277,7 +277,7 @@ fn a_prefix_and_a_description_that_are_not_valid_text_are_made_valid() {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     assert!(
-        text.contains("# HELP jobs Jobs run.\\nCounted per worker \\\\ shard.\n"),
+        text.contains("# HELP jobs Jobs \\\"run\\\".\\nCounted per worker \\\\ shard.\n"),
         "{text}"
     );
     // Every line is a comment or a sample (promtool's lints about the

@@ -138,11 +138,16 @@ impl Default for Options {
 impl Options {
     /// Families named `{prefix}_group_…`. A prefix that is not a valid
     /// metric name is made one: characters outside `[a-zA-Z0-9_:]` become
-    /// `_`, and a leading digit (or nothing) gets a `_` before it —
+    /// `_`, and a leading digit gets a `_` before it (an empty prefix
+    /// names the families `_group_…`) —
     /// `my-app.v2` exports `my_app_v2_group_usage` (written as given, it
     /// made a scrape that Prometheus rejects).
     pub fn prefix(mut self, prefix: &str) -> Self {
-        self.prefix = sanitize(prefix, true);
+        self.prefix = if prefix.is_empty() {
+            String::new() // `_group_…`: valid already
+        } else {
+            sanitize(prefix, true)
+        };
         self
     }
 
@@ -586,10 +591,12 @@ pub(crate) fn encode_families(
             Kind::Counter => MetricType::Counter,
             Kind::Histogram => MetricType::Histogram,
         };
-        // Escaped as `render` escapes it: prometheus-client writes the
-        // text as given, and a newline in a description (a user's, through
-        // the `metrics` recorder) broke the exposition.
-        let help = escape_help(&fam.help);
+        // Escaped: prometheus-client writes the text as given, and a
+        // newline in a description (a user's, through the `metrics`
+        // recorder) broke the exposition. OpenMetrics (what it writes)
+        // escapes `"` in HELP too, where the 0.0.4 text of `render` must
+        // not.
+        let help = escape_help(&fam.help).replace('"', "\\\"");
         let mut family =
             encoder.encode_descriptor(&fam.name, &help, fam.unit.as_ref(), metric_type)?;
         for (labels, value) in &fam.samples {
