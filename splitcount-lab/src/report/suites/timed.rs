@@ -149,7 +149,16 @@ pub fn preload(s: &Settings, progress: &ProgressBar) -> Result<Outcome, String> 
     let (b, setup) = counted(progress, || bench::preload::run(&exe, &[1], &s.plan()))?;
     let mut out = outcome("preload", &b, "free+malloc (redis: request)")?;
     out.settings["preload"] = json!(setup.preload);
-    out.settings["left_out"] = json!(setup.left_out());
+    let left_out = setup.left_out();
+    // A verdict without a figure says why, as the suite's section does.
+    if !left_out.is_empty() {
+        for v in &mut out.verdicts {
+            if v.status == targets::Status::NotMeasured {
+                v.note.clone_from(&left_out);
+            }
+        }
+    }
+    out.settings["left_out"] = json!(left_out);
     out.plots = vec![plots::bar_chart(
         "preload: malloc+free under the preload ÷ the same allocator alone",
         "× baseline",
