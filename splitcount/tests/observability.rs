@@ -286,6 +286,33 @@ fn a_subtree_written_as_files_reads_back_with_cat() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Written again into the same directory, the tree is the subtree as it is
+/// now: a removed group's directory goes (it stayed, and a script saw the
+/// group long after it was gone), while what the user keeps there stays.
+#[test]
+fn a_tree_written_again_drops_the_removed_groups_and_keeps_the_users_files() {
+    let h = Hierarchy::default();
+    let t = h.root().child("tenant").unwrap();
+    let (q1, q2) = (t.child("q1").unwrap(), t.child("q2").unwrap());
+    let deep = q2.child("deep").unwrap();
+    let dir = std::env::temp_dir().join(format!("splitcount-cgroup-again-{}", std::process::id()));
+    assert_eq!(cgroup::write_tree(&t, &dir).unwrap(), 4);
+    std::fs::create_dir_all(dir.join("notes")).unwrap();
+    std::fs::write(dir.join("notes/todo"), "keep").unwrap();
+    std::fs::write(dir.join("README"), "keep").unwrap();
+    deep.remove().unwrap();
+    q2.remove().unwrap();
+    assert_eq!(cgroup::write_tree(&t, &dir).unwrap(), 2);
+    assert!(
+        !dir.join("q2").exists(),
+        "the removed group's directory went"
+    );
+    assert!(dir.join("q1/memory.current").is_file());
+    assert!(dir.join("notes/todo").is_file() && dir.join("README").is_file());
+    drop(q1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A group named like a cgroup file cannot be a directory beside it: the
 /// tree is refused before anything is written, with the group named.
 #[test]

@@ -92,6 +92,14 @@ impl Group {
 /// `.` or `..`). Directories are created as needed; files are replaced.
 /// Returns the number of groups written. Walks without recursion.
 ///
+/// Written again into the same `dir` (a script's periodic refresh), the
+/// tree is the subtree as it is now: a directory of a group removed since
+/// — a directory beside the groups' files that holds a `memory.current`
+/// and names no child now — is removed with what is under it; anything
+/// else in `dir` (a file or directory of the user's, without a
+/// `memory.current`) is left alone. (They stayed, and a script reading the
+/// tree saw groups long gone.)
+///
 /// A group named like one of the [`FILES`] (`memory.max`: a valid group
 /// name, which the kernel refuses for a cgroup) cannot be a directory
 /// beside that file: the tree is checked first, and such a group is an
@@ -136,10 +144,29 @@ pub fn write_tree(group: &Group, dir: &Path) -> io::Result<usize> {
             std::fs::write(at.join(name), content)?;
         }
         written += 1;
-        for c in g.children() {
+        let children = g.children();
+        remove_gone(&at, &children)?;
+        for c in children {
             let sub = at.join(c.name());
             stack.push((c, sub));
         }
     }
     Ok(written)
+}
+
+/// Remove the directories under `at` that an earlier [`write_tree`] made
+/// for groups that are not among `children` now (see there).
+fn remove_gone(at: &Path, children: &[Group]) -> io::Result<()> {
+    for entry in std::fs::read_dir(at)? {
+        let entry = entry?;
+        if !entry.file_type()?.is_dir() {
+            continue;
+        }
+        let name = entry.file_name();
+        let gone = !children.iter().any(|c| name == c.name());
+        if gone && entry.path().join("memory.current").is_file() {
+            std::fs::remove_dir_all(entry.path())?;
+        }
+    }
+    Ok(())
 }
