@@ -170,6 +170,14 @@ fn sibling_in_the_only_slot() -> (
     (stock, p, a, b)
 }
 
+/// What a user of the left-out child does: charge `n` through its
+/// parent's slot, or directly when that does not go through.
+fn charge_left_out(stock: &Stock, child: &Arc<UsageCounter>, n: u64) {
+    if stock.charge_through_parent(0, child, n).is_none() {
+        child.try_charge(n).unwrap();
+    }
+}
+
 /// A child left out charges through its parent's slot (taking over its
 /// sibling's slot for the parent: the units come off the sibling's counter
 /// and stay charged at the parent) and gives one back, while another
@@ -184,9 +192,7 @@ fn charges_through_the_parents_slot_racing_a_drain_keep_every_level_exact() {
         let (stock, p, a, b) = sibling_in_the_only_slot();
         let (s, child) = (stock.clone(), b.clone());
         let user = thread::spawn(move || {
-            if s.charge_through_parent(0, &child, 3).is_none() {
-                child.try_charge(3).unwrap();
-            }
+            charge_left_out(&s, &child, 3);
             s.return_left_out(0, &child, 1);
         });
         stock.drain_all(&|_| true);
@@ -213,11 +219,7 @@ fn a_promotion_racing_the_parents_removal_leaves_nothing_stocked_for_it() {
     loom::model(|| {
         let (stock, p, d, k) = sibling_in_the_only_slot();
         let (s, child) = (stock.clone(), k.clone());
-        let user = thread::spawn(move || {
-            if s.charge_through_parent(0, &child, 3).is_none() {
-                child.try_charge(3).unwrap();
-            }
-        });
+        let user = thread::spawn(move || charge_left_out(&s, &child, 3));
         p.retire();
         stock.drain_key(p.as_raw());
         user.join().unwrap();

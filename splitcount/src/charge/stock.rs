@@ -1755,9 +1755,7 @@ impl<K: StockKey> Stock<K> {
         // of it would later come off `parent` a second time, below its
         // other children.
         let removed = child.counter().sub_levels(below, b.units(j), false);
-        if removed < b.units(j) {
-            b.set_units(j, removed);
-        }
+        b.set_units(j, removed);
         child.counter().note_stock_slot_levels(below, false);
         // The key word changes under the lock; the units stay, now
         // `parent`'s (see `stash_locked` for the fence and the retired

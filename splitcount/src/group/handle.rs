@@ -383,19 +383,22 @@ impl Group {
     /// Add a subscriber called when this group's limit refuses a charge
     /// (see [`ReclaimHook`]); subscribers run in order, their units summed.
     pub fn on_reclaim(&self, f: impl Fn(&Group, u64) -> u64 + Send + Sync + 'static) {
-        self.subscribe(|h| h.reclaim.push(Arc::new(f) as ReclaimHook));
+        self.node
+            .replace_hooks(|h| h.reclaim.push(Arc::new(f) as ReclaimHook));
     }
 
     /// Add a subscriber called when nothing else made room (see
     /// [`OomHook`]); subscribers run in order until one asks for a retry.
     pub fn on_oom(&self, f: impl Fn(&Group, u64) -> bool + Send + Sync + 'static) {
-        self.subscribe(|h| h.oom.push(Arc::new(f) as OomHook));
+        self.node
+            .replace_hooks(|h| h.oom.push(Arc::new(f) as OomHook));
     }
 
     /// Add a subscriber called once each time a charge takes this group
     /// above `high` (see [`PressureHook`]).
     pub fn on_pressure(&self, f: impl Fn(&Group, u64) + Send + Sync + 'static) {
-        self.subscribe(|h| h.pressure.push(Arc::new(f) as PressureHook));
+        self.node
+            .replace_hooks(|h| h.pressure.push(Arc::new(f) as PressureHook));
     }
 
     /// Add a subscriber called (with accounting off) when the allocator is
@@ -405,7 +408,8 @@ impl Group {
     /// memory) earns the allocation one more try. Subscribe on the root for
     /// a process-wide hook.
     pub fn on_alloc_refusal(&self, f: impl Fn(&Refusal) -> bool + Send + Sync + 'static) {
-        self.subscribe(|h| h.alloc_refusal.push(Arc::new(f) as AllocRefusalHook));
+        self.node
+            .replace_hooks(|h| h.alloc_refusal.push(Arc::new(f) as AllocRefusalHook));
     }
 
     /// Add a subscriber to this group's events (see [`GroupEvent`]): called
@@ -432,7 +436,8 @@ impl Group {
     /// assert_eq!(refusals.load(Ordering::Relaxed), 1); // … one event
     /// ```
     pub fn on_event(&self, f: impl Fn(&GroupEvent) + Send + Sync + 'static) {
-        self.subscribe(|h| h.events.push(Arc::new(f) as EventHook));
+        self.node
+            .replace_hooks(|h| h.events.push(Arc::new(f) as EventHook));
         events::listen(&self.shared, &self.node);
     }
 
@@ -447,18 +452,14 @@ impl Group {
             ));
         }
         let (hook, rx) = events::channel(capacity);
-        self.subscribe(|h| h.events.push(hook));
+        self.node.replace_hooks(|h| h.events.push(hook));
         events::listen(&self.shared, &self.node);
         Ok(rx)
     }
 
     /// Remove every hook of this group.
     pub fn clear_hooks(&self) {
-        self.subscribe(|h| *h = Hooks::default());
-    }
-
-    fn subscribe(&self, change: impl FnOnce(&mut Hooks)) {
-        self.node.replace_hooks(change);
+        self.node.replace_hooks(|h| *h = Hooks::default());
     }
 
     /// Charge `n` units regardless of limits (the kernel's forced charge),
