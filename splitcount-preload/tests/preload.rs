@@ -928,6 +928,25 @@ fn a_signal_writes_a_live_snapshot_and_the_program_goes_on() {
     assert_eq!(status.signal(), Some(libc::SIGUSR2), "{out}");
 }
 
+/// A main thread that ends with `pthread_exit` returns its reserve: glibc
+/// runs no thread-local destructor for it there (the pthread key's
+/// destructor does it). It stayed charged before: 16,680 bytes at exit for
+/// a program holding 296.
+#[test]
+fn a_main_thread_that_ends_with_pthread_exit_returns_its_reserve() {
+    let exe = plain_c_program("pthread_exit_test");
+    let out = preloaded(&exe, &[("SPLITCOUNT_PRELOAD_REPORT", "1")])
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{}\n{err}", out.status);
+    let line = report(&err, "/preload");
+    assert_eq!(line["at"], "exit", "{err}");
+    // The program holds no block of its own at exit; glibc's and the
+    // process's few come to well under one reserve (16 KiB).
+    assert!(number(&line, "usage") < 4096, "{err}");
+}
+
 /// `_exit` reports (it runs no `atexit` handler: before the preload
 /// interposed it, such a program reported nothing), and the status is the
 /// program's.
