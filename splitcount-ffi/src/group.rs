@@ -174,19 +174,23 @@ pub unsafe extern "C" fn splitcount_group_child(
         if out.is_null() {
             return Err(Error::new(SPLITCOUNT_E_NULL, "the out-pointer is NULL"));
         }
+        // The handle first, for the same reason: with the table full the
+        // group is not made. (Made first and removed again on a full table,
+        // it could not go once another thread had found it and made a
+        // child under it: the call failed and left the group behind.)
+        let handle = GROUPS.reserve()?;
         let group = p.group.child(name)?;
         // The C API's default (see `SPLITCOUNT_ENFORCE_REFUSE`).
         group.set_enforcement(Enforcement::Refuse);
         let entry = GroupEntry {
-            group: group.clone(),
+            group,
             stat_ids: p.stat_ids.clone(),
             owner: p.owner,
         };
-        // SAFETY: the caller's contract.
-        unsafe { GROUPS.hand_out(entry, out) }.inspect_err(|_| {
-            // No handle for it (the table is full): it goes again.
-            let _ = group.remove();
-        })
+        // SAFETY: `out` is not null (checked above) and valid by the
+        // caller's contract.
+        unsafe { handle.fill_out(entry, out) };
+        Ok(())
     })
 }
 

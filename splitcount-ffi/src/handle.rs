@@ -90,6 +90,42 @@ pub(crate) struct Registry<T> {
 // caller's documented misuse (a release racing a use).
 unsafe impl<T: Send + Sync> Sync for Registry<T> {}
 
+/// A free slot of a [`Registry`] taken for a value not made yet
+/// ([`Registry::reserve`]); back on the free list if dropped unfilled.
+pub(crate) struct Reserved<'a, T> {
+    registry: &'a Registry<T>,
+    index: Option<usize>,
+}
+
+impl<T> Reserved<'_, T> {
+    /// Put `value` in the slot; its handle.
+    pub(crate) fn fill(mut self, value: T) -> u64 {
+        let index = self.index.take().expect("filled once");
+        self.registry.fill(index, value)
+    }
+
+    /// [`Reserved::fill`], the handle disguised as a pointer to `P` and
+    /// written through `out`.
+    ///
+    /// # Safety
+    /// `out` is valid for a write.
+    pub(crate) unsafe fn fill_out<P>(self, value: T, out: *mut *mut P) {
+        let h = self.fill(value);
+        // SAFETY: the caller's contract.
+        unsafe { out.write(h as usize as *mut P) };
+    }
+}
+
+impl<T> Drop for Reserved<'_, T> {
+    fn drop(&mut self) {
+        if let Some(index) = self.index {
+            let mut free = self.registry.free.lock().unwrap_or_else(|e| e.into_inner());
+            // Even, as it was taken: the next `fill` makes it odd.
+            free.0.push(index as u32);
+        }
+    }
+}
+
 impl<T> Registry<T> {
     pub(crate) const fn new(kind: u8, what: &'static str) -> Registry<T> {
         assert!(kind != 0, "kind 0 would make the NULL pointer a handle");
@@ -189,6 +225,14 @@ impl<T> Registry<T> {
 
     /// Store `value` in a free slot; its handle.
     pub(crate) fn insert(&self, value: T) -> Result<u64> {
+        Ok(self.reserve()?.fill(value))
+    }
+
+    /// Take a free slot for a value made after: a call that must not make
+    /// an object it cannot hand out (a group, whose name it takes) reserves
+    /// its handle first. The slot goes back if the reservation is dropped
+    /// unfilled.
+    pub(crate) fn reserve(&self) -> Result<Reserved<'_, T>> {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         let index = match free.0.pop() {
             Some(i) => i as usize,
@@ -217,16 +261,26 @@ impl<T> Registry<T> {
                 i
             }
         };
+        Ok(Reserved {
+            registry: self,
+            index: Some(index),
+        })
+    }
+
+    /// Fill the reserved slot `index` with `value`; its handle.
+    fn fill(&self, index: usize, value: T) -> u64 {
+        // Held so that writers of slots stay ordered (see `Sync`).
+        let _free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         let slot = self.slot(index).expect("the chunk was published");
-        // SAFETY: the generation is even (free slot): no lookup reads the
-        // value, and writers hold `free`.
+        // SAFETY: the generation is even (a free slot, reserved: no lookup
+        // reads the value), and writers hold `free`.
         unsafe { *slot.value.get() = Some(value) };
         // A free slot is even and not retired (`vacate`), so this is odd
         // and never 1 twice.
         let g = slot.generation.load(Ordering::Relaxed) + 1;
         // Release: publishes the value to lookups.
         slot.generation.store(g, Ordering::Release);
-        Ok(self.encode(index, g))
+        self.encode(index, g)
     }
 
     /// Empty the live slot `index` (the caller holds `free`): its
@@ -343,6 +397,26 @@ mod tests {
             u64::from(u32::MAX)
         );
         (first, last)
+    }
+
+    /// A call that makes its object after taking the handle's slot
+    /// (`splitcount_group_child`) changes nothing when no slot is left, and
+    /// a reservation it drops (the object could not be made) gives its slot
+    /// back: the next insert takes it, and no handle named it meanwhile.
+    #[test]
+    fn a_reserved_slot_is_invisible_until_filled_and_comes_back_if_dropped() {
+        let r: Registry<u32> = Registry::new(7, "test");
+        let reserved = r.reserve().unwrap();
+        let index = reserved.index.unwrap();
+        // Its first handle-to-be is not live.
+        assert!(r.find(r.encode(index, 1)).is_none());
+        drop(reserved);
+        let h = r.insert(5).unwrap();
+        assert_eq!(r.decode(h).unwrap().0, index, "the dropped slot is reused");
+        assert_eq!(*r.get(h).unwrap(), 5);
+        let other = r.reserve().unwrap().fill(6);
+        assert_ne!(other, h);
+        assert_eq!(*r.get(other).unwrap(), 6);
     }
 
     #[test]
