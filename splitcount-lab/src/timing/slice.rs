@@ -1,8 +1,8 @@
 //! One slice: an operation run on some threads at once for a short, fixed
 //! wall time — the unit the rounds of [`super::rounds`] are made of.
 //!
-//! Each thread builds its operation (untimed), waits at a barrier, then
-//! runs the operation in batches (at least one) until the controller raises
+//! Each thread builds its operation (untimed), waits at the start line
+//! ([`StartLine`]), then runs the operation in batches (at least one) until the controller raises
 //! the stop flag, recording for its loop: the operations done, when the loop started
 //! and stopped (wall clock) and the CPU time it used
 //! ([`super::clock::thread_cpu_time`]). A *prepared* operation has an
@@ -30,8 +30,7 @@
 use super::clock::thread_cpu_time;
 use super::pin;
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a slice runs and how many operations a thread runs between two
@@ -261,6 +260,47 @@ where
     )
 }
 
+/// Where a slice's threads wait for each other before their loops: each
+/// arrives and yields its CPU until the controller, once all have arrived,
+/// says go.
+///
+/// Not `std::sync::Barrier` (a mutex and a condition variable): with more
+/// threads than CPUs, every thread it woke had to take its mutex in turn,
+/// each hand-over waiting for a time slice while the threads already
+/// started spun in their loops on every CPU — `bench counters --threads
+/// 64` took 22 s on 2 CPUs for 0.4 s of measuring, and 1,024 threads did
+/// not finish in a minute. Here nobody sleeps: a waiting thread gives its
+/// CPU back with `sched_yield` (at once when it has no one to give it to),
+/// so the last to arrive and the controller get a CPU within a few turns
+/// of the others, and the threads leave the line within one look at the
+/// flag of each other.
+#[derive(Default)]
+struct StartLine {
+    arrived: AtomicUsize,
+    go: AtomicBool,
+}
+
+impl StartLine {
+    /// A thread's arrival; returns when the controller says go.
+    fn arrive_and_wait(&self) {
+        // Release/Acquire: nothing rides on these flags but the start
+        // itself; the orderings keep the arrival after the thread's set-up
+        // and the loop after the go, as a barrier would.
+        self.arrived.fetch_add(1, Ordering::Release);
+        while !self.go.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+    }
+
+    /// The controller: wait for `threads` arrivals, then say go.
+    fn start_when_all(&self, threads: usize) {
+        while self.arrived.load(Ordering::Acquire) < threads {
+            std::thread::yield_now();
+        }
+        self.go.store(true, Ordering::Release);
+    }
+}
+
 fn run_bodies<M, B>(threads: usize, spec: SliceSpec, make: &M, prepared: bool) -> SliceRun
 where
     M: Fn(usize) -> B + Sync,
@@ -271,14 +311,14 @@ where
     let placement = pin::placement(threads);
     let all_pinned = AtomicBool::new(placement.is_some());
     let stop = AtomicBool::new(false);
-    let barrier = Barrier::new(threads + 1);
+    let start_line = StartLine::default();
     let origin = Instant::now();
     let since = |t: Instant| t.saturating_duration_since(origin).as_nanos() as u64;
     let runs = std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|t| {
-                let (stop, barrier, placement, all_pinned) =
-                    (&stop, &barrier, &placement, &all_pinned);
+                let (stop, start_line, placement, all_pinned) =
+                    (&stop, &start_line, &placement, &all_pinned);
                 s.spawn(move || {
                     if let Some(p) = placement {
                         if !pin::pin_current(p.cpus[t]) {
@@ -288,7 +328,7 @@ where
                     }
                     let mut body = make(t);
                     let mut timed = Timed::default();
-                    barrier.wait();
+                    start_line.arrive_and_wait();
                     let cpu0 = thread_cpu_time();
                     let start = Instant::now();
                     let mut ops = 0u64;
@@ -316,7 +356,7 @@ where
                 })
             })
             .collect();
-        barrier.wait();
+        start_line.start_when_all(threads);
         std::thread::sleep(spec.length);
         stop.store(true, Ordering::Relaxed);
         workers
