@@ -1,7 +1,8 @@
-//! What the allocator's refusals and breaches report, and subscriptions
-//! made while the allocator may refuse: each case a reviewer found on a
-//! path that decides without a compare-and-swap refusing at the limit, or
-//! that ran hooks where it must not.
+//! What the allocator's refusals, breaches and crossings report, and
+//! subscriptions made while the allocator may refuse: each case a reviewer
+//! found on a path that decides without a compare-and-swap refusing at the
+//! limit, that ran hooks where it must not, or that ran none where it
+//! must.
 
 #![cfg(not(loom))]
 
@@ -99,4 +100,28 @@ fn a_subscription_at_the_limit_runs_no_hook_that_could_wait_for_it() {
         });
     });
     assert_eq!(runs.load(SeqCst), 0, "no hook ran inside the subscription");
+}
+
+/// Small allocations cross `high` in a reserve refill (they charge in
+/// batches): the pressure hooks run once per crossing there too. The
+/// refill dropped the crossing: a C program's `malloc`s under the preload
+/// counted a `high` event and called no `splitcount_group_on_pressure`
+/// subscriber (a helper's program), and so did Rust's.
+#[test]
+fn small_allocations_that_cross_high_run_the_pressure_hooks() {
+    let g = fresh("pressure-by-small-blocks");
+    g.set_high(256 << 10);
+    let calls = Arc::new(AtomicU64::new(0));
+    {
+        let calls = calls.clone();
+        g.on_pressure(move |_, over| {
+            assert!(over > 0, "called above high");
+            calls.fetch_add(1, SeqCst);
+        });
+    }
+    let blocks: Vec<Vec<u8>> = g.scope(|| (0..600).map(|_| vec![1u8; 1000]).collect());
+    assert!(g.usage() > 256 << 10);
+    assert_eq!(g.events().high, 1);
+    assert_eq!(calls.load(SeqCst), 1, "one crossing, one call");
+    drop(blocks);
 }

@@ -127,9 +127,14 @@ impl<A, C: Charging> Accounted<A, C> {
         // one would return it).
         let exiting = STATE.try_with(|t| t.exiting.get()).unwrap_or(true);
         let refill = n < RESERVE_BATCH && !exiting;
-        if refill && self.charge_bytes(st, acc, n + RESERVE_BATCH).is_ok() {
-            self.keep_reserve(st, acc);
-            return Ok(Some(acc));
+        if refill {
+            if let Ok(crossed) = self.charge_bytes(st, acc, n + RESERVE_BATCH) {
+                self.keep_reserve(st, acc);
+                if crossed {
+                    self.pressure_from(st, acc);
+                }
+                return Ok(Some(acc));
+            }
         }
         if n > MAX_REQUEST {
             // No limit refuses it: it can only be a bug. No event.
@@ -204,6 +209,19 @@ impl<A, C: Charging> Accounted<A, C> {
             shared.pressure(node, run_unaccounted);
         }
         Some(acc)
+    }
+
+    /// A charge through `acc` crossed `high` at some level: run the pressure
+    /// hooks from `acc`'s group up (each level whose crossing is pending).
+    /// Every charge that may cross runs them or leaves the crossing pending
+    /// for the next: a refill that crossed and ran none — the common case,
+    /// since small allocations charge in reserve batches — left C and Rust
+    /// subscribers never called for crossings made by allocations.
+    #[cold]
+    fn pressure_from(&self, st: &Attached, acc: AccountKey) {
+        if let Some(node) = acc.node().or_else(|| acc.live_node()) {
+            st.hierarchy.shared().pressure(&node, run_unaccounted);
+        }
     }
 
     /// `RESERVE_BATCH` bytes charged beyond the allocation go to the
@@ -319,8 +337,13 @@ impl<A, C: Charging> Accounted<A, C> {
             }
             false
         });
-        if retry && self.charge_bytes(st, acc, n).is_ok() {
-            return Ok(Some(acc));
+        if retry {
+            if let Ok(crossed) = self.charge_bytes(st, acc, n) {
+                if crossed {
+                    self.pressure_from(st, acc);
+                }
+                return Ok(Some(acc));
+            }
         }
         if by.begin_episode(EPISODE_REFUSED) {
             if let Some(refuser) = &refuser {
