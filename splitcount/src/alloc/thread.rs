@@ -332,9 +332,11 @@ fn leave_thread() {
 /// thread-local destructor — glibc runs those for the main thread only in
 /// `exit` — but it does run the destructors of pthread keys. Without the
 /// key its reserve stayed charged to the end: 16 KiB more in a C
-/// program's exit report under the preload. Other threads run both, the
-/// guard first (glibc calls the thread-local destructors before the
-/// keys'), and the key's finds nothing left.
+/// program's exit report under the preload. Only the main thread sets
+/// the key. (A thread that `fork`ed becomes its child's main thread with
+/// its own thread-local destructors still to run: if the key is set there
+/// too, the guard runs first — glibc calls the thread-local destructors
+/// before the keys' — and the key's finds nothing left.)
 #[cfg(target_os = "linux")]
 mod exit_key {
     use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
@@ -351,11 +353,18 @@ mod exit_key {
         super::leave_thread();
     }
 
-    /// Set the key's value on this thread, so that its destructor runs at
-    /// the thread's exit. May allocate (a key numbered 32 or more takes a
-    /// block of glibc's `calloc` on a thread's first use): the caller runs
-    /// it as a hook, unaccounted.
+    /// On the main thread, set the key's value, so that its destructor
+    /// runs if the thread ends with `pthread_exit`. Other threads need no
+    /// key (their thread-local destructors run), and setting one could
+    /// cost each of them a block: a key numbered 32 or more takes a block
+    /// of glibc's `calloc` (528 bytes) on a thread's first use. May
+    /// allocate that block on the main thread: the caller runs it as a
+    /// hook, unaccounted.
     pub(super) fn arm() {
+        // SAFETY: system calls without arguments that cannot fail.
+        if unsafe { libc::gettid() != libc::getpid() } {
+            return;
+        }
         static MAKE: Once = Once::new();
         MAKE.call_once(|| {
             let mut key: libc::pthread_key_t = 0;
