@@ -962,11 +962,41 @@ impl UsageCounter {
     /// [`UsageCounter::try_charge`] without counting the refusal: for the
     /// charge path, which retries and counts a refusal once, when it gives up.
     pub(crate) fn try_charge_quiet(&self, n: u64) -> Result<bool, &UsageCounter> {
+        self.try_charge_by(n, |c| c.add_within(n, |max| max))
+    }
+
+    /// [`UsageCounter::try_charge_quiet`] against raised limits: each level
+    /// takes the charge only if its new usage stays within `grace` above
+    /// its `max` and within its ceiling — the allocator's reporting grace,
+    /// whose bound then holds however many threads charge at once (a check
+    /// of the usage before a forced charge let each racing thread pass it
+    /// by one allocation).
+    pub(crate) fn try_charge_within_grace(
+        &self,
+        n: u64,
+        grace: u64,
+    ) -> Result<bool, &UsageCounter> {
+        self.try_charge_by(n, |c| {
+            let ceiling = c.ceiling();
+            c.add_within(n, |max| max.saturating_add(grace).min(ceiling))
+        })
+    }
+
+    /// Charge `n` level by level, the root first, with `add` (a level's new
+    /// usage, or `None`: refused); on a refusal the levels above are rolled
+    /// back and the refusing level returned, else whether some level
+    /// crossed its `high`.
+    #[inline]
+    fn try_charge_by(
+        &self,
+        n: u64,
+        add: impl Fn(&UsageCounter) -> Option<u64>,
+    ) -> Result<bool, &UsageCounter> {
         // The new usage of the first levels (by distance from this counter),
         // noted (peak, high) only once every level took the charge; deeper
         // levels read their usage then.
         let mut news = [0u64; 16];
-        let refuser = self.top_down(|depth, c| match c.add_within_max(n) {
+        let refuser = self.top_down(|depth, c| match add(c) {
             Some(new) => {
                 if let Some(slot) = news.get_mut(depth) {
                     *slot = new;
@@ -994,6 +1024,14 @@ impl UsageCounter {
     /// usage, or `None` (see the module docs, `set_max` vs `try_charge`).
     #[inline]
     fn add_within_max(&self, n: u64) -> Option<u64> {
+        self.add_within(n, |max| max)
+    }
+
+    /// Add `n` if the result stays within `limit(max)` for the `max` in
+    /// force; the new usage, or `None`. A refusal is noted against `max`
+    /// itself ([`UsageCounter::refused_limit`]).
+    #[inline]
+    fn add_within(&self, n: u64, limit: impl Fn(u64) -> u64) -> Option<u64> {
         'read: loop {
             // SeqCst: `setting` before the word and the limit (a refusal is
             // final only if it is even and unchanged after); the word
@@ -1001,10 +1039,11 @@ impl UsageCounter {
             let setting = self.limits.setting.load(SeqCst);
             let mut word = self.hot.usage.load(SeqCst);
             let max = self.limits.max.load(SeqCst);
+            let within = limit(max);
             let fits = |word: u64| {
                 (word & VALUE)
                     .checked_add(n)
-                    .filter(|&v| v <= max && v <= VALUE)
+                    .filter(|&v| v <= within && v <= VALUE)
             };
             while let Some(new) = fits(word) {
                 // SeqCst: fails if a setter bumped the generation since

@@ -193,6 +193,18 @@ impl AccountKey {
         Ok(crossed)
     }
 
+    /// Charge `n` bytes within `grace` above every level's `max` (and
+    /// within its ceiling): the allocator's reporting grace.
+    pub(crate) fn try_charge_within_grace(&self, n: u64, grace: u64) -> Result<bool, ()> {
+        let crossed = self
+            .get()
+            .counter
+            .try_charge_within_grace(n, grace)
+            .map_err(|_| ())?;
+        self.retain(n);
+        Ok(crossed)
+    }
+
     /// Charge `n` bytes regardless of limits (a cooperative over-charge).
     pub(crate) fn force_charge(self, n: u64) -> bool {
         let crossed = self.get().counter.charge(n);

@@ -381,7 +381,7 @@ impl<A, C: Charging> Accounted<A, C> {
         if std::thread::panicking() {
             return Some(None);
         }
-        if n > REPORTING_GRACE_ALLOCATION || !within_grace_headroom(acc.usage(), n) {
+        if n > REPORTING_GRACE_ALLOCATION {
             return None;
         }
         let took = STATE.with(|t| {
@@ -391,7 +391,12 @@ impl<A, C: Charging> Accounted<A, C> {
         if !took {
             return None;
         }
-        acc.force_charge(n);
+        // Each level compares and swaps against its own bound, so the bound
+        // holds whatever other threads charge meanwhile.
+        if acc.try_charge_within_grace(n, REPORTING_GRACE).is_err() {
+            STATE.with(|t| t.grace.set(t.grace.get() + n));
+            return None;
+        }
         Some(Some(acc))
     }
 }
@@ -416,18 +421,6 @@ fn breach_in_progress(counter: &UsageCounter, n: u64) -> Option<&UsageCounter> {
     // A ceiling anywhere: step 5 decides (a reserve batch must not pass it).
     let ceilings = counter.chain().any(|c| c.ceiling() != UNLIMITED);
     blocking.filter(|_| !ceilings)
-}
-
-/// Whether a charge of `n` through `counter` stays within the reporting
-/// grace's headroom: no level past its ceiling, and every level it takes
-/// over its `max` within [`REPORTING_GRACE`] above it (loads only; the
-/// racing charges of other threads may each pass by one allocation of the
-/// grace, at most [`REPORTING_GRACE_ALLOCATION`]).
-fn within_grace_headroom(counter: &UsageCounter, n: u64) -> bool {
-    counter.chain().all(|c| {
-        let after = c.usage().saturating_add(n);
-        after <= c.ceiling() && (after <= c.max() || after - c.max() <= REPORTING_GRACE)
-    })
 }
 
 /// Whether the thread has bytes left of a reporting grace a refusal began
