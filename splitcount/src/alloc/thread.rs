@@ -340,7 +340,6 @@ fn leave_thread() {
 #[cfg(target_os = "linux")]
 mod exit_key {
     use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
-    use std::sync::Once;
 
     /// The key, plus one (0: none: not made yet, or `pthread_key_create`
     /// failed — every key of the process taken).
@@ -365,17 +364,21 @@ mod exit_key {
         if unsafe { libc::gettid() != libc::getpid() } {
             return;
         }
-        static MAKE: Once = Once::new();
-        MAKE.call_once(|| {
+        // Made by the first main thread to get here — one thread of a
+        // process does (a `fork` child's main thread finds its parent's) —
+        // without a `Once`, whose slow path is code of std's far from the
+        // allocator's, which this library's code-page release keeps
+        // unmapped (`splitcount-preload`'s `code_pages.rs`).
+        if KEY.load(Relaxed) == 0 {
             let mut key: libc::pthread_key_t = 0;
             // SAFETY: a valid out-pointer and a destructor that never
             // unwinds. The key is never deleted: its destructor must run
             // for every thread until the process ends.
             if unsafe { libc::pthread_key_create(&mut key, Some(on_exit)) } == 0 {
+                // Relaxed: only this thread reads it.
                 KEY.store(key + 1, Relaxed);
             }
-        });
-        // Relaxed: `call_once` orders the store before this load.
+        }
         if let Some(key) = KEY.load(Relaxed).checked_sub(1) {
             // Any non-null value: only a non-null value's destructor runs.
             // SAFETY: a key this process made; the value is never read.
