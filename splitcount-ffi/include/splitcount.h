@@ -1098,7 +1098,10 @@ int splitcount_preload_group(splitcount_group **out);
  * `splitcount_leave`. A group of the preload's hierarchy
  * (`splitcount_preload_hierarchy`) is what the preload's `malloc` charges.
  * `SPLITCOUNT_E_STATE` under the preload with `SPLITCOUNT_PRELOAD_TAGS=off`,
- * whose blocks carry no account: every one is charged to `/preload`.
+ * whose blocks carry no account: every one is charged to `/preload`; and
+ * under the preload for a group of another hierarchy (one the program
+ * made with `splitcount_hierarchy_create_with`), whose scope would take
+ * the thread's `malloc`s out of `SPLITCOUNT_PRELOAD_MAX` and the report.
  *
  * Thread-safe; acts on the calling thread only.
  */

@@ -27,12 +27,36 @@ pub fn refuse_enter(why: &'static str) {
     let _ = ENTER_REFUSED.set(why);
 }
 
-/// `Err` with the preload library's reason when it refuses scopes.
-pub(crate) fn enter_allowed() -> Result<(), Error> {
-    match ENTER_REFUSED.get() {
-        Some(why) => Err(Error::new(SPLITCOUNT_E_STATE, *why)),
-        None => Ok(()),
+/// `Err` with the preload library's reason when it refuses scopes, or
+/// when `group` is not of the preload's hierarchy.
+///
+/// Under the preload, `malloc` charges the group a thread entered, on its
+/// own counters: a group of a hierarchy the program made itself
+/// (`splitcount_hierarchy_create_with`) took every `malloc` of the scope
+/// out of `/preload` — past `SPLITCOUNT_PRELOAD_MAX` (a helper's program
+/// held 100 MiB under an 8 MiB limit) and out of the report.
+pub(crate) fn enter_allowed(group: &Group) -> Result<(), Error> {
+    if let Some(why) = ENTER_REFUSED.get() {
+        return Err(Error::new(SPLITCOUNT_E_STATE, *why));
     }
+    if let Some((h, _)) = PRELOAD.get() {
+        let mut top = group.clone();
+        while let Some(parent) = top.parent() {
+            top = parent;
+        }
+        if top != h.root() {
+            return Err(Error::new(
+                SPLITCOUNT_E_STATE,
+                format!(
+                    "{} is a group of another hierarchy than the preload's: under the \
+                     preload, malloc charges the groups of splitcount_preload_hierarchy \
+                     (below /preload to stay within SPLITCOUNT_PRELOAD_MAX)",
+                    group.path()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `Err` when `group` is the preload's default group: every thread

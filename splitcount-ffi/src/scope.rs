@@ -22,14 +22,17 @@ thread_local! {
 /// `splitcount_leave`. A group of the preload's hierarchy
 /// (`splitcount_preload_hierarchy`) is what the preload's `malloc` charges.
 /// `SPLITCOUNT_E_STATE` under the preload with `SPLITCOUNT_PRELOAD_TAGS=off`,
-/// whose blocks carry no account: every one is charged to `/preload`.
+/// whose blocks carry no account: every one is charged to `/preload`; and
+/// under the preload for a group of another hierarchy (one the program
+/// made with `splitcount_hierarchy_create_with`), whose scope would take
+/// the thread's `malloc`s out of `SPLITCOUNT_PRELOAD_MAX` and the report.
 ///
 /// Thread-safe; acts on the calling thread only.
 #[no_mangle]
 pub extern "C" fn splitcount_enter(group: *mut splitcount_group) -> c_int {
     run("splitcount_enter", || {
-        crate::preload::enter_allowed()?;
         let group = &live(group)?.group;
+        crate::preload::enter_allowed(group)?;
         // The thread-local first, then the scope: registering its
         // destructor may allocate, which is not the group's.
         SCOPES

@@ -344,6 +344,24 @@ static void the_preload_group_cannot_be_removed(void) {
   free(p);
 }
 
+/* A group of a hierarchy the program made itself cannot be entered: its
+ * scope took every malloc out of /preload, past SPLITCOUNT_PRELOAD_MAX and
+ * out of the report. A group of the preload's hierarchy still can. */
+static void groups_of_another_hierarchy_cannot_be_entered(void) {
+  splitcount_hierarchy *own = NULL;
+  splitcount_group *root = NULL;
+  OK(splitcount_hierarchy_create_with(NULL, 0, SPLITCOUNT_STOCK_BATCH_BYTES,
+                                      SPLITCOUNT_STOCK_SLOTS_MAX, &own));
+  OK(splitcount_hierarchy_root(own, &root));
+  CHECK(splitcount_enter(root) == SPLITCOUNT_E_STATE);
+  CHECK(strstr(splitcount_last_error(), "another hierarchy") != NULL);
+  CHECK(splitcount_leave() == SPLITCOUNT_E_STATE); /* nothing was entered */
+  OK(splitcount_group_release(root));
+  OK(splitcount_hierarchy_destroy(own));
+  OK(splitcount_enter(preload_group));
+  OK(splitcount_leave());
+}
+
 static int fork_child(void) {
   void *p[100];
   for (int i = 0; i < 100; i++) p[i] = malloc(100 + i * 1000);
@@ -373,6 +391,7 @@ int main(void) {
   threads_and_cross_thread_frees();
   threads_that_only_realloc_leave_nothing_charged();
   the_preload_group_cannot_be_removed();
+  groups_of_another_hierarchy_cannot_be_entered();
   fork_while_threads_allocate();
   printf("heap_test: %d checks passed\n", checks);
   return 0;
