@@ -181,3 +181,48 @@ fn grace_round(g: &splitcount::group::Group) {
         g.peak()
     );
 }
+
+/// An allocation of the reporting grace that takes a group above its
+/// `high` runs the pressure hooks then, as any charge does. The grace's
+/// charge dropped the crossing: counted as a `high` event and left
+/// pending, it ran the hooks twice at the next crossing (a reviewer's
+/// program: high events 2, pressure calls 0 then 2 at once).
+#[test]
+fn a_grace_allocation_that_crosses_high_runs_the_pressure_hooks_once() {
+    let g = fresh("grace-crosses-high");
+    let max = 1u64 << 20;
+    g.set_max(max).unwrap();
+    g.set_enforcement(Enforcement::Refuse);
+    g.set_high(max);
+    let calls = Arc::new(AtomicU64::new(0));
+    {
+        let calls = calls.clone();
+        g.on_pressure(move |_, _| {
+            calls.fetch_add(1, SeqCst);
+        });
+    }
+    // Just under `high` (= `max`): the next 50 KB are refused, and the
+    // grace's 50 KB after them cross `high`.
+    live_bytes(&g);
+    splitcount::alloc::drain_thread();
+    let fill = max - 1000 - g.usage();
+    g.force_charge(fill).unwrap();
+    let kept = g.scope(|| {
+        let mut refused = Vec::<u8>::new();
+        assert!(refused.try_reserve_exact(50_000).is_err());
+        let mut report = Vec::<u8>::new();
+        assert!(report.try_reserve_exact(50_000).is_ok(), "in the grace");
+        report
+    });
+    assert!(g.usage() > g.high());
+    assert_eq!(g.events().high, 1);
+    assert_eq!(calls.load(SeqCst), 1, "the grace's crossing ran its hooks");
+    drop(kept);
+    live_bytes(&g);
+    splitcount::alloc::drain_thread();
+    // One more crossing: one more call, not two.
+    g.force_charge(5000).unwrap();
+    assert_eq!(g.events().high, 2);
+    assert_eq!(calls.load(SeqCst), 2);
+    g.uncharge(5000 + fill);
+}

@@ -360,8 +360,10 @@ mod exit_key {
     /// allocate that block on the main thread: the caller runs it as a
     /// hook, unaccounted.
     pub(super) fn arm() {
-        // SAFETY: system calls without arguments that cannot fail.
-        if unsafe { libc::gettid() != libc::getpid() } {
+        // SAFETY: system calls without arguments that cannot fail. (The
+        // raw `gettid`: glibc's wrapper came in 2.30, Rust's std runs on
+        // 2.17.)
+        if unsafe { libc::syscall(libc::SYS_gettid) != libc::getpid() as libc::c_long } {
             return;
         }
         // Made by the first main thread to get here — one thread of a

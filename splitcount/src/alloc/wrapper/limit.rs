@@ -18,8 +18,8 @@
 //!
 //!  ¹ not with `without_reporting_grace` (strict limits, the C preload's):
 //!    there every allocation past a refusing limit goes on to 6 and 7.
-//!  ² a forced charge, while every limit in the way stays within
-//!    `REPORTING_GRACE` above its `max` (and no ceiling is passed)
+//!  ² charged level by level within `REPORTING_GRACE` above each `max`
+//!    (and within each ceiling), compared and swapped as any charge is
 //! ```
 //!
 //! **Why the grace is charged.** It lets a thread report its refusal (an
@@ -102,7 +102,7 @@ impl<A, C: Charging> Accounted<A, C> {
         // most of what each allocation of the grace cost.
         if in_grace() {
             if let Some(refuser) = refuser_in_the_way(acc.usage(), n) {
-                if let Some(passed) = self.reporting_grace(acc, n) {
+                if let Some(passed) = self.reporting_grace(st, acc, n) {
                     return Ok(passed);
                 }
                 // No headroom left in the grace: a small allocation is
@@ -147,7 +147,7 @@ impl<A, C: Charging> Accounted<A, C> {
         // … or over a refusing limit (or a ceiling) while the thread panics
         // or is in its grace.
         if refusal_in_the_way(acc.usage(), n) {
-            if let Some(passed) = self.reporting_grace(acc, n) {
+            if let Some(passed) = self.reporting_grace(st, acc, n) {
                 return Ok(passed);
             }
         }
@@ -180,7 +180,7 @@ impl<A, C: Charging> Accounted<A, C> {
         // The reporting grace (`reporting_grace`): such an allocation
         // passes before the OOM stage, charged past the limit within the
         // grace's headroom (unaccounted while the thread panics).
-        if let Some(passed) = self.reporting_grace(acc, n) {
+        if let Some(passed) = self.reporting_grace(st, acc, n) {
             shared.stall_ends(&node, &over);
             return Ok(passed);
         }
@@ -292,7 +292,7 @@ impl<A, C: Charging> Accounted<A, C> {
         by: Option<&UsageCounter>,
     ) -> Result<Option<AccountKey>, ()> {
         if by.is_none() {
-            if let Some(passed) = self.reporting_grace(acc, n) {
+            if let Some(passed) = self.reporting_grace(st, acc, n) {
                 return Ok(passed);
             }
         }
@@ -367,21 +367,33 @@ impl<A, C: Charging> Accounted<A, C> {
     /// Whether an allocation of `n` bytes through `acc` that would be
     /// refused passes in the reporting grace, and how: `Some(None)`,
     /// unaccounted, while the thread panics (a panic message, a backtrace,
-    /// unwinding); `Some(Some(acc))`, charged past the limit (a forced
-    /// charge), for [`REPORTING_GRACE`] bytes after a refusal in
-    /// allocations of at most [`REPORTING_GRACE_ALLOCATION`] — so that a
-    /// refusal can be reported — while every limit in the way stays within
-    /// `REPORTING_GRACE` above its `max` and no ceiling is passed; `None`
-    /// otherwise, and always for an allocator without the grace
-    /// ([`Accounted::without_reporting_grace`]): its limits are strict.
-    fn reporting_grace(&self, acc: AccountKey, n: u64) -> Option<Option<AccountKey>> {
+    /// unwinding); `Some(Some(acc))`, charged past the limit, for
+    /// [`REPORTING_GRACE`] bytes after a refusal in allocations of at most
+    /// [`REPORTING_GRACE_ALLOCATION`] — so that a refusal can be reported —
+    /// where every level takes it within `REPORTING_GRACE` above its `max`
+    /// and within its ceiling (compared and swapped level by level: the
+    /// bound holds under any number of threads); `None` otherwise, and
+    /// always for an allocator without the grace
+    /// ([`Accounted::without_reporting_grace`]): its limits are strict. A
+    /// level that crossed its `high` has its pressure hooks run, as after
+    /// any charge.
+    fn reporting_grace(
+        &self,
+        st: &Attached,
+        acc: AccountKey,
+        n: u64,
+    ) -> Option<Option<AccountKey>> {
         if !self.has_reporting_grace() {
             return None;
         }
         if std::thread::panicking() {
             return Some(None);
         }
-        if n > REPORTING_GRACE_ALLOCATION {
+        // Loads first: a thread past the headroom (every allocation of its
+        // grace once it is spent) fails here without charging and rolling
+        // back every level above the refusing one, which another thread's
+        // charge near an ancestor's `max` could meet and be refused by.
+        if n > REPORTING_GRACE_ALLOCATION || !within_grace_headroom(acc.usage(), n) {
             return None;
         }
         let took = STATE.with(|t| {
@@ -393,11 +405,18 @@ impl<A, C: Charging> Accounted<A, C> {
         }
         // Each level compares and swaps against its own bound, so the bound
         // holds whatever other threads charge meanwhile.
-        if acc.try_charge_within_grace(n, REPORTING_GRACE).is_err() {
-            STATE.with(|t| t.grace.set(t.grace.get() + n));
-            return None;
+        match acc.try_charge_within_grace(n, REPORTING_GRACE) {
+            Ok(crossed) => {
+                if crossed {
+                    self.pressure_from(st, acc);
+                }
+                Some(Some(acc))
+            }
+            Err(()) => {
+                STATE.with(|t| t.grace.set(t.grace.get() + n));
+                None
+            }
         }
-        Some(Some(acc))
     }
 }
 
@@ -428,6 +447,18 @@ fn breach_in_progress(counter: &UsageCounter, n: u64) -> Option<&UsageCounter> {
 #[inline]
 fn in_grace() -> bool {
     STATE.try_with(|t| t.grace.get() != 0).unwrap_or(false)
+}
+
+/// Whether a charge of `n` through `counter` looks to stay within the
+/// reporting grace's headroom: no level past its ceiling, and every level
+/// it takes over its `max` within [`REPORTING_GRACE`] above it. Loads only:
+/// a filter before the charge that decides
+/// ([`AccountKey::try_charge_within_grace`]).
+fn within_grace_headroom(counter: &UsageCounter, n: u64) -> bool {
+    counter.chain().all(|c| {
+        let after = c.usage().saturating_add(n);
+        after <= c.ceiling() && (after <= c.max() || after - c.max() <= REPORTING_GRACE)
+    })
 }
 
 /// Whether a charge of `n` through `counter` would pass a refusing limit
