@@ -12,7 +12,9 @@
 //!   and what none of them explains), in the Prometheus text format.
 //!
 //! Each tenant gets `/tenants/NAME` (64 MiB) on its first request; each
-//! request `/tenants/NAME/req-ID` (16 MiB), removed when it is answered. A
+//! request `/tenants/NAME/req-ID` (16 MiB), removed when it is answered; a
+//! request without a valid tenant name runs in `/tenants-unidentified`
+//! (64 MiB, like one tenant), never outside the limits. A
 //! request over its limit is stopped at its next `.await` and answered
 //! `507 Insufficient Storage` with the numbers; other requests — of the same
 //! tenant too — carry on, and the process never aborts. Idle workers return
@@ -75,21 +77,40 @@ pub fn app_with(memory: Hierarchy, limits: Limits) -> Router {
         .root()
         .child_or_create(limits.parent)
         .expect("a valid name");
+    // Requests without a tenant name the hierarchy accepts (no header, not
+    // text, empty, with a `/`, `.`, `..`, longer than 255 bytes) run here,
+    // limited as one tenant: a request that `make` gives no group runs
+    // outside every limit.
+    let unidentified = memory
+        .root()
+        .child_or_create_with(&format!("{}-unidentified", limits.parent), |g| {
+            g.set_breach_mode(BreachMode::Level);
+            g.set_max(limits.tenant)
+        })
+        .expect("a valid name");
     let next = AtomicU64::new(0);
     let per_request = GroupLayer::new(
         move |req: &Request<axum::body::Body>| -> Option<Group> {
-            let tenant = req.headers().get("x-tenant")?.to_str().ok()?;
             // The tenant's limit is set once, when its group is made (a
             // limit an operator changes later stays); its breach lasts
             // while it is over the limit, not for ever.
-            let t = tenants
-                .child_or_create_with(tenant, |t| {
-                    t.set_breach_mode(BreachMode::Level);
-                    t.set_max(limits.tenant)
+            let t = req
+                .headers()
+                .get("x-tenant")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|name| {
+                    tenants
+                        .child_or_create_with(name, |t| {
+                            t.set_breach_mode(BreachMode::Level);
+                            t.set_max(limits.tenant)
+                        })
+                        .ok()
                 })
-                .ok()?;
+                .unwrap_or_else(|| unidentified.clone());
             let id = next.fetch_add(1, Ordering::Relaxed);
-            let g = t.child(&format!("req-{id}")).ok()?;
+            let name = format!("req-{id}");
+            // A tenant an operator removed meanwhile: `unidentified` too.
+            let g = t.child(&name).or_else(|_| unidentified.child(&name)).ok()?;
             g.set_max(limits.request).ok()?;
             Some(g)
         },

@@ -59,6 +59,20 @@ fn the_example_server_fails_a_request_over_its_limit_and_serves_the_others() {
         assert_eq!(ok_a2, (200, "built 8 MiB\n".to_owned()));
         // The server keeps serving the greedy tenant.
         assert_eq!(get("greedy", 1).await.0, 200);
+        // A request without a valid tenant name runs in the catch-all
+        // group, limited like the others — not outside every limit (it
+        // built 40 MiB before, charged to the root).
+        let bare = client
+            .get(format!("http://{addr}/work?mib=40"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(bare.status().as_u16(), 507);
+        for bad in ["a/b", "..", ""] {
+            let (status, body) = get(bad, 40).await;
+            assert_eq!(status, 507, "x-tenant {bad:?}: {body}");
+            assert!(body.contains("/tenants-unidentified/req-"), "{body}");
+        }
         let page = |path: &'static str| {
             let client = client.clone();
             async move {

@@ -20,7 +20,12 @@ use tower_service::Service;
 /// over a cooperative limit is stopped at its next poll and answered by
 /// `on_breach` (e.g. a 503 or 507 response) while the others carry on.
 ///
-/// `make` returning `None` runs the request outside any group. The group
+/// `make` returning `None` runs the request outside any group — **outside
+/// every limit**: map a request it cannot place (a missing or invalid
+/// tenant name, which [`Group::child_or_create`] refuses) to a catch-all
+/// group with a limit of its own, unless running it unlimited is meant
+/// (`examples/tenant_server.rs` sends such requests to
+/// `/tenants-unidentified`). The group
 /// covers building the response; a body that the server streams after the
 /// response future completed is produced outside it (the bytes the response
 /// already holds stay charged to the removed group's ancestors until
