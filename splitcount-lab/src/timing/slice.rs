@@ -2,7 +2,7 @@
 //! wall time — the unit the rounds of [`super::rounds`] are made of.
 //!
 //! Each thread builds its operation (untimed), waits at the start line
-//! ([`StartLine`]), then runs the operation in batches (at least one) until the controller raises
+//! (`StartLine`), then runs the operation in batches (at least one) until the controller raises
 //! the stop flag, recording for its loop: the operations done, when the loop started
 //! and stopped (wall clock) and the CPU time it used
 //! ([`super::clock::thread_cpu_time`]). A *prepared* operation has an
