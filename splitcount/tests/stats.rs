@@ -244,8 +244,8 @@ fn events_refuse_negative_deltas_and_unknown_items_are_errors() {
     )
     .unwrap();
     let far = other.stat_id("s4").unwrap();
-    assert_eq!(g.mod_stat(far, 1), Err(StatError::NoSuchItem(4)));
-    assert_eq!(g.stat(far), Err(StatError::NoSuchItem(4)));
+    assert_eq!(g.mod_stat(far, 1), Err(StatError::ForeignItem(4)));
+    assert_eq!(g.stat(far), Err(StatError::ForeignItem(4)));
 }
 
 #[test]
@@ -842,4 +842,28 @@ fn a_flush_of_one_root_leaves_another_tree_alone() {
         [r1.value(0), r2.value(0), g2.value(0)],
         [Some(1), Some(2), Some(2)]
     );
+}
+
+/// A `StatId` of another hierarchy is refused: its index named another
+/// item here, of another kind — a negative delta meant for an event count
+/// landed on a gauge (a helper's program), past the events' sign check.
+#[test]
+fn a_stat_id_of_another_hierarchy_is_refused() {
+    use splitcount::group::{Hierarchy, HierarchyConfig};
+    use splitcount::stat::{StatError, StatItem};
+    let a = Hierarchy::new(
+        HierarchyConfig::default().stats(vec![StatItem::gauge("anon"), StatItem::event("faults")]),
+    )
+    .unwrap();
+    let b =
+        Hierarchy::new(HierarchyConfig::default().stats(vec![StatItem::event("faults")])).unwrap();
+    let g = a.root().child("g").unwrap();
+    let foreign = b.stat_id("faults").unwrap();
+    assert_eq!(g.mod_stat(foreign, -5), Err(StatError::ForeignItem(0)));
+    assert_eq!(g.stat(foreign), Err(StatError::ForeignItem(0)));
+    let anon = a.stat_id("anon").unwrap();
+    assert_eq!(g.stat(anon), Ok(0), "nothing landed on the gauge");
+    g.mod_stat(anon, -5).unwrap();
+    g.flush(true);
+    assert_eq!(g.stat_local(anon), Ok(-5));
 }

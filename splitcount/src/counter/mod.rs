@@ -242,9 +242,15 @@ pub trait SplitCounter: Send + Sync + fmt::Debug {
     /// thread at a time.
     fn set(&self, v: i64);
 
-    /// Exact three-way comparison of the precise value with `v`: decided
-    /// from `approximate()` when `v` lies outside the accuracy band, from a
-    /// precise sum only inside it.
+    /// Exact three-way comparison of the precise value with `v` for a
+    /// settled counter: decided from `approximate()` when `v` lies outside
+    /// the accuracy band, from a precise sum only inside it. With adds in
+    /// flight the band is the settled one: a thread preempted inside its
+    /// carry to the upper levels ([`Tree`]) holds units that
+    /// `approximate()` does not show yet and `precise()` does, so an answer
+    /// taken from the band may miss adds that returned on other threads
+    /// (a helper saw `Less` with 4 threads on 2 CPUs, up to 42 units past
+    /// the band). Decide with `precise()` where such races matter.
     fn compare(&self, v: i64) -> Ordering {
         compare_in_band(self.approximate(), self.accuracy(), v, || self.precise())
     }

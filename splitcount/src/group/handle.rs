@@ -905,15 +905,23 @@ impl Group {
 
     /// Add `delta` to stat item `item` of this group (of the nearest live
     /// ancestor after removal) on the current CPU. Refuses an item outside
-    /// the schema and a negative delta for an event count.
+    /// the schema, an item of another hierarchy's schema (its index may name
+    /// another item here, of another kind) and a negative delta for an
+    /// event count.
     #[inline]
     pub fn mod_stat(&self, item: StatId, delta: i64) -> Result<(), StatError> {
+        if item.1 != self.shared.stats.identity() {
+            return Err(StatError::ForeignItem(item.0));
+        }
         self.live()
             .stats
             .mod_stat(&self.shared.stats, item.0, delta)
     }
 
     fn item(&self, item: StatId) -> Result<usize, StatError> {
+        if item.1 != self.shared.stats.identity() {
+            return Err(StatError::ForeignItem(item.0));
+        }
         (item.0 < self.shared.stats.items().len())
             .then_some(item.0)
             .ok_or(StatError::NoSuchItem(item.0))

@@ -366,7 +366,7 @@ impl Hierarchy {
             .items()
             .iter()
             .position(|i| i.name == name)
-            .map(StatId)
+            .map(|i| StatId(i, self.shared.stats.identity()))
     }
 
     /// The statistics machinery (schema, flush counts).

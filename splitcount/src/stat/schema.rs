@@ -34,7 +34,10 @@ impl StatItem {
         }
     }
 
-    /// An event count named `name`.
+    /// An event count named `name`: it only goes up (a negative delta is
+    /// refused), and like every stat value it wraps past `i64::MAX`, as the
+    /// kernel's `s64` counters and the split counters do (a count of events
+    /// does not get near 2⁶³; checking each update would cost the hot path).
     pub fn event(name: &str) -> StatItem {
         StatItem {
             name: name.to_owned(),
@@ -44,9 +47,11 @@ impl StatItem {
 }
 
 /// The index of an item in its hierarchy's schema, from
-/// [`crate::group::Hierarchy::stat_id`].
+/// [`crate::group::Hierarchy::stat_id`], and which hierarchy's: a group of
+/// another hierarchy refuses it ([`StatError::ForeignItem`]) — its item at
+/// that index may be another one, of another kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct StatId(pub(crate) usize);
+pub struct StatId(pub(crate) usize, pub(crate) u64);
 
 impl StatId {
     /// The item's position in the schema.
@@ -67,6 +72,9 @@ pub enum StatError {
     Schema(String),
     /// A [`StatId`] outside this hierarchy's schema.
     NoSuchItem(usize),
+    /// A [`StatId`] of another hierarchy's schema (its index names another
+    /// item here, or none).
+    ForeignItem(usize),
     /// A negative delta for an event count.
     NegativeEvent {
         /// The item's name.
@@ -87,6 +95,11 @@ impl fmt::Display for StatError {
             StatError::NoSuchItem(i) => {
                 write!(f, "stat item {i} is not in this hierarchy's schema")
             }
+            StatError::ForeignItem(i) => write!(
+                f,
+                "stat item {i} is of another hierarchy's schema: ask this hierarchy's \
+                 stat_id for the item"
+            ),
             StatError::NegativeEvent { item, delta } => {
                 write!(f, "{item} counts events: it cannot change by {delta}")
             }
