@@ -295,7 +295,7 @@ fn random_walks(c: &dyn SplitCounter, spec: &Spec, batch: u64) -> Result<u64, St
 
 /// Print records as a table.
 pub fn print_table(records: &[Record]) {
-    println!(
+    outln!(
         "  {:<8} {:>6} {:>6} {:>7} {:>14} {:>14} {:>14} {:>14} {:>14}",
         "design",
         "cpus",
@@ -308,7 +308,7 @@ pub fn print_table(records: &[Record]) {
         "random_worst"
     );
     for r in records {
-        println!(
+        outln!(
             "  {:<8} {:>6} {:>6} {:>7} {:>14} {:>14} {:>14} {:>14} {:>14}",
             r.design.name(),
             r.cpus,
@@ -327,11 +327,18 @@ pub fn print_table(records: &[Record]) {
 /// or the refusal last.
 pub fn print_choices(choices: &[Choice]) {
     if let Some(c) = choices.first() {
-        println!("  max error {} units", c.max_error);
+        outln!("  max error {} units", c.max_error);
     }
-    println!(
+    outln!(
         "  {:<8} {:>6} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12}  chosen",
-        "design", "cpus", "nodes", "under", "over", "worst_under", "worst_over", "random_worst"
+        "design",
+        "cpus",
+        "nodes",
+        "under",
+        "over",
+        "worst_under",
+        "worst_over",
+        "random_worst"
     );
     let cell = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
     for c in choices {
@@ -340,7 +347,7 @@ pub fn print_choices(choices: &[Choice]) {
             (None, Some(why)) => format!("refused: {why}"),
             (None, None) => String::new(),
         };
-        println!(
+        outln!(
             "  {:<8} {:>6} {:>6} {:>12} {:>12} {:>12} {:>12} {:>12}  {what}",
             c.design.name(),
             c.cpus,

@@ -166,16 +166,21 @@ pub fn cells(r: &Drift) -> [String; 6] {
 /// The rows as a table.
 pub fn print_table(rows: &[Drift]) {
     let line = |c: &[String]| {
-        println!(
+        outln!(
             "  {:<8} {:>19} {:>19} {:>16} {:>19} {:>19}",
-            c[0], c[1], c[2], c[3], c[4], c[5]
+            c[0],
+            c[1],
+            c[2],
+            c[3],
+            c[4],
+            c[5]
         )
     };
     line(&COLUMNS.map(str::to_owned));
     for r in rows {
         line(&cells(r));
     }
-    println!(
+    outln!(
         "  growth while each set is held, in bytes; × is over what the groups account; held is \
          what the program counts (block sizes and the vector of their pointers)"
     );

@@ -159,7 +159,7 @@ pub fn table(rows: &[Row]) -> Table {
 
 /// `footprint`'s terminal output.
 pub fn print_table(rows: &[Row]) {
-    println!("{}", table(rows).to_text().trim_end());
+    outln!("{}", table(rows).to_text().trim_end());
 }
 
 #[cfg(test)]

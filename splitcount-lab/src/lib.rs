@@ -1,6 +1,8 @@
 //! The splitcount lab as a library: the CLI in `main.rs` and the report use
 //! the same machinery, so every figure has one implementation.
 
+#[macro_use]
+pub mod output;
 pub mod accuracy;
 pub mod alloc_switch;
 pub mod bench;

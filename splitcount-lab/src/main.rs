@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 use splitcount::counter::{Arity, Design};
 use splitcount::cpu::MAX_CPUS;
 use splitcount_lab::alloc_switch::Switch;
-use splitcount_lab::{accuracy, bench, footprint, machine, parse_list, replay, report};
+use splitcount_lab::{accuracy, bench, footprint, machine, outln, parse_list, replay, report};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -166,7 +166,7 @@ fn main() -> ExitCode {
     // Like other Unix tools, end quietly when the reader goes away
     // (`splitcount-lab machine | head -c1`): restore the default SIGPIPE
     // action, which Rust's runtime sets to "ignore" (making every later
-    // write fail, and `println!` panic).
+    // write fail, and `outln!` panic).
     #[cfg(unix)]
     // SAFETY: resetting a signal's disposition before any thread exists.
     unsafe {
@@ -183,7 +183,14 @@ fn main() -> ExitCode {
              built with `cargo run --release` or `cargo build --release -p splitcount-lab`"
         );
     }
-    match check_environment().and_then(|()| run(cli)) {
+    let result = check_environment().and_then(|()| run(cli));
+    // A failed write to stdout did not stop the run (a report still wrote
+    // its files), but the output is incomplete: say so, and fail.
+    let result = result.and_then(|()| match splitcount_lab::output::failure() {
+        Some(e) => Err(format!("cannot write output: {e}")),
+        None => Ok(()),
+    });
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("splitcount-lab: {e}");
@@ -314,7 +321,7 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Machine { json } => {
             let info = machine::MachineInfo::detect();
             if json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::to_string(&info).map_err(|e| e.to_string())?
                 );
@@ -405,14 +412,14 @@ fn run(cli: Cli) -> Result<(), String> {
                     if max_error.is_some() {
                         let c = accuracy::choose(&s)?;
                         if json {
-                            println!("{}", serde_json::to_string(&c).map_err(|e| e.to_string())?);
+                            outln!("{}", serde_json::to_string(&c).map_err(|e| e.to_string())?);
                         }
                         choices.push(c);
                         continue;
                     }
                     let r = accuracy::measure(&s)?;
                     if json {
-                        println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+                        outln!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
                     }
                     records.push(r);
                 }
@@ -443,7 +450,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let rows = splitcount_lab::drift::run(&exe)?;
             if json {
                 for r in &rows {
-                    println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
+                    outln!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
                 }
             } else {
                 splitcount_lab::drift::print_table(&rows);
@@ -453,7 +460,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let rows = footprint::run(&cpu_counts(&cpus)?)?;
             if json {
                 for r in &rows {
-                    println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
+                    outln!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
                 }
             } else {
                 footprint::print_table(&rows);

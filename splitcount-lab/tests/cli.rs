@@ -729,3 +729,82 @@ fn a_lab_built_with_static_tls_says_its_allocator_figures_read_slower() {
         "{err}"
     );
 }
+
+/// A failed write to stdout (a full disk) is an error that says so, not a
+/// panic with a backtrace; a report still writes its files (it died before
+/// writing any).
+#[test]
+fn a_full_stdout_is_an_error_not_a_panic_and_the_report_still_writes_its_files() {
+    let full = || {
+        std::fs::File::options()
+            .write(true)
+            .open("/dev/full")
+            .unwrap()
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_splitcount-lab"))
+        .arg("machine")
+        .stdout(full())
+        .output()
+        .unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("cannot write output: No space left"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let dir = std::env::temp_dir().join(format!("splitcount-lab-full-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_splitcount-lab"))
+        .args(["report", "--suites", "footprint", "--out"])
+        .arg(&dir)
+        .stdout(full())
+        .output()
+        .unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        !out.status.success() && err.contains("cannot write output"),
+        "{err}"
+    );
+    assert!(dir.join("report.json").exists() && dir.join("index.html").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A report whose files cannot be written fails before it measures
+/// anything (an `index.html` that is a directory failed after the whole
+/// run).
+#[test]
+fn a_report_that_cannot_write_its_files_fails_before_measuring() {
+    let dir = std::env::temp_dir().join(format!("splitcount-lab-dir-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("index.html")).unwrap();
+    let (ok, _, err) = lab(
+        &[
+            "report",
+            "--suites",
+            "counters",
+            "--quick",
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        "",
+    );
+    assert!(
+        !ok && err.contains("index.html") && err.contains("Is a directory"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("measured counters"),
+        "it measured first:\n{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The library reads `SPLITCOUNT_PERCPU_ADD` trimmed, as the lab checks it:
+/// a padded `" atomic"` passed the lab's check and ran the rseq path.
+#[test]
+fn a_padded_add_path_is_the_one_the_lab_accepted() {
+    let out = Command::new(env!("CARGO_BIN_EXE_splitcount-lab"))
+        .args(["machine", "--json"])
+        .env("SPLITCOUNT_PERCPU_ADD", " atomic")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(info["percpu_add"], "atomic", "{info}");
+}

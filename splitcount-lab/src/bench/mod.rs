@@ -299,7 +299,7 @@ pub fn duration(d: Duration) -> String {
 /// Print records as JSON lines.
 pub fn print_json(records: &[Record]) {
     for r in records {
-        println!("{}", serde_json::to_string(r).expect("records serialize"));
+        outln!("{}", serde_json::to_string(r).expect("records serialize"));
     }
 }
 
@@ -309,10 +309,15 @@ pub fn print_table(bench: &Bench) {
     let Some(first) = records.first() else {
         return;
     };
-    println!("suite {}", first.suite);
-    println!(
+    outln!("suite {}", first.suite);
+    outln!(
         "  {:<32} {:>7} {:>12} {:>16} {:>10} {:>17}",
-        "case", "threads", "ns/op", "ops/s", "× baseline", "[low–high]"
+        "case",
+        "threads",
+        "ns/op",
+        "ops/s",
+        "× baseline",
+        "[low–high]"
     );
     for r in records {
         let (ratio, range) = match (r.ratio, r.low, r.high) {
@@ -321,13 +326,24 @@ pub fn print_table(bench: &Bench) {
                 format!("{x:.3}{}", if r.stable { "" } else { "†" }),
                 format!("[{lo:.3}–{hi:.3}]"),
             ),
+            // No ratio (a suite of absolute figures): the figure itself
+            // carries the mark.
             _ => ("-".into(), String::new()),
         };
-        println!(
-            "  {:<32} {:>7} {:>12.2} {:>16.0} {:>10} {:>17}  {}",
+        let ns = format!(
+            "{:.2}{}",
+            r.ns_per_op,
+            if r.ratio.is_none() && !r.stable {
+                "†"
+            } else {
+                ""
+            }
+        );
+        outln!(
+            "  {:<32} {:>7} {:>12} {:>16.0} {:>10} {:>17}  {}",
             r.case,
             r.threads,
-            r.ns_per_op,
+            ns,
             r.ops_per_sec,
             ratio,
             range,
@@ -335,7 +351,7 @@ pub fn print_table(bench: &Bench) {
         );
     }
     for n in bench.notes() {
-        println!("  {n}");
+        outln!("  {n}");
     }
 }
 

@@ -102,22 +102,24 @@ impl MachineInfo {
 
     /// Print a readable summary.
     pub fn print(&self) {
-        println!("machine");
-        println!("  CPU             {} ({})", self.cpu_model, self.cpu_vendor);
-        println!("  virtualisation  {}", self.virtualization);
-        println!("  perf counters   {}", self.perf_counters);
-        println!("  2 threads       {}", self.two_threads);
+        outln!("machine");
+        outln!("  CPU             {} ({})", self.cpu_model, self.cpu_vendor);
+        outln!("  virtualisation  {}", self.virtualization);
+        outln!("  perf counters   {}", self.perf_counters);
+        outln!("  2 threads       {}", self.two_threads);
         if let Some(ns) = self.line_round_trip_ns {
-            println!("  line round trip {ns:.0} ns between those two CPUs");
+            outln!("  line round trip {ns:.0} ns between those two CPUs");
         }
-        println!(
+        outln!(
             "  CPUs            {} possible ({}), {} online",
-            self.possible_cpus, self.possible_cpu_list, self.online_cpus
+            self.possible_cpus,
+            self.possible_cpu_list,
+            self.online_cpus
         );
-        println!("  NUMA nodes      {}", self.numa_nodes);
-        println!("  CPU id source   {}", self.cpu_id_source.name());
-        println!("  rseq area       registered by {}", self.rseq_owner_name());
-        println!(
+        outln!("  NUMA nodes      {}", self.numa_nodes);
+        outln!("  CPU id source   {}", self.cpu_id_source.name());
+        outln!("  rseq area       registered by {}", self.rseq_owner_name());
+        outln!(
             "  mm_cid          {}",
             if self.mm_cid_available {
                 "available"
@@ -126,13 +128,16 @@ impl MachineInfo {
             }
         );
         for c in &self.caches {
-            println!(
+            outln!(
                 "  L{} {:<12} {} domain(s), up to {} CPU(s) each",
-                c.level, c.kind, c.domains, c.cpus_per_domain
+                c.level,
+                c.kind,
+                c.domains,
+                c.cpus_per_domain
             );
         }
-        println!("  kernel          {}", self.kernel);
-        println!("  topology from   {}", name_of(&self.topology_source));
+        outln!("  kernel          {}", self.kernel);
+        outln!("  topology from   {}", name_of(&self.topology_source));
     }
 
     /// Who registered the rseq area, in words (`glibc`, `splitcount`, or

@@ -66,12 +66,34 @@ struct Ran {
     outcome: suites::Outcome,
 }
 
+/// Whether the report's files can be written in `out` (an existing
+/// directory): each file that exists opens for writing (it is not a
+/// directory, nor read-only), and a file can be made there. Checked before
+/// the measuring: a directory the user cannot write failed only at the
+/// end, after minutes of it.
+fn check_writable(out: &Path) -> Result<(), String> {
+    for name in ["report.json", "index.html"] {
+        let path = out.join(name);
+        if path.symlink_metadata().is_ok() {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        }
+    }
+    let probe = out.join(format!(".splitcount-lab-{}", std::process::id()));
+    std::fs::File::create(&probe).map_err(|e| format!("cannot write in {}: {e}", out.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
 /// Run the selected suites and write `out/report.json` and `out/index.html`.
 pub fn run(options: &Options) -> Result<(), String> {
     let selected = suites::select(options.suites.as_deref())?;
     // Fail on an unwritable directory before minutes of measuring.
     let out = &options.out;
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    check_writable(out)?;
     let start = Instant::now();
     let machine = MachineInfo::detect();
     let settings = Settings {
@@ -102,20 +124,20 @@ pub fn run(options: &Options) -> Result<(), String> {
     let verdicts = gather_verdicts(&ran);
     let verdict_table = verdict_table(&verdicts);
     if !verdicts.is_empty() {
-        println!("== Summary: the targets, measured here\n");
-        println!("{}\n", verdict_table.to_text());
+        outln!("== Summary: the targets, measured here\n");
+        outln!("{}\n", verdict_table.to_text());
     }
-    println!("{}\n", machine_table.to_text());
+    outln!("{}\n", machine_table.to_text());
     for r in &ran {
-        println!("== {} ({:.1} s)", r.suite.title, r.seconds);
-        println!("  {}", r.suite.about);
+        outln!("== {} ({:.1} s)", r.suite.title, r.seconds);
+        outln!("  {}", r.suite.about);
         for t in &r.outcome.tables {
-            println!("{}\n", t.to_text());
+            outln!("{}\n", t.to_text());
         }
     }
     if !verdicts.is_empty() {
         let count = |s: targets::Status| verdicts.iter().filter(|v| v.status == s).count();
-        println!(
+        outln!(
             "verdicts (summary at the top): {} met, {} not met, {} unstable, {} not measured",
             count(targets::Status::Met),
             count(targets::Status::NotMet),
@@ -131,7 +153,7 @@ pub fn run(options: &Options) -> Result<(), String> {
         verdicts: &verdict_table,
     };
     write(out, &page, machine, verdicts, ran)?;
-    println!(
+    outln!(
         "wrote {} and {} ({seconds:.1} s)",
         out.join("report.json").display(),
         out.join("index.html").display()

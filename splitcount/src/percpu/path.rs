@@ -104,10 +104,17 @@ pub fn rseq_available(index: SlotIndex) -> bool {
 /// or unrecognized).
 pub fn default_add_path() -> AddPath {
     static DEFAULT: OnceLock<AddPath> = OnceLock::new();
-    *DEFAULT.get_or_init(|| match std::env::var("SPLITCOUNT_PERCPU_ADD").as_deref() {
-        Ok("atomic") => AddPath::Atomic,
-        Ok("rseq") => AddPath::Rseq,
-        _ => AddPath::Auto,
+    // Trimmed, as `SPLITCOUNT_CPU_ID_SOURCE` is: the lab checks the value
+    // trimmed, and a padded `" atomic"` it let through ran the rseq path.
+    *DEFAULT.get_or_init(|| {
+        match std::env::var("SPLITCOUNT_PERCPU_ADD")
+            .as_deref()
+            .map(str::trim)
+        {
+            Ok("atomic") => AddPath::Atomic,
+            Ok("rseq") => AddPath::Rseq,
+            _ => AddPath::Auto,
+        }
     })
 }
 

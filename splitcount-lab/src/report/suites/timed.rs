@@ -424,7 +424,13 @@ fn cell(r: &Record) -> String {
             ratio(hi),
             if r.stable { "" } else { " †" }
         ),
-        _ => format!("{} ns", nanos(r.ns_per_op)),
+        // A figure without a ratio (a suite of absolute figures: `groups`)
+        // is marked as well: the notes say which are.
+        _ => format!(
+            "{} ns{}",
+            nanos(r.ns_per_op),
+            if r.stable { "" } else { " †" }
+        ),
     }
 }
 
