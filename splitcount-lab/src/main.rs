@@ -166,7 +166,7 @@ fn main() -> ExitCode {
     // Like other Unix tools, end quietly when the reader goes away
     // (`splitcount-lab machine | head -c1`): restore the default SIGPIPE
     // action, which Rust's runtime sets to "ignore" (making every later
-    // write fail, and `outln!` panic).
+    // write fail: `outln!` would keep that error and go on).
     #[cfg(unix)]
     // SAFETY: resetting a signal's disposition before any thread exists.
     unsafe {

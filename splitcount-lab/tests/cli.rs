@@ -785,7 +785,7 @@ fn a_report_that_cannot_write_its_files_fails_before_measuring() {
         "",
     );
     assert!(
-        !ok && err.contains("index.html") && err.contains("Is a directory"),
+        !ok && err.contains("index.html") && err.contains("is a directory"),
         "{err}"
     );
     assert!(

@@ -78,17 +78,19 @@ pub fn app_with(memory: Hierarchy, limits: Limits) -> Router {
         .child_or_create(limits.parent)
         .expect("a valid name");
     // Requests without a tenant name the hierarchy accepts (no header, not
-    // text, empty, with a `/`, `.`, `..`, longer than 255 bytes) run here,
-    // limited as one tenant: a request that `make` gives no group runs
-    // outside every limit.
-    let unidentified = memory
-        .root()
-        .child_or_create_with(&format!("{}-unidentified", limits.parent), |g| {
+    // text, empty, with a `/`, `.`, `..`, longer than 255 bytes) run in
+    // `/{parent}-unidentified`, limited as one tenant — and so do those of
+    // a tenant an operator removed meanwhile: a request that `make` gives
+    // no group runs outside every limit. Looked up (or made again, if an
+    // operator removed it) for each such request.
+    let root = memory.root();
+    let unidentified = move || {
+        root.child_or_create_with(&format!("{}-unidentified", limits.parent), |g| {
             g.set_breach_mode(BreachMode::Level);
             g.set_max(limits.tenant)
         })
-        .expect("a valid name");
-    let next = AtomicU64::new(0);
+        .ok()
+    };
     let per_request = GroupLayer::new(
         move |req: &Request<axum::body::Body>| -> Option<Group> {
             // The tenant's limit is set once, when its group is made (a
@@ -106,11 +108,14 @@ pub fn app_with(memory: Hierarchy, limits: Limits) -> Router {
                         })
                         .ok()
                 })
-                .unwrap_or_else(|| unidentified.clone());
-            let id = next.fetch_add(1, Ordering::Relaxed);
-            let name = format!("req-{id}");
-            // A tenant an operator removed meanwhile: `unidentified` too.
-            let g = t.child(&name).or_else(|_| unidentified.child(&name)).ok()?;
+                .or_else(&unidentified)?;
+            // Numbered across the process: two servers on one hierarchy
+            // (and parent) never make the same name.
+            let name = format!("req-{}", NEXT_REQUEST.fetch_add(1, Ordering::Relaxed));
+            let g = t
+                .child(&name)
+                .ok()
+                .or_else(|| unidentified()?.child(&name).ok())?;
             g.set_max(limits.request).ok()?;
             Some(g)
         },
@@ -118,13 +123,19 @@ pub fn app_with(memory: Hierarchy, limits: Limits) -> Router {
             (StatusCode::INSUFFICIENT_STORAGE, format!("{over}\n")).into_response()
         },
     );
+    // Only the tenants' work runs in request groups: the operator's pages
+    // (`/usage`, `/metrics`) run outside them — a scrape is not a tenant's
+    // request, and as one it put a new request group in every export.
     Router::new()
         .route("/work", get(work))
+        .layer(per_request)
         .route("/usage", get(usage))
         .route("/metrics", get(metrics))
-        .layer(per_request)
         .with_state((memory, limits.parent))
 }
+
+/// The number of the next request, across every server of the process.
+static NEXT_REQUEST: AtomicU64 = AtomicU64::new(0);
 
 /// `GET /work?mib=N`: N MiB built a MiB at a time, half in a sub-task.
 async fn work(Query(q): Query<HashMap<String, String>>) -> Response {
@@ -163,9 +174,12 @@ async fn usage(State((memory, parent)): State<(Hierarchy, &'static str)>) -> Str
     // Bytes pre-charged in the per-CPU stocks go back to the counters
     // first, so that the usage is what the tenants' live blocks hold.
     memory.drain_stocks();
+    // The tenants, then the requests that named none.
+    let unidentified = memory.lookup(&format!("{parent}-unidentified")).ok();
     tenants
         .children()
         .iter()
+        .chain(unidentified.iter())
         .map(|t| {
             format!(
                 "{} usage={} peak={} max={} over_limit={} refused={} requests={}\n",

@@ -123,3 +123,40 @@ fn lookups_find_live_groups_while_siblings_come_and_go() {
         Err(GroupError::NotFound { .. })
     ));
 }
+
+/// `SPLITCOUNT_PERCPU_ADD` is read trimmed by the arenas and by the stock
+/// alike (the lab checks it trimmed): a padded `" atomic"` put the arenas
+/// on atomic adds and left the stock on rseq sequences (a reviewer's
+/// probe). Run in a child process of this test binary, whose environment
+/// the variable is read from once.
+#[test]
+fn a_padded_add_path_puts_arenas_and_stock_on_the_same_path() {
+    use splitcount::raw::percpu::{AddPath, Arena};
+    if std::env::var_os("SPLITCOUNT_SETUP_CHILD").is_some() {
+        let (arena, stock) = (
+            Arena::host().add_path(),
+            Hierarchy::default().uses_rseq_stock(),
+        );
+        println!("child: arena={arena:?} rseq_stock={stock}");
+        assert_eq!(arena, AddPath::Atomic);
+        assert!(!stock, "the stock on rseq, the arenas on atomics");
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_padded_add_path_puts_arenas_and_stock_on_the_same_path",
+            "--nocapture",
+        ])
+        .env("SPLITCOUNT_SETUP_CHILD", "1")
+        .env("SPLITCOUNT_PERCPU_ADD", " atomic")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("child: arena=Atomic rseq_stock=false"),
+        "{text}"
+    );
+}

@@ -73,6 +73,15 @@ fn the_example_server_fails_a_request_over_its_limit_and_serves_the_others() {
             assert_eq!(status, 507, "x-tenant {bad:?}: {body}");
             assert!(body.contains("/tenants-unidentified/req-"), "{body}");
         }
+        // An operator removes the catch-all: the next such request makes
+        // it again (it ran with no group, outside every limit, before).
+        memory
+            .lookup("tenants-unidentified")
+            .unwrap()
+            .remove()
+            .unwrap();
+        let (status, body) = get("", 40).await;
+        assert_eq!(status, 507, "{body}");
         let page = |path: &'static str| {
             let client = client.clone();
             async move {
@@ -92,6 +101,10 @@ fn the_example_server_fails_a_request_over_its_limit_and_serves_the_others() {
         assert!(acme.contains(" over_limit=0 refused=0 "), "{usage}");
         // The process's memory beside the tenants, part by part.
         let metrics = page("/metrics").await;
+        // A scrape is no request of a tenant's: it runs in no request group
+        // (as the catch-all's, each scrape exported a new series).
+        assert!(!page("/metrics").await.contains("/req-"), "{metrics}");
+        assert!(!metrics.contains("/req-"), "{metrics}");
         for family in [
             "splitcount_group_usage_bytes{group=\"/tenants/acme\"}",
             "splitcount_process_resident_bytes ",

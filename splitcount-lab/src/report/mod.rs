@@ -67,23 +67,47 @@ struct Ran {
 }
 
 /// Whether the report's files can be written in `out` (an existing
-/// directory): each file that exists opens for writing (it is not a
-/// directory, nor read-only), and a file can be made there. Checked before
-/// the measuring: a directory the user cannot write failed only at the
-/// end, after minutes of it.
+/// directory), asked of the kernel for this process's effective user
+/// (`faccessat` with `AT_EACCESS`): each file that exists can be written
+/// and is not a directory, and the directory takes a new file where one
+/// does not. Checked before the measuring: a directory the user cannot
+/// write failed only at the end, after minutes of it. Nothing is created:
+/// the files are written at the end, as before (a probe file could follow a
+/// symbolic link planted in a shared directory).
 fn check_writable(out: &Path) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let writable = |path: &Path| -> std::io::Result<()> {
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        // SAFETY: a NUL-terminated path; no pointer is kept.
+        let rc =
+            unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK, libc::AT_EACCESS) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    let mut missing = false;
     for name in ["report.json", "index.html"] {
         let path = out.join(name);
-        if path.symlink_metadata().is_ok() {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_dir() => {
+                return Err(format!(
+                    "cannot write {}: it is a directory",
+                    path.display()
+                ));
+            }
+            Ok(_) => {
+                writable(&path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            }
+            // Missing (or a link to a file not made yet): made in `out`.
+            Err(_) => missing = true,
         }
     }
-    let probe = out.join(format!(".splitcount-lab-{}", std::process::id()));
-    std::fs::File::create(&probe).map_err(|e| format!("cannot write in {}: {e}", out.display()))?;
-    let _ = std::fs::remove_file(&probe);
+    if missing {
+        writable(out).map_err(|e| format!("cannot write in {}: {e}", out.display()))?;
+    }
     Ok(())
 }
 

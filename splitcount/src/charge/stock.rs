@@ -2137,7 +2137,9 @@ fn host_mode(cpus: usize) -> Mode {
         let dense = crate::cpu::Topology::host().cpus() == cpus;
         if dense
             && rseq_available(SlotIndex::CpuId)
-            && std::env::var("SPLITCOUNT_PERCPU_ADD").as_deref() != Ok("atomic")
+            // Trimmed, as the arenas read it (`percpu::default_add_path`):
+            // a padded value put the arenas on atomics and the stock on rseq.
+            && std::env::var("SPLITCOUNT_PERCPU_ADD").as_deref().map(str::trim) != Ok("atomic")
         {
             if let Some(offset) = crate::cpu::glibc_fs_offset() {
                 if stock_rseq::fence_available() {
