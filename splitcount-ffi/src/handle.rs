@@ -83,8 +83,10 @@ pub(crate) struct Registry<T> {
     free: Mutex<(Vec<u32>, u32)>,
 }
 
-// SAFETY: a slot's value is written only under `free`'s lock while its
-// generation is even (no lookup succeeds), and published by the Release
+// SAFETY: a slot's value is written only while its generation is even (no
+// lookup succeeds): under `free`'s lock, or by the one reservation that took
+// the slot off the free list under it (`Reserved::fill`); and published by
+// the Release
 // store that makes the generation odd; lookups read it after an Acquire
 // load of that generation. Dropping it while a lookup uses it is the
 // caller's documented misuse (a release racing a use).
@@ -267,13 +269,13 @@ impl<T> Registry<T> {
         })
     }
 
-    /// Fill the reserved slot `index` with `value`; its handle.
+    /// Fill the reserved slot `index` with `value`; its handle. No lock:
+    /// the reservation is the slot's only writer (it is off the free list,
+    /// and removals touch live slots only).
     fn fill(&self, index: usize, value: T) -> u64 {
-        // Held so that writers of slots stay ordered (see `Sync`).
-        let _free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         let slot = self.slot(index).expect("the chunk was published");
         // SAFETY: the generation is even (a free slot, reserved: no lookup
-        // reads the value), and writers hold `free`.
+        // reads the value), and this reservation is its only writer.
         unsafe { *slot.value.get() = Some(value) };
         // A free slot is even and not retired (`vacate`), so this is odd
         // and never 1 twice.

@@ -375,7 +375,7 @@ mod exit_key {
             let mut key: libc::pthread_key_t = 0;
             // SAFETY: a valid out-pointer and a destructor that never
             // unwinds. The key is never deleted: its destructor must run
-            // for every thread until the process ends.
+            // whenever the main thread ends.
             if unsafe { libc::pthread_key_create(&mut key, Some(on_exit)) } == 0 {
                 // Relaxed: only this thread reads it.
                 KEY.store(key + 1, Relaxed);

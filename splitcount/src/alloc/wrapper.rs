@@ -5,7 +5,7 @@
 use super::charging::{Charging, Requested};
 use super::reconcile::Reconciliation;
 use super::reserve::{drain_thread, flush_headers};
-use super::scope::{in_hook, run_unaccounted, without_accounting};
+use super::scope::{in_hook, without_accounting};
 use super::thread::{arm_exit_guard, ThreadState, STATE};
 use crate::charge::{Consumed, StockError, UsageCounter, MAX_REQUEST, MAX_STOCK_SLOTS};
 use crate::cpu::{self, Machine};
@@ -515,9 +515,7 @@ impl<A, C: Charging> Accounted<A, C> {
         }
         // Inside a hook, as for the growth itself: no hooks again.
         if key.force_charge(n) && !in_hook() {
-            if let Some(node) = key.node().or_else(|| key.live_node()) {
-                st.hierarchy.shared().pressure(&node, run_unaccounted);
-            }
+            self.pressure_from(st, key);
         }
     }
 

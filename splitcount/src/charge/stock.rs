@@ -2133,14 +2133,12 @@ impl<K: StockKey> Stock<K> {
 fn host_mode(cpus: usize) -> Mode {
     #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
     {
-        use crate::percpu::{rseq_available, SlotIndex};
+        use crate::percpu::{default_add_path, rseq_available, AddPath, SlotIndex};
         let dense = crate::cpu::Topology::host().cpus() == cpus;
-        if dense
-            && rseq_available(SlotIndex::CpuId)
-            // Trimmed, as the arenas read it (`percpu::default_add_path`):
-            // a padded value put the arenas on atomics and the stock on rseq.
-            && std::env::var("SPLITCOUNT_PERCPU_ADD").as_deref().map(str::trim) != Ok("atomic")
-        {
+        // The arenas' reading of `SPLITCOUNT_PERCPU_ADD`, not one of its
+        // own: a second reader (untrimmed) put the arenas on atomics and the
+        // stock on rseq for a padded value.
+        if dense && rseq_available(SlotIndex::CpuId) && default_add_path() != AddPath::Atomic {
             if let Some(offset) = crate::cpu::glibc_fs_offset() {
                 if stock_rseq::fence_available() {
                     return Mode::Rseq { offset };

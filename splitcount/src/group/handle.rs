@@ -910,18 +910,25 @@ impl Group {
     /// event count.
     #[inline]
     pub fn mod_stat(&self, item: StatId, delta: i64) -> Result<(), StatError> {
-        if item.1 != self.shared.stats.identity() {
-            return Err(StatError::ForeignItem(item.0));
-        }
+        self.of_this_schema(item)?;
         self.live()
             .stats
             .mod_stat(&self.shared.stats, item.0, delta)
     }
 
-    fn item(&self, item: StatId) -> Result<usize, StatError> {
-        if item.1 != self.shared.stats.identity() {
-            return Err(StatError::ForeignItem(item.0));
+    /// `item` is of this hierarchy's schema (else its index may name
+    /// another item here, of another kind).
+    #[inline]
+    fn of_this_schema(&self, item: StatId) -> Result<(), StatError> {
+        if item.1 == self.shared.stats.identity() {
+            Ok(())
+        } else {
+            Err(StatError::ForeignItem(item.0))
         }
+    }
+
+    fn item(&self, item: StatId) -> Result<usize, StatError> {
+        self.of_this_schema(item)?;
         (item.0 < self.shared.stats.items().len())
             .then_some(item.0)
             .ok_or(StatError::NoSuchItem(item.0))

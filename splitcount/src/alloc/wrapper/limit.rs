@@ -218,7 +218,7 @@ impl<A, C: Charging> Accounted<A, C> {
     /// since small allocations charge in reserve batches — left C and Rust
     /// subscribers never called for crossings made by allocations.
     #[cold]
-    fn pressure_from(&self, st: &Attached, acc: AccountKey) {
+    pub(super) fn pressure_from(&self, st: &Attached, acc: AccountKey) {
         if let Some(node) = acc.node().or_else(|| acc.live_node()) {
             st.hierarchy.shared().pressure(&node, run_unaccounted);
         }
