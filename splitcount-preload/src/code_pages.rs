@@ -19,17 +19,28 @@
 //! never one it shares with a neighbour (the relocated, read-only-after-
 //! relocation data, `RELRO`, would go back to its unrelocated bytes).
 //!
-//! What stays resident is the 64 KiB windows that the post-set-up code
-//! touches: a thread's first `malloc` runs the fast path, the thread's
-//! set-up (`enter_held`, the exit guard, std's TLS destructor list) and
-//! the stock's admission filter, spread over 7 or 8 of the 11 windows of
-//! this build's code (432 to 456 of 680 to 712 KiB at the start of `main`,
-//! by the features the build unifies). Code that runs there and lies far
-//! from the rest costs a window of its own: std's `Once` slow path, for the
-//! exit guard's pthread key, took the resident part to 556 KiB (78%) until
-//! the key was made without it. The build script
-//! aligns the library to 64 KiB so that the windows fall in the same
-//! places in every process.
+//! What the program runs next would still bring back whole 64 KiB windows:
+//! a thread's first `malloc` runs the fast path, the thread's set-up
+//! (`enter_held`, the exit guard, std's TLS destructor list) and the
+//! stock's admission filter, spread over 7 or 8 of the 11 windows of this
+//! build's code; a server's `realloc`, `calloc` and threads touch more
+//! (Debian's `redis-server` under load: 536 of 724 KiB). Fault-around
+//! never maps past the mapping (VMA) it faults in, so [`shed`] also cuts
+//! the segment into one-page mappings: every other page gets
+//! `MADV_NOHUGEPAGE`, a flag that only keeps the kernel from backing the
+//! range with a huge page (which the library's code, far smaller than one,
+//! never is), and mappings with different flags are not merged. A fault then maps
+//! its own page, so what stays resident is the pages the program runs
+//! (redis: 86 pages, 344 KiB). The cost: about 180 more mappings in
+//! `/proc/<pid>/maps` (kernel memory, ~200 bytes each, not the
+//! process's resident set), a minor fault per page run instead of per
+//! window, and 90 `madvise` calls at start (a kernel without huge page
+//! support refuses the flag: the segment then stays whole, as before).
+//! `MADV_RANDOM` would split it as well, but the kernel ignores accesses
+//! through such a mapping when it picks pages to reclaim (since 6.3), so
+//! the `malloc` path's code could be evicted while in use. The build
+//! script aligns the library to 64 KiB, so the windows of a kernel that
+//! keeps the segment whole fall in the same places in every process.
 
 use std::ffi::c_void;
 
@@ -64,7 +75,27 @@ pub(crate) fn shed() -> Option<usize> {
     // SAFETY: whole pages of this library's executable segment, which is
     // never written (see the module docs): dropping them loses nothing.
     let rc = unsafe { libc::madvise(start as *mut c_void, end - start, libc::MADV_DONTNEED) };
+    split_into_pages(start, end);
     (rc == 0).then_some(end - start)
+}
+
+/// Cut `start..end` (whole pages of this library's code) into one-page
+/// mappings, so that a fault maps only its own page (see the module docs):
+/// every other page gets `MADV_NOHUGEPAGE`, and the kernel does not merge
+/// mappings whose flags differ. Stops at the first refusal (a kernel
+/// without huge page support): the rest stays as it was, correct, only
+/// faulted around.
+fn split_into_pages(start: usize, end: usize) {
+    let page = page();
+    let mut at = start + page;
+    while at < end {
+        // SAFETY: one whole page of this library's code; the flag only
+        // rules out a huge page there and changes no byte of it.
+        if unsafe { libc::madvise(at as *mut c_void, page, libc::MADV_NOHUGEPAGE) } != 0 {
+            return;
+        }
+        at += 2 * page;
+    }
 }
 
 /// A `Dl_info` of zeroes (all of its fields are pointers).
