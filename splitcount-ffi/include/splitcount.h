@@ -20,6 +20,13 @@
  *   not checked, and a panic there (none is expected) aborts.
  * - "Thread-safe" below means: may be called from any thread, concurrently
  *   with any call except the destruction of a handle it uses.
+ * - fork(): in the child of a multi-threaded process, before it execs,
+ *   charges, uncharges, reads and the counters work; a call that changes a
+ *   tree or the handle tables (splitcount_group_child, _remove, _lookup,
+ *   handle releases, hierarchy creation and destruction) may wait for ever
+ *   on a lock another thread of the parent held at the fork (POSIX
+ *   promises only async-signal-safe calls there; the library installs no
+ *   pthread_atfork handlers for these locks).
  */
 
 #ifndef SPLITCOUNT_H
@@ -199,7 +206,9 @@
 #define SPLITCOUNT_STAT_GAUGE 0
 
 /**
- * A stat item that only counts up (events).
+ * A stat item that only counts up (events). Like a gauge, its value is
+ * an `int64_t` that wraps past `INT64_MAX` (each update is one per-CPU add,
+ * which cannot check the total): a count that reaches 2^63 reads negative.
  */
 #define SPLITCOUNT_STAT_EVENT 1
 
@@ -222,7 +231,7 @@
 /**
  * The largest stock batch (a stock slot keeps its units in 32 bits).
  */
-#define SPLITCOUNT_STOCK_BATCH_MAX (uint64_t)UINT32_MAX
+#define SPLITCOUNT_STOCK_BATCH_MAX 4294967295
 
 /**
  * The most groups a CPU's stock holds at once (one 1 KiB block); the
@@ -391,7 +400,9 @@ typedef struct {
  */
 typedef struct {
   /**
-   * The item's name (validated like a group name, and no whitespace).
+   * The item's name (validated like a group name, and no whitespace;
+   * not `usage`, `stocked` or a name beginning with `local_`, which
+   * `memory.stat` dumps print of their own).
    */
   const char *name;
   /**
@@ -634,8 +645,10 @@ int splitcount_group_fast_try_charge(const splitcount_group_fast *fast, uint64_t
 void splitcount_group_fast_uncharge(const splitcount_group_fast *fast, uint64_t n);
 
 /**
- * Create a child named `name` (not empty, no '/', at most 255 bytes,
- * unique among live siblings) of a live group; its handle in `*out`.
+ * Create a child named `name` (not empty, at most 255 bytes of UTF-8, no
+ * '/' and no control character such as a newline or a tab, not "." or
+ * "..", unique among live siblings) of a live group; its handle in
+ * `*out`.
  *
  * Thread-safe.
  *
@@ -701,6 +714,15 @@ int splitcount_group_set_max(splitcount_group *group, uint64_t max);
 /**
  * Set the soft limit: crossing it counts a `high` event, never refuses.
  *
+ * The usage it is compared with counts the units stocked on CPUs. A
+ * refill of the stock (a batch whose surplus is stocked) is taken only if
+ * it leaves the group at or below `high` — else the charge takes just what
+ * it asks for —, so stocked units do not cross `high` on their own; units
+ * stocked before the usage came near it still count, so a crossing (and
+ * the `over` a pressure subscriber is told) can run ahead of what is in
+ * use by at most a batch per CPU that charged the group
+ * (`splitcount_group_usage_exact` says what is in use).
+ *
  * Thread-safe.
  */
 int splitcount_group_set_high(splitcount_group *group, uint64_t high);
@@ -729,6 +751,14 @@ int splitcount_group_enforcement(splitcount_group *group, uint32_t *out);
 /**
  * The usage past which even a cooperative group refuses allocations
  * (`SPLITCOUNT_UNLIMITED`, the default: none).
+ *
+ * It bounds how far past `max` cooperative enforcement lets the
+ * preload's `malloc` (or Rust's allocator) go, and is read only then: it
+ * is not a limit of its own. A ceiling at or below `max` changes nothing
+ * (allocations are refused at `max` first); `splitcount_group_try_charge`
+ * refuses at `max` whatever the ceiling, `splitcount_group_charge` passes
+ * it, and a ceiling below the usage is accepted (it refuses the next
+ * allocation over `max`).
  *
  * Thread-safe.
  */
@@ -1196,7 +1226,14 @@ static inline void splitcount_counter_fast_add(const splitcount_counter_fast *fa
         : "memory", "cc");
     if (__builtin_expect(cpu < fast->regions, 1)) {
       uint64_t floor = ~(fast->batch - 1);
+      /* C++ gets its own casts: the header builds under -Wold-style-cast
+       * -Werror (and -Wconversion) in both languages. */
+#ifdef __cplusplus
+      uint64_t now = static_cast<uint64_t>(value);
+      uint64_t before = now - static_cast<uint64_t>(delta);
+#else
       uint64_t now = (uint64_t)value, before = now - (uint64_t)delta;
+#endif
       if (__builtin_expect((now & floor) != (before & floor), 0))
         splitcount_counter_fast_carry(fast, cpu, value, delta);
       return;

@@ -49,12 +49,24 @@ pub(crate) struct Error {
     pub(crate) message: String,
 }
 
+/// Longest message kept for `splitcount_last_error`, in bytes: a longer
+/// one is cut there, with its length said. Messages repeat what the caller
+/// passed (a path, a name), and a 64 MiB path made a 64 MiB message.
+pub(crate) const MAX_MESSAGE: usize = 8192;
+
 impl Error {
     pub(crate) fn new(code: c_int, message: impl Into<String>) -> Error {
-        Error {
-            code,
-            message: message.into(),
+        let mut message = message.into();
+        if message.len() > MAX_MESSAGE {
+            let mut end = MAX_MESSAGE;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            let all = message.len();
+            message.truncate(end);
+            message.push_str(&format!("… ({all} bytes in all)"));
         }
+        Error { code, message }
     }
 }
 

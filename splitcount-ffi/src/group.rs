@@ -152,8 +152,10 @@ unsafe fn read_stat(
     })
 }
 
-/// Create a child named `name` (not empty, no '/', at most 255 bytes,
-/// unique among live siblings) of a live group; its handle in `*out`.
+/// Create a child named `name` (not empty, at most 255 bytes of UTF-8, no
+/// '/' and no control character such as a newline or a tab, not "." or
+/// "..", unique among live siblings) of a live group; its handle in
+/// `*out`.
 ///
 /// Thread-safe.
 ///
@@ -299,6 +301,15 @@ pub extern "C" fn splitcount_group_set_max(group: *mut splitcount_group, max: u6
 
 /// Set the soft limit: crossing it counts a `high` event, never refuses.
 ///
+/// The usage it is compared with counts the units stocked on CPUs. A
+/// refill of the stock (a batch whose surplus is stocked) is taken only if
+/// it leaves the group at or below `high` — else the charge takes just what
+/// it asks for —, so stocked units do not cross `high` on their own; units
+/// stocked before the usage came near it still count, so a crossing (and
+/// the `over` a pressure subscriber is told) can run ahead of what is in
+/// use by at most a batch per CPU that charged the group
+/// (`splitcount_group_usage_exact` says what is in use).
+///
 /// Thread-safe.
 #[no_mangle]
 pub extern "C" fn splitcount_group_set_high(group: *mut splitcount_group, high: u64) -> c_int {
@@ -364,6 +375,14 @@ pub unsafe extern "C" fn splitcount_group_enforcement(
 
 /// The usage past which even a cooperative group refuses allocations
 /// (`SPLITCOUNT_UNLIMITED`, the default: none).
+///
+/// It bounds how far past `max` cooperative enforcement lets the
+/// preload's `malloc` (or Rust's allocator) go, and is read only then: it
+/// is not a limit of its own. A ceiling at or below `max` changes nothing
+/// (allocations are refused at `max` first); `splitcount_group_try_charge`
+/// refuses at `max` whatever the ceiling, `splitcount_group_charge` passes
+/// it, and a ceiling below the usage is accepted (it refuses the next
+/// allocation over `max`).
 ///
 /// Thread-safe.
 #[no_mangle]

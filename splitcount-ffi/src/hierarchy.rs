@@ -17,7 +17,9 @@ use std::sync::Arc;
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct splitcount_stat_item {
-    /// The item's name (validated like a group name, and no whitespace).
+    /// The item's name (validated like a group name, and no whitespace;
+    /// not `usage`, `stocked` or a name beginning with `local_`, which
+    /// `memory.stat` dumps print of their own).
     pub name: *const c_char,
     /// `SPLITCOUNT_STAT_GAUGE` (goes up and down) or `SPLITCOUNT_STAT_EVENT`
     /// (a count: negative deltas are refused).
@@ -26,7 +28,9 @@ pub struct splitcount_stat_item {
 
 /// A stat item that goes up and down (bytes in use).
 pub const SPLITCOUNT_STAT_GAUGE: u32 = 0;
-/// A stat item that only counts up (events).
+/// A stat item that only counts up (events). Like a gauge, its value is
+/// an `int64_t` that wraps past `INT64_MAX` (each update is one per-CPU add,
+/// which cannot check the total): a count that reaches 2^63 reads negative.
 pub const SPLITCOUNT_STAT_EVENT: u32 = 1;
 
 /// The stock batch of `splitcount_hierarchy_create` (Rust's
@@ -40,7 +44,9 @@ pub const SPLITCOUNT_STOCK_BATCH_DEFAULT: u64 = 64;
 /// group and CPU stays at most 64 KiB (as the preload's byte stock).
 pub const SPLITCOUNT_STOCK_BATCH_BYTES: u64 = 65536;
 /// The largest stock batch (a stock slot keeps its units in 32 bits).
-pub const SPLITCOUNT_STOCK_BATCH_MAX: u64 = u32::MAX as u64;
+// A literal, not `u32::MAX as u64`: cbindgen writes the cast into the
+// header as a C cast, which C++'s -Wold-style-cast rejects.
+pub const SPLITCOUNT_STOCK_BATCH_MAX: u64 = 4_294_967_295;
 /// The most groups a CPU's stock holds at once (one 1 KiB block); the
 /// slots of `splitcount_hierarchy_create`.
 pub const SPLITCOUNT_STOCK_SLOTS_MAX: u32 = 63;
@@ -277,7 +283,12 @@ pub unsafe extern "C" fn splitcount_stat_id(
         let id = h.hierarchy.stat_id(name).ok_or_else(|| {
             Error::new(
                 SPLITCOUNT_E_NOT_FOUND,
-                format!("no stat item named {name:?} in this hierarchy's schema"),
+                format!(
+                    "no stat item named {:?} in this hierarchy's schema",
+                    // Cut as a group name is: no item's name is longer
+                    // than 255 bytes.
+                    name.chars().take(64).collect::<String>()
+                ),
             )
         })?;
         // SAFETY: the caller's contract.

@@ -23,7 +23,11 @@
 //! a generation, see `handle.rs`) disguised as opaque pointers and never
 //! dereferenced, so NULL, a destroyed handle, a released one or a made-up
 //! one is `SPLITCOUNT_E_HANDLE`, never a crash; a destroy must not race
-//! with other calls on the same handle.
+//! with other calls on the same handle. In the child of a multi-threaded
+//! `fork` (before `exec`), charges, reads and counters work, but a call
+//! that changes a tree or the handle tables may wait for ever on a lock
+//! another thread held at the `fork` (no `pthread_atfork` handlers guard
+//! those locks).
 //!
 //! **Heap accounting of C programs** is the preload library's
 //! (`splitcount-preload`): it compiles this crate in and exports the same

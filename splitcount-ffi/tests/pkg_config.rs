@@ -193,3 +193,30 @@ fn the_install_script_refuses_bad_arguments_with_its_usage() {
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("is missing"));
 }
+
+/// A relative `--prefix` is installed where it points from the directory
+/// the script runs in, and the `.pc` file names it as an absolute path:
+/// written as given (`prefix=rel`), pkg-config users got `-Irel/include`,
+/// relative to wherever they ran it.
+#[test]
+fn a_relative_prefix_is_written_absolute_into_the_pc_file() {
+    let cwd = std::env::temp_dir().join(format!("splitcount-rel-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cwd);
+    std::fs::create_dir_all(&cwd).unwrap();
+    ok(
+        "scripts/install-c",
+        Command::new(workspace().join("scripts/install-c"))
+            .current_dir(&cwd)
+            .args(["--prefix", "rel", "--from"])
+            .arg(deps_dir())
+            .output(),
+    );
+    let pc = std::fs::read_to_string(cwd.join("rel/lib/pkgconfig/splitcount.pc")).unwrap();
+    let prefix = pc.lines().find_map(|l| l.strip_prefix("prefix=")).unwrap();
+    assert_eq!(
+        Path::new(prefix),
+        cwd.join("rel").canonicalize().unwrap(),
+        "{pc}"
+    );
+    let _ = std::fs::remove_dir_all(&cwd);
+}

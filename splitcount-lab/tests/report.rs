@@ -42,10 +42,13 @@ fn a_quick_report_writes_every_suite_to_json_and_html() {
     let (ok, stdout, stderr) = lab(&["report", "--quick", "--out", out.to_str().unwrap()]);
     let took = start.elapsed();
     assert!(ok, "{stderr}");
-    // The promise of --quick; CI runs the tests in release mode.
+    // Not a benchmark: a guard against a `--quick` that stopped being
+    // quick (the full report's rounds take ~15 minutes). About 35 s on 2
+    // quiet cores; the bound leaves room for a loaded machine (60 s failed
+    // once with other builds running). CI runs the tests in release mode.
     if !cfg!(debug_assertions) {
         assert!(
-            took < Duration::from_secs(60),
+            took < Duration::from_secs(240),
             "report --quick took {took:?}"
         );
     }

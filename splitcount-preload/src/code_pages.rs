@@ -41,6 +41,10 @@
 //! the `malloc` path's code could be evicted while in use. The build
 //! script aligns the library to 64 KiB, so the windows of a kernel that
 //! keeps the segment whole fall in the same places in every process.
+//!
+//! A traced process (a debugger attached from the start) keeps its code
+//! as loaded: a breakpoint written into a page before the set-up ended
+//! lives in a private copy that `MADV_DONTNEED` would throw away.
 
 use std::ffi::c_void;
 
@@ -58,8 +62,12 @@ fn page() -> usize {
 }
 
 /// Drop the mappings of this library's code pages (see the module docs);
-/// the bytes dropped (`None`: not found, or `madvise` refused).
+/// the bytes dropped (`None`: not found, `madvise` refused, or the process
+/// is traced).
 pub(crate) fn shed() -> Option<usize> {
+    if traced() {
+        return None;
+    }
     let mut info: libc::Dl_info = unsafe_zeroed();
     // SAFETY: the address of a function of this library, and an out-param.
     if unsafe { libc::dladdr(shed as *const c_void, &mut info) } == 0 {
@@ -98,6 +106,50 @@ fn split_into_pages(start: usize, end: usize) {
     }
 }
 
+/// Whether a tracer is attached (`TracerPid` in `/proc/self/status` is
+/// not 0): a debugger that set a breakpoint in this library's code before
+/// the set-up ended (`gdb` with a breakpoint on the preload's `malloc`, set
+/// as the library loads) wrote it into a private copy of the page, which
+/// `MADV_DONTNEED` throws away — the page comes back from the file without
+/// it, and the breakpoint never fired again (found by a helper). A traced
+/// process keeps its code mapped. Read with `open`/`read` into the stack:
+/// this runs inside the first `malloc`, and allocates nothing. `false`
+/// when the file cannot be read.
+fn traced() -> bool {
+    let mut buf = [0u8; 4096];
+    // SAFETY: a NUL-terminated path; the descriptor is closed below.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/status".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return false;
+    }
+    let mut len = 0;
+    while len < buf.len() {
+        // SAFETY: writes at most the rest of `buf`.
+        let n = unsafe { libc::read(fd, buf[len..].as_mut_ptr().cast(), buf.len() - len) };
+        if n <= 0 {
+            break;
+        }
+        len += n as usize;
+    }
+    // SAFETY: the descriptor opened above.
+    unsafe { libc::close(fd) };
+    tracer_in(&buf[..len])
+}
+
+/// Whether `/proc/<pid>/status` text names a tracer (a `TracerPid:` line
+/// whose value is not 0).
+fn tracer_in(status: &[u8]) -> bool {
+    status
+        .split(|&b| b == b'\n')
+        .find_map(|line| line.strip_prefix(b"TracerPid:"))
+        .is_some_and(|v| v.iter().any(|b| (b'1'..=b'9').contains(b)))
+}
+
 /// A `Dl_info` of zeroes (all of its fields are pointers).
 fn unsafe_zeroed() -> libc::Dl_info {
     // SAFETY: a struct of raw pointers, for which all-zero is valid (null).
@@ -132,4 +184,21 @@ unsafe extern "C" fn each_object(
         }
     }
     1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tracer_in;
+
+    #[test]
+    fn a_tracer_is_read_from_the_status_text() {
+        let status = |pid: &str| format!("Name:\tm\nState:\tR\nTracerPid:\t{pid}\nUid:\t0\n");
+        assert!(!tracer_in(status("0").as_bytes()));
+        assert!(tracer_in(status("1234").as_bytes()));
+        assert!(tracer_in(status("10").as_bytes()));
+        assert!(!tracer_in(b"Name:\tm\n"), "no such line: not traced");
+        // And this test process, untraced (unless run under a debugger).
+        let own = std::fs::read("/proc/self/status").unwrap();
+        assert_eq!(tracer_in(&own), super::traced());
+    }
 }

@@ -344,6 +344,59 @@ fn the_set_ups_code_does_not_stay_resident() {
     }
 }
 
+/// Under a tracer (a debugger that may have set breakpoints in the
+/// library's code as it loaded), the code is neither dropped nor cut: a
+/// dropped page comes back from the file without the debugger's
+/// breakpoint, which then never fires (gdb with a breakpoint on the
+/// preload's `malloc` saw the set-up's calls and none of `main`'s).
+#[test]
+fn a_traced_program_keeps_the_librarys_code_as_loaded() {
+    use std::os::unix::process::CommandExt;
+    let exe = plain_c_program("code_pages_test");
+    let mut cmd = preloaded(&exe, &[]);
+    cmd.stdout(std::process::Stdio::piped());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    // Reaped by the `waitpid` loop below: a tracer waits for its tracee
+    // itself (`Child::wait` would not let it resume the stops).
+    #[allow(clippy::zombie_processes)]
+    let mut child = cmd.spawn().unwrap();
+    let pid = child.id() as libc::pid_t;
+    // The tracer's part: let every stop go on (the exec's SIGTRAP
+    // swallowed, any other signal passed on), until the program ends.
+    let status = loop {
+        let mut st = 0;
+        // SAFETY: our own child; `st` is written by the call.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+        if libc::WIFEXITED(st) || libc::WIFSIGNALED(st) {
+            break st;
+        }
+        let sig = libc::WSTOPSIG(st);
+        let pass = if sig == libc::SIGTRAP { 0 } else { sig };
+        // SAFETY: a stopped tracee of this process.
+        unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, pass) };
+    };
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{stdout}"
+    );
+    let mappings: u64 = stdout
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("mappings="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no mappings in {stdout}"));
+    assert_eq!(mappings, 1, "the code segment as loaded: {stdout}");
+}
+
 /// Programs run without tags as with them: python3 and sqlite3 finish,
 /// and the exit report says `tags=off` with the usage of what they still
 /// hold.

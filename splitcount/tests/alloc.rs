@@ -145,6 +145,40 @@ fn scopes_dropped_out_of_order_end_where_they_began() {
     assert_eq!(Group::current().map(|g| g.path().to_string()), before);
 }
 
+/// Deeper than the tracked depths (63), a scope that ends out of order
+/// cannot be remembered; once every scope of the thread has ended, the
+/// thread is back where it was before the first, whatever the depth and
+/// the order. With 65 scopes on one group ended outermost first, the
+/// thread charged that group for good (a helper's program: 50,000 bytes
+/// allocated after the last guard went were the group's).
+#[test]
+fn scopes_deeper_than_tracked_dropped_out_of_order_end_where_they_began() {
+    let before = Group::current().map(|g| g.path().to_string());
+    for depth in [63, 64, 65, 100] {
+        let a = fresh(&format!("deep-out-of-order-{depth}"));
+        let mut guards: Vec<_> = (0..depth).map(|_| a.enter()).collect();
+        while !guards.is_empty() {
+            drop(guards.remove(0)); // the outermost first
+        }
+        assert_eq!(
+            Group::current().map(|g| g.path().to_string()),
+            before,
+            "{depth} deep"
+        );
+        let held = live_bytes(&a);
+        let v: Vec<u8> = Vec::with_capacity(100_000);
+        assert_eq!(live_bytes(&a), held, "{depth} deep");
+        drop(v);
+        // And scopes work as before afterwards.
+        a.scope(|| {
+            let v: Vec<u8> = Vec::with_capacity(100_000);
+            assert!(live_bytes(&a) >= held + 100_000);
+            drop(v);
+        });
+        assert_eq!(Group::current().map(|g| g.path().to_string()), before);
+    }
+}
+
 /// A scope kept in a future across an `.await` ends in a later poll, out
 /// of order with the scopes around that poll — the instrumented future's
 /// per-poll scope and one the caller entered between the polls. When all

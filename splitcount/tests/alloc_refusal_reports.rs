@@ -126,6 +126,28 @@ fn small_allocations_that_cross_high_run_the_pressure_hooks() {
     drop(blocks);
 }
 
+/// A byte stock's refill does not cross `high` by its surplus: a group
+/// whose `high` is below a batch (64 KiB) is charged what its allocations
+/// take (and the thread's reserve), not a batch, until what it holds
+/// crosses. One 100-byte allocation took a group to 64 KiB, over a `high`
+/// of 32 KiB: a `high` event and a pressure hook for memory nothing held.
+#[test]
+fn a_refill_of_the_byte_stock_does_not_cross_high() {
+    let g = fresh("refill-under-high");
+    g.set_high(32 << 10);
+    let calls = Arc::new(AtomicU64::new(0));
+    {
+        let calls = calls.clone();
+        g.on_pressure(move |_, _| {
+            calls.fetch_add(1, SeqCst);
+        });
+    }
+    let block = g.scope(|| vec![1u8; 100]);
+    assert!(g.usage() <= 32 << 10, "usage {}", g.usage());
+    assert_eq!((g.events().high, calls.load(SeqCst)), (0, 0));
+    drop(block);
+}
+
 /// Threads refused by the same limit, each in its reporting grace, never
 /// take it more than [`REPORTING_GRACE`] above its `max` together: every
 /// level compares and swaps against that bound. (The grace checked the

@@ -164,12 +164,30 @@ fn uncharging_more_than_charged_clamps_at_zero_with_an_event() {
 fn names_are_validated_and_unique_among_live_siblings() {
     let h = Hierarchy::default();
     let r = h.root();
-    for bad in ["", "a/b", ".", "..", &"n".repeat(256)] {
+    for bad in [
+        "",
+        "a/b",
+        ".",
+        "..",
+        &"n".repeat(256),
+        "a\nb",
+        "\t",
+        "del\u{7f}",
+    ] {
         assert!(
             matches!(r.child(bad), Err(GroupError::InvalidName { .. })),
             "{bad:?}"
         );
     }
+    r.child("with spaces").unwrap().remove().unwrap();
+    // A lookup's error repeats a bounded part of the path asked for.
+    let long = "p/".repeat(1 << 19);
+    let e = h.lookup(&long).unwrap_err().to_string();
+    assert!(
+        e.len() < 4200 && e.ends_with("(1048576 bytes in all)"),
+        "{}",
+        &e[e.len() - 40..]
+    );
     let a = r.child("a").unwrap();
     assert_eq!(
         r.child("a").unwrap_err(),
@@ -630,9 +648,10 @@ fn a_panicking_hook_declines_instead_of_unwinding_through_the_charge() {
     assert_eq!((e.group(), e.limit(), e.request()), ("/g", 10, 20));
     g.charge(6).unwrap();
     assert_eq!(
-        g.usage(),
-        8,
-        "a batch of 8 is stocked; the pressure hook's panic was caught"
+        (g.usage(), g.events().high),
+        (6, 1),
+        "charged exactly (a batch of 8 would have crossed high by its surplus), \
+         over high; the pressure hook's panic was caught"
     );
     assert_eq!(g.events().oom, 1);
 }
@@ -831,6 +850,42 @@ fn pressure_fires_once_per_crossing_of_high() {
         g.charge(1).unwrap();
     }
     assert_eq!(calls.load(Relaxed), 2, "back under, then over again");
+}
+
+/// A refill's surplus does not cross `high`: below its `high`, a group
+/// takes a batch only if the batch stays under it, else just what the
+/// charge asks. Two CPUs' refills of 64 used to take a `high` of 100 to
+/// 128 with 8 units in use — a `high` event, and pressure hooks told of
+/// 28 units over that nothing used. Once above `high` (a crossing by
+/// what is in use), refills take batches again.
+#[test]
+fn stocked_units_alone_do_not_cross_high() {
+    let (m, h) = sim(2, 64);
+    let g = h.root().child("g").unwrap();
+    g.set_high(100);
+    let calls = Arc::new(AtomicU64::new(0));
+    let c = calls.clone();
+    g.on_pressure(move |_, _| {
+        c.fetch_add(1, Relaxed);
+    });
+    m.set_current_cpu(0).unwrap();
+    g.charge(4).unwrap();
+    m.set_current_cpu(1).unwrap();
+    g.charge(4).unwrap();
+    assert_eq!(
+        (g.usage(), g.stocked()),
+        (68, 60),
+        "CPU 1 charged its 4 exactly"
+    );
+    assert_eq!((g.events().high, calls.load(Relaxed)), (0, 0));
+    // In use past `high` (4 + 4 + 93 = 101, with 60 stocked on CPU 0): a
+    // crossing; then CPU 1 stocks again.
+    g.charge(93).unwrap();
+    assert_eq!((g.events().high, calls.load(Relaxed)), (1, 1));
+    g.charge(1).unwrap();
+    assert_eq!(g.stocked(), 60 + 63, "above high, a batch again");
+    h.drain_stocks();
+    assert_eq!(g.usage(), 102);
 }
 
 /// `over_charge`: never refused, and reported when it passes a limit — a

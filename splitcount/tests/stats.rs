@@ -258,9 +258,19 @@ fn invalid_schemas_are_refused() {
         vec![StatItem::event("..")],
         vec![StatItem::gauge("a/b")],
         vec![StatItem::gauge(&"x".repeat(256))],
+        // Keys `memory.stat` prints of its own: a second `usage` line, or
+        // an item's `local_` line twice.
+        vec![StatItem::gauge("usage")],
+        vec![StatItem::event("stocked")],
+        vec![StatItem::gauge("x"), StatItem::gauge("local_x")],
+        vec![StatItem::gauge("local_usage")],
     ] {
         assert!(Hierarchy::new(HierarchyConfig::default().stats(items)).is_err());
     }
+    // Names that only contain them are fine.
+    let fine = ["usage_bytes", "stocked_units", "nonlocal_x", "x_local_"];
+    let items = fine.iter().map(|n| StatItem::gauge(n)).collect();
+    assert!(Hierarchy::new(HierarchyConfig::default().stats(items)).is_ok());
     // The message says it once, and cuts a long name.
     let e =
         Hierarchy::new(HierarchyConfig::default().stats(vec![StatItem::gauge(&"y".repeat(299))]))

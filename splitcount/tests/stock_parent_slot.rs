@@ -251,6 +251,23 @@ fn a_child_through_its_parents_slot_crosses_its_high() {
 }
 
 #[test]
+fn a_refill_of_the_parents_slot_does_not_cross_the_parents_high() {
+    // The parent's slot refills like a group's own: its surplus must not
+    // take the parent over its `high` (`tests/groups.rs`,
+    // `stocked_units_alone_do_not_cross_high`).
+    let (h, p, _a, b) = siblings();
+    b.charge(5).unwrap();
+    assert_eq!((p.usage(), p.stocked()), (64, 58));
+    // 60 more: the slot is short; a refill of 64 would take p to 128, over
+    // a `high` of 125 that what is charged exactly (124) stays under.
+    p.set_high(125);
+    b.charge(60).unwrap();
+    assert_eq!(p.events().high, 0, "p: usage {}", p.usage());
+    h.drain_stocks();
+    assert_eq!((b.usage(), p.usage()), (65, 66));
+}
+
+#[test]
 fn a_child_with_a_free_slot_takes_its_own() {
     // Sharing is for children left out: with a slot free, a child takes
     // it (its hits then touch no counter), even where its parent holds

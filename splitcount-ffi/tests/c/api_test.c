@@ -123,6 +123,10 @@ static void groups(void) {
   splitcount_group *dup = NULL;
   FAILS(splitcount_group_child(tenant, "query", &dup), SPLITCOUNT_E_EXISTS);
   FAILS(splitcount_group_child(tenant, "a/b", &dup), SPLITCOUNT_E_INVALID);
+  /* A newline would split a report's line (the preload's, memory.stat). */
+  FAILS(splitcount_group_child(tenant, "a\nb", &dup), SPLITCOUNT_E_INVALID);
+  CHECK(strstr(splitcount_last_error(), "control character") != NULL);
+  FAILS(splitcount_group_child(tenant, "tab\there", &dup), SPLITCOUNT_E_INVALID);
   FAILS(splitcount_group_child(tenant, NULL, &dup), SPLITCOUNT_E_NULL);
   /* A failed call changes nothing: no out-pointer, no group made (it was
    * made without a handle, its name taken). */
@@ -187,6 +191,22 @@ static void groups(void) {
   OK(splitcount_stat_id(h, "faults", &faults));
   CHECK(anon == 0 && faults == 1);
   FAILS(splitcount_stat_id(h, "nope", &nope), SPLITCOUNT_E_NOT_FOUND);
+  {
+    /* A message repeats no more than a bounded part of a long input: a
+     * 64 MiB path made a 64 MiB message. */
+    size_t n = 1 << 20;
+    char *huge = malloc(n + 1);
+    CHECK(huge != NULL);
+    memset(huge, 'x', n);
+    huge[n] = '\0';
+    FAILS(splitcount_stat_id(h, huge, &nope), SPLITCOUNT_E_NOT_FOUND);
+    CHECK(strlen(splitcount_last_error()) < 400);
+    splitcount_group *none = NULL;
+    FAILS(splitcount_hierarchy_lookup(h, huge, &none), SPLITCOUNT_E_NOT_FOUND);
+    CHECK(strlen(splitcount_last_error()) < 9000);
+    CHECK(strstr(splitcount_last_error(), "1048576 bytes in all") != NULL);
+    free(huge);
+  }
   OK(splitcount_group_mod_stat(query, anon, 4096));
   OK(splitcount_group_mod_stat(query, faults, 1));
   FAILS(splitcount_group_mod_stat(query, faults, -1), SPLITCOUNT_E_INVALID);

@@ -65,7 +65,7 @@ pub(crate) fn enter_held(account: AccountKey) -> HeldScope {
     let previous = swap_scope(account.as_ptr());
     HeldScope {
         previous,
-        depth: NESTING.with(Nesting::begin),
+        depth: NESTING.with(|n| n.begin(previous)),
     }
 }
 
@@ -94,7 +94,11 @@ impl Drop for HeldScope {
 /// where they began: the innermost live scope stays current, and when it
 /// ends the thread goes back past every scope that ended before it, to
 /// what was current before them. (Tracked for the first 63 nested scopes
-/// of a thread; deeper ones must end in order.)
+/// of a thread. A deeper one that ends out of order keeps its group —
+/// current again when the scopes inside it end, and alive — until every
+/// scope of the thread has ended; then the thread is back at what was
+/// current before its first scope, and the group's account stays
+/// allocated for good, a few hundred bytes.)
 #[must_use = "the scope ends when the guard is dropped"]
 pub struct AllocScope {
     previous: *const u8,
@@ -124,6 +128,11 @@ const TRACKED_DEPTH: usize = 64;
 /// passes the ended poll too.)
 struct Nesting {
     depth: Cell<u32>,
+    /// Scopes begun and not ended. At 0 every scope has ended, whatever
+    /// the order and the depth: the thread is back at `base`.
+    live: Cell<u32>,
+    /// What was current when the thread's outermost live scope began.
+    base: Cell<*const u8>,
     /// Bit `d`: the scope at depth `d` (`1..TRACKED_DEPTH`) ended out of
     /// order.
     ended: Cell<u64>,
@@ -135,6 +144,8 @@ thread_local! {
     static NESTING: Nesting = const {
         Nesting {
             depth: Cell::new(0),
+            live: Cell::new(0),
+            base: Cell::new(std::ptr::null()),
             ended: Cell::new(0),
             previous: [const { Cell::new(std::ptr::null()) }; TRACKED_DEPTH],
         }
@@ -142,8 +153,12 @@ thread_local! {
 }
 
 impl Nesting {
-    /// A scope begins: its depth.
-    fn begin(&self) -> u32 {
+    /// A scope begins, having found `previous` current: its depth.
+    fn begin(&self, previous: *const u8) -> u32 {
+        if self.live.get() == 0 {
+            self.base.set(previous);
+        }
+        self.live.set(self.live.get().saturating_add(1));
         let depth = self.depth.get().saturating_add(1);
         self.depth.set(depth);
         depth
@@ -152,6 +167,18 @@ impl Nesting {
     /// The scope at `depth`, which found `previous` current, ends: what to
     /// do with the thread's current account.
     fn end(&self, depth: u32, previous: *const u8) -> Ending {
+        let live = self.live.get().saturating_sub(1);
+        self.live.set(live);
+        if live == 0 {
+            // The last scope: back to what preceded them all — also past
+            // a scope deeper than the tracked depths that ended out of
+            // order, which the walk below cannot pass (the thread charged
+            // its group for good: a helper's 65 scopes, ended outermost
+            // first). In every other case the walk ends there too.
+            self.depth.set(0);
+            self.ended.set(0);
+            return Ending::Restore(self.base.get());
+        }
         let tracked = |d: u32| (d as usize) < TRACKED_DEPTH;
         if depth < self.depth.get() {
             if !tracked(depth) {
@@ -231,7 +258,7 @@ impl Group {
         let account = self.account();
         account.retain(1);
         let previous = swap_scope(account.as_ptr());
-        let depth = NESTING.with(Nesting::begin);
+        let depth = NESTING.with(|n| n.begin(previous));
         AllocScope {
             previous,
             account,

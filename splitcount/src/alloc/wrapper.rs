@@ -535,7 +535,7 @@ impl<A, C: Charging> Accounted<A, C> {
         }
         // A batch, or the account's share of this CPU's budget.
         if n < refill {
-            if let Ok(crossed) = acc.try_charge(refill) {
+            if let Ok(crossed) = acc.try_charge_refill(refill) {
                 let _ = stock
                     .stash_surplus(cpu, &acc, refill - n, refill)
                     .uncharge();

@@ -1823,7 +1823,7 @@ impl<K: StockKey> Stock<K> {
             // Held by another thread of this CPU: go on as before.
             (Consumed::Busy, _) => return None,
             (_, refill) if refill >= n => {
-                crossed = parent.counter().try_charge_quiet(refill).ok()?;
+                crossed = parent.counter().try_charge_refill(refill).ok()?;
                 let _ = self
                     .stash_surplus(|| cpu, parent, refill - n, refill)
                     .uncharge();

@@ -965,6 +965,27 @@ impl UsageCounter {
         self.try_charge_by(n, |c| c.add_within(n, |max| max))
     }
 
+    /// [`UsageCounter::try_charge_quiet`] of a *refill*: `n` units of
+    /// which only part is wanted now, the rest to be stocked. Besides its
+    /// `max`, a level at or below its `high` takes the refill only if its
+    /// new usage stays at or below `high` too: the stocked surplus is
+    /// charged, and would otherwise cross `high` — counting a `high` event
+    /// and running the pressure hooks, over by units nothing uses — for a
+    /// group whose use is a batch or more below it (two CPUs' refills of
+    /// 64 KiB crossed a `high` of 100 KiB with 8 KiB in use). Refused, the
+    /// caller charges what it wants now, exactly, as a refill refused by
+    /// `max`; a level already above `high` takes refills up to its `max`,
+    /// so a group that lives above `high` keeps its stock. Read without
+    /// ordering: `high` and its state are hints here (a stale one only lets
+    /// one refill cross, as before, or charges one exactly).
+    pub(crate) fn try_charge_refill(&self, n: u64) -> Result<bool, &UsageCounter> {
+        self.try_charge_by(n, |c| {
+            let high = c.limits.high.load(Relaxed);
+            let below = c.events.high_state.load(Relaxed) & 1 == 0;
+            c.add_within(n, |max| if below { max.min(high) } else { max })
+        })
+    }
+
     /// [`UsageCounter::try_charge_quiet`] against raised limits: each level
     /// takes the charge only if its new usage stays within `grace` above
     /// its `max` and within its ceiling — the allocator's reporting grace,

@@ -193,6 +193,16 @@ impl AccountKey {
         Ok(crossed)
     }
 
+    /// [`AccountKey::try_charge`] of a refill (a batch whose surplus is
+    /// stocked): bounded by `high` too below it
+    /// ([`UsageCounter::try_charge_refill`]).
+    #[inline]
+    pub(crate) fn try_charge_refill(&self, n: u64) -> Result<bool, &UsageCounter> {
+        let crossed = self.get().counter.try_charge_refill(n)?;
+        self.retain(n);
+        Ok(crossed)
+    }
+
     /// Charge `n` bytes within `grace` above every level's `max` (and
     /// within its ceiling): the allocator's reporting grace.
     pub(crate) fn try_charge_within_grace(&self, n: u64, grace: u64) -> Result<bool, ()> {

@@ -297,6 +297,15 @@ impl Group {
     /// Refuse allocations (null) that would take this group's usage past
     /// `ceiling`, even in [`Enforcement::Cooperative`] mode: a runaway
     /// request cannot take the machine. Off by default.
+    ///
+    /// It bounds how far past `max` cooperative enforcement lets an
+    /// allocation go ([`crate::alloc::Accounted`], the preload's `malloc`)
+    /// and is read only then: it is not a limit of its own. A ceiling at or
+    /// below `max` changes nothing (allocations are refused at `max`
+    /// before it matters), [`Group::charge`] refuses at `max` whatever the
+    /// ceiling, [`Group::over_charge`] and [`Group::force_charge`] pass it,
+    /// and a ceiling below the usage is accepted (it refuses the next
+    /// allocation over `max`).
     pub fn set_ceiling(&self, ceiling: u64) {
         self.node.usage.set_ceiling(ceiling)
     }
@@ -376,6 +385,15 @@ impl Group {
 
     /// Set the soft limit: crossing it records `high` events and calls the
     /// pressure hook, never refuses.
+    ///
+    /// The usage it is compared with counts the units stocked on CPUs
+    /// (see [`Group::stocked`]). A refill — a batch taken to stock its
+    /// surplus — is taken only if it leaves the group at or below `high`
+    /// (else the charge takes just what it asks for), so stocked units do
+    /// not cross `high` on their own; units stocked before the usage came
+    /// near it still count, so a crossing can come early by at most a
+    /// batch per CPU that charged the group (what is in use is
+    /// `usage() − stocked_subtree()`, [`Group::stocked_subtree`]).
     pub fn set_high(&self, high: u64) {
         self.node.usage.set_high(high)
     }
@@ -628,7 +646,7 @@ impl Group {
         }
         // A batch, or the group's share of this CPU's budget.
         if n < refill {
-            if let Ok(crossed) = node.usage.try_charge_quiet(refill) {
+            if let Ok(crossed) = node.usage.try_charge_refill(refill) {
                 let _ = stock
                     .stash_surplus(|| machine.current_cpu(), &node.usage, refill - n, refill)
                     .uncharge();

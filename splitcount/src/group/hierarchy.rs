@@ -276,7 +276,7 @@ impl Hierarchy {
                 .filter(|n| !n.is_removed())
                 .cloned();
             node = next.ok_or_else(|| GroupError::NotFound {
-                path: path.to_owned(),
+                path: super::name::shown_path(path),
             })?;
         }
         Ok(Group::new(self.shared.clone(), node))

@@ -5,8 +5,11 @@ use super::GroupError;
 /// Longest group name, in bytes (a file name's limit on Linux).
 pub const MAX_NAME_LEN: usize = 255;
 
-/// Check a group name: non-empty, at most [`MAX_NAME_LEN`] bytes, no `/` or
-/// NUL, not `.` or `..` (so that paths stay unambiguous).
+/// Check a group name: non-empty, at most [`MAX_NAME_LEN`] bytes, no `/`,
+/// NUL or other control character, not `.` or `..` (so that paths stay
+/// unambiguous, and one line each in the line-based reports — the kernel
+/// refuses a newline in a cgroup's name for `/proc/<pid>/cgroup`'s sake).
+/// Spaces are allowed.
 pub fn validate_name(name: &str) -> Result<(), GroupError> {
     let reason = if name.is_empty() {
         Some("it is empty")
@@ -16,6 +19,8 @@ pub fn validate_name(name: &str) -> Result<(), GroupError> {
         Some("it contains '/'")
     } else if name.contains('\0') {
         Some("it contains a NUL byte")
+    } else if name.chars().any(char::is_control) {
+        Some("it contains a control character (a newline, a tab, …)")
     } else if name == "." || name == ".." {
         Some("'.' and '..' are reserved")
     } else {
@@ -28,6 +33,23 @@ pub fn validate_name(name: &str) -> Result<(), GroupError> {
         }),
         None => Ok(()),
     }
+}
+
+/// Longest path an error message repeats, in bytes; a longer one is cut
+/// there (a 64 MiB path asked of `lookup` made a 64 MiB message).
+pub(crate) const MAX_SHOWN_PATH: usize = 4096;
+
+/// `path` for an error message: cut after [`MAX_SHOWN_PATH`] bytes (at a
+/// character boundary), with what was cut said.
+pub(crate) fn shown_path(path: &str) -> String {
+    if path.len() <= MAX_SHOWN_PATH {
+        return path.to_owned();
+    }
+    let mut end = MAX_SHOWN_PATH;
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes in all)", &path[..end], path.len())
 }
 
 /// The path of a child named `name` under `parent` ("/" is the root).

@@ -33,5 +33,5 @@ mod schema;
 mod stats;
 
 pub use group::{StatGroup, STAT_BATCH};
-pub use schema::{StatError, StatId, StatItem, StatKind, MAX_STAT_ITEMS};
+pub use schema::{StatError, StatId, StatItem, StatKind, MAX_STAT_ITEMS, RESERVED_STAT_NAMES};
 pub use stats::Stats;

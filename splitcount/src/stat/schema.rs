@@ -3,6 +3,10 @@
 use std::fmt;
 
 /// Whether a stat item goes up and down or only up.
+///
+/// Values are `i64` and wrap past `i64::MAX` (two's complement, as the
+/// split counters do): an update is one per-CPU add, which cannot check a
+/// total it does not read. An event count that reaches 2⁶³ reads negative.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
@@ -19,7 +23,9 @@ pub enum StatKind {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct StatItem {
     /// Its name in dumps and snapshots (validated like a group name, plus
-    /// no whitespace, so `memory.stat`-like dumps stay parseable).
+    /// no whitespace, so `memory.stat`-like dumps stay parseable, and none
+    /// of the keys such a dump prints of its own: [`RESERVED_STAT_NAMES`]
+    /// and names beginning with `local_`).
     pub name: String,
     /// Gauge or event count.
     pub kind: StatKind,
@@ -113,9 +119,18 @@ impl fmt::Display for StatError {
 
 impl std::error::Error for StatError {}
 
+/// Names a stat item cannot take: `Group::memory_stat` (and the
+/// `memory.stat` of `Group::cgroup_file`) prints them beside the items, and
+/// prints each item `x` twice, as `x` and `local_x` — so a name beginning
+/// with `local_` is refused too. An item named `usage` printed a second
+/// `usage` line, and a reader of key–value pairs took one or the other.
+pub const RESERVED_STAT_NAMES: [&str; 2] = ["usage", "stocked"];
+
 /// Check a schema: at most [`MAX_STAT_ITEMS`] items, unique names of 1 to
 /// 255 bytes without whitespace, `/` or NUL, and not `.` or `..` (the rules
-/// of group names, and no whitespace).
+/// of group names, and no whitespace), nor a key that `memory.stat` prints
+/// of its own ([`RESERVED_STAT_NAMES`], or a name that begins with
+/// `local_`).
 pub(crate) fn validate(items: &[StatItem]) -> Result<(), StatError> {
     if items.len() > MAX_STAT_ITEMS {
         return Err(StatError::Schema(format!(
@@ -135,6 +150,12 @@ pub(crate) fn validate(items: &[StatItem]) -> Result<(), StatError> {
         if bad {
             return Err(StatError::Schema(format!(
                 "item name {:?} is empty, longer than 255 bytes, '.' or '..', or has whitespace, '/' or NUL",
+                item.name.chars().take(64).collect::<String>()
+            )));
+        }
+        if RESERVED_STAT_NAMES.contains(&item.name.as_str()) || item.name.starts_with("local_") {
+            return Err(StatError::Schema(format!(
+                "item name {:?} is a key memory.stat prints of its own (usage, stocked, and local_<item> for each item)",
                 item.name.chars().take(64).collect::<String>()
             )));
         }
