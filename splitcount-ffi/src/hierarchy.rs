@@ -45,7 +45,9 @@ pub const SPLITCOUNT_STOCK_BATCH_DEFAULT: u64 = 64;
 pub const SPLITCOUNT_STOCK_BATCH_BYTES: u64 = 65536;
 /// The largest stock batch (a stock slot keeps its units in 32 bits).
 // A literal, not `u32::MAX as u64`: cbindgen writes the cast into the
-// header as a C cast, which C++'s -Wold-style-cast rejects.
+// header as a C cast, which C++'s -Wold-style-cast rejects. (The header's
+// `4294967295` is a `long` in C; compared with a `uint64_t` batch it draws
+// no -Wsign-compare, being a non-negative constant: checked with gcc.)
 pub const SPLITCOUNT_STOCK_BATCH_MAX: u64 = 4_294_967_295;
 /// The most groups a CPU's stock holds at once (one 1 KiB block); the
 /// slots of `splitcount_hierarchy_create`.

@@ -112,14 +112,17 @@ fn split_into_pages(start: usize, end: usize) {
 /// as the library loads) wrote it into a private copy of the page, which
 /// `MADV_DONTNEED` throws away — the page comes back from the file without
 /// it, and the breakpoint never fired again (found by a helper). A traced
-/// process keeps its code mapped. Read with `open`/`read` into the stack:
-/// this runs inside the first `malloc`, and allocates nothing. `false`
-/// when the file cannot be read.
+/// process keeps its code mapped. Read into the stack with system calls,
+/// not libc's `open` (another preloaded library may wrap it, and would run
+/// inside our set-up): this runs inside the first `malloc`, and allocates
+/// nothing. `false` when the file cannot be read.
 fn traced() -> bool {
     let mut buf = [0u8; 4096];
     // SAFETY: a NUL-terminated path; the descriptor is closed below.
     let fd = unsafe {
-        libc::open(
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
             c"/proc/self/status".as_ptr(),
             libc::O_RDONLY | libc::O_CLOEXEC,
         )
@@ -130,14 +133,15 @@ fn traced() -> bool {
     let mut len = 0;
     while len < buf.len() {
         // SAFETY: writes at most the rest of `buf`.
-        let n = unsafe { libc::read(fd, buf[len..].as_mut_ptr().cast(), buf.len() - len) };
+        let n =
+            unsafe { libc::syscall(libc::SYS_read, fd, buf[len..].as_mut_ptr(), buf.len() - len) };
         if n <= 0 {
             break;
         }
         len += n as usize;
     }
     // SAFETY: the descriptor opened above.
-    unsafe { libc::close(fd) };
+    unsafe { libc::syscall(libc::SYS_close, fd) };
     tracer_in(&buf[..len])
 }
 

@@ -146,6 +146,18 @@ fn init() -> bool {
     {
         return STATE.load(Ordering::Acquire) == READY;
     }
+    // The set-up's failed calls (a `/proc` file that is not there, a
+    // refused `madvise`) leave the program's `errno` as they found it: it
+    // runs inside the program's first `malloc`, which succeeds.
+    // SAFETY: the thread's errno.
+    let errno = unsafe { *libc::__errno_location() };
+    let ready = init_once();
+    set_errno(errno);
+    ready
+}
+
+/// [`init`]'s work, by the thread that won the right to do it.
+fn init_once() -> bool {
     // Allocations meanwhile (this thread's too) see INITIALIZING: they
     // pass unaccounted.
     static_tls::claim();

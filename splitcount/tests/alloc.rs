@@ -230,6 +230,58 @@ fn a_scope_kept_across_polls_ends_where_it_began() {
     drop(v);
 }
 
+/// An instrumented future polled past the tracked depths (63 scopes deep),
+/// whose inner future keeps a scope across a `Pending`: the per-poll scope
+/// ends out of order where it cannot be remembered, and the kept scope,
+/// when it ends, makes the future's account current again. That account
+/// must still be alive after the future — its only other holder, its
+/// group removed — is dropped: it was freed, and the thread's next reads
+/// of its current group walked freed memory (found in review).
+#[test]
+fn a_future_polled_deeper_than_tracked_leaves_no_freed_account_current() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll, Waker};
+    struct PendOnce(bool);
+    impl Future for PendOnce {
+        type Output = ();
+        fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+            if self.0 {
+                Poll::Ready(())
+            } else {
+                self.0 = true;
+                Poll::Pending
+            }
+        }
+    }
+    let before = Group::current().map(|g| g.path().to_string());
+    let outer = fresh("deep-poll-outer");
+    let kept = fresh("deep-poll-kept");
+    let guards: Vec<_> = (0..63).map(|_| outer.enter()).collect();
+    let polled = fresh("deep-poll-a");
+    let k = kept.clone();
+    let f = polled.instrument(async move {
+        let _kept = k.enter();
+        PendOnce(false).await;
+    });
+    polled.remove().unwrap();
+    drop(polled);
+    let mut f = Box::pin(f);
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(f.as_mut().poll(&mut cx).is_pending());
+    drop(f);
+    // Past the untracked end the removed group's account is current (as
+    // documented), alive; its group is gone (no `Group` to hand out), and
+    // allocations go on, charged above it.
+    for _ in 0..3 {
+        assert!(Group::current().is_none());
+        let v: Vec<u8> = Vec::with_capacity(1 << 16);
+        drop(v);
+    }
+    drop(guards);
+    assert_eq!(Group::current().map(|g| g.path().to_string()), before);
+}
+
 /// A block grown while a new one would pass unaccounted — in the reporting
 /// grace after a refusal, or while the thread panics — grows: charged to
 /// its group (whose usage returns to zero once everything is freed). It

@@ -148,6 +148,46 @@ fn a_refill_of_the_byte_stock_does_not_cross_high() {
     drop(block);
 }
 
+/// Nor do thread reserves: each thread that allocates in a group holds up
+/// to 16 KiB charged and unused, and 32 threads' reserves took a group to
+/// 606,216 bytes over a `high` of 400 KiB with 256 bytes in use (found in
+/// review: the reserve's exact charge, after the stock's refill was
+/// refused, had no bound of `high`). Now a reserve that would cross is not
+/// taken; the allocation is charged alone.
+#[test]
+fn thread_reserves_do_not_cross_high() {
+    let g = fresh("reserves-under-high");
+    g.set_high(400 << 10);
+    let calls = Arc::new(AtomicU64::new(0));
+    {
+        let calls = calls.clone();
+        g.on_pressure(move |_, _| {
+            calls.fetch_add(1, SeqCst);
+        });
+    }
+    let threads = 32;
+    let barrier = Arc::new(std::sync::Barrier::new(threads + 1));
+    let workers: Vec<_> = (0..threads)
+        .map(|_| {
+            let (g, barrier) = (g.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let held = g.scope(|| std::hint::black_box(Box::new(1u64)));
+                barrier.wait(); // every thread holds its block (and reserve)
+                barrier.wait();
+                drop(held);
+            })
+        })
+        .collect();
+    barrier.wait();
+    let (usage, high_events) = (g.usage(), g.events().high);
+    barrier.wait();
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert!(usage <= 400 << 10, "usage {usage}");
+    assert_eq!((high_events, calls.load(SeqCst)), (0, 0), "usage {usage}");
+}
+
 /// Threads refused by the same limit, each in its reporting grace, never
 /// take it more than [`REPORTING_GRACE`] above its `max` together: every
 /// level compares and swaps against that bound. (The grace checked the

@@ -65,6 +65,7 @@ pub(crate) fn enter_held(account: AccountKey) -> HeldScope {
     let previous = swap_scope(account.as_ptr());
     HeldScope {
         previous,
+        account,
         depth: NESTING.with(|n| n.begin(previous)),
     }
 }
@@ -73,15 +74,27 @@ pub(crate) fn enter_held(account: AccountKey) -> HeldScope {
 /// [`AllocScope`].
 pub(crate) struct HeldScope {
     previous: *const u8,
+    account: AccountKey,
     depth: u32,
 }
 
 impl Drop for HeldScope {
     fn drop(&mut self) {
         // Its account is the caller's, who holds it for longer: nothing to
-        // release, whatever the ending.
-        if let Ending::Restore(previous) = NESTING.with(|n| n.end(self.depth, self.previous)) {
-            swap_scope(previous);
+        // release — except past the tracked depths, where an out-of-order
+        // end cannot be remembered and a scope inside will make this
+        // account current again: then the thread needs a reference of its
+        // own, leaked as an `AllocScope`'s is. (Without it an instrumented
+        // future polled 63 scopes deep, whose inner future kept a scope
+        // across a `Pending`, left its account current after the future
+        // — its only holder — was dropped: a use after free, found in
+        // review.)
+        match NESTING.with(|n| n.end(self.depth, self.previous)) {
+            Ending::Restore(previous) => {
+                swap_scope(previous);
+            }
+            Ending::Inside => {}
+            Ending::Untracked => self.account.retain(1),
         }
     }
 }

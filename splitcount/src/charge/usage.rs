@@ -1096,8 +1096,14 @@ impl UsageCounter {
             // Refused by `max` as read: final unless a setter ran meanwhile.
             if setting % 2 == 0 && self.limits.setting.load(SeqCst) == setting {
                 // Relaxed: a report of the refusal, read by the refusing
-                // thread (program order) and, as a hint, by others.
-                self.events.refused_at.store(max, Relaxed);
+                // thread (program order) and, as a hint, by others. Only a
+                // refusal `max` itself makes: a refill's bound of `high`
+                // below it refuses without one (`refused_limit` read
+                // `max` for a group no `max` had refused).
+                let by_max = !matches!((word & VALUE).checked_add(n), Some(v) if v <= max);
+                if by_max {
+                    self.events.refused_at.store(max, Relaxed);
+                }
                 return None;
             }
             while self.limits.setting.load(SeqCst) % 2 == 1 {
@@ -1341,6 +1347,27 @@ mod tests {
         assert_eq!(b.max(), 100);
         b.set_max(60).unwrap();
         assert_eq!(b.max(), 60);
+    }
+
+    #[test]
+    fn a_refill_stays_within_high_until_above_it_and_is_no_max_refusal() {
+        let (_a, b, c) = chain3();
+        b.set_max(1000).unwrap();
+        b.set_high(10);
+        assert_eq!(c.try_charge_refill(64).map_err(|r| r.max()), Err(1000));
+        assert_eq!(b.refused_limit(), u64::MAX, "max refused nothing");
+        assert_eq!(
+            (b.usage(), c.usage()),
+            (0, 0),
+            "the level below rolled back"
+        );
+        c.try_charge_refill(10).unwrap();
+        assert!(c.try_charge(1).unwrap(), "above high");
+        assert!(c.try_charge_refill(64).is_ok(), "above high: within max");
+        assert_eq!(b.usage(), 75);
+        // And max refuses as it does for any charge.
+        assert!(c.try_charge_refill(1000).is_err());
+        assert_eq!(b.refused_limit(), 1000);
     }
 
     #[test]

@@ -388,12 +388,14 @@ impl Group {
     ///
     /// The usage it is compared with counts the units stocked on CPUs
     /// (see [`Group::stocked`]). A refill — a batch taken to stock its
-    /// surplus — is taken only if it leaves the group at or below `high`
-    /// (else the charge takes just what it asks for), so stocked units do
-    /// not cross `high` on their own; units stocked before the usage came
-    /// near it still count, so a crossing can come early by at most a
-    /// batch per CPU that charged the group (what is in use is
-    /// `usage() − stocked_subtree()`, [`Group::stocked_subtree`]).
+    /// surplus, or an allocating thread's reserve — is taken only if it
+    /// leaves the group at or below `high` (else the charge takes just what
+    /// it asks for), so a refill's surplus does not cross `high`. Units
+    /// already stocked still count — stocked before the usage came near
+    /// `high`, or stashed by uncharges on their CPU —, so a crossing can
+    /// come early by up to a batch per CPU that charged the group (what is
+    /// in use is `usage() − stocked_subtree()`, [`Group::stocked_subtree`],
+    /// less thread reserves).
     pub fn set_high(&self, high: u64) {
         self.node.usage.set_high(high)
     }
@@ -654,6 +656,17 @@ impl Group {
                     self.shared.pressure(node, reclaim::direct);
                 }
                 return Ok(());
+            }
+            // Refused — by a `max`, or by a `high` the batch would cross:
+            // just `n`, still on the fast path (in the band of a batch
+            // below `high` every miss comes here).
+            if n <= MAX_REQUEST {
+                if let Ok(crossed) = node.usage.try_charge_quiet(n) {
+                    if crossed {
+                        self.shared.pressure(node, reclaim::direct);
+                    }
+                    return Ok(());
+                }
             }
         }
         self.charge_slow(node.clone(), n)

@@ -19,8 +19,11 @@ pub fn validate_name(name: &str) -> Result<(), GroupError> {
         Some("it contains '/'")
     } else if name.contains('\0') {
         Some("it contains a NUL byte")
-    } else if name.chars().any(char::is_control) {
-        Some("it contains a control character (a newline, a tab, …)")
+    } else if name
+        .chars()
+        .any(|c| c.is_control() || c == '\u{2028}' || c == '\u{2029}')
+    {
+        Some("it contains a control character or a line separator (a newline, a tab, U+2028, …)")
     } else if name == "." || name == ".." {
         Some("'.' and '..' are reserved")
     } else {

@@ -128,8 +128,18 @@ impl<A, C: Charging> Accounted<A, C> {
         let exiting = STATE.try_with(|t| t.exiting.get()).unwrap_or(true);
         let refill = n < RESERVE_BATCH && !exiting;
         if refill {
-            if let Ok(crossed) = self.charge_bytes(st, acc, n + RESERVE_BATCH) {
+            if let Ok(crossed) = self.charge_reserve_bytes(st, acc, n + RESERVE_BATCH) {
                 self.keep_reserve(st, acc);
+                if crossed {
+                    self.pressure_from(st, acc);
+                }
+                return Ok(Some(acc));
+            }
+            // The reserve would cross a `high` (or a `max` refuses it):
+            // just `n`, before the slow steps (in the band of a reserve
+            // below `high`, every allocation that finds the reserve empty
+            // comes here).
+            if let Ok(crossed) = self.charge_bytes(st, acc, n) {
                 if crossed {
                     self.pressure_from(st, acc);
                 }
