@@ -717,7 +717,9 @@ int splitcount_group_set_max(splitcount_group *group, uint64_t max);
  * The usage it is compared with counts the units stocked on CPUs. A
  * refill of the stock (a batch whose surplus is stocked) is taken only if
  * it leaves the group at or below `high` — else the charge takes just what
- * it asks for —, so a refill's surplus does not cross `high`. Units
+ * it asks for —, so a refill's surplus does not cross `high` (except after
+ * the group has been above `high` and come back, until a refill fits under
+ * it again: hysteresis). Units
  * already stocked still count (stocked before the usage came near `high`,
  * or stashed by uncharges on their CPU), so a crossing (and the `over` a
  * pressure subscriber is told) can run ahead of what is in use by up to a

@@ -390,7 +390,10 @@ impl Group {
     /// (see [`Group::stocked`]). A refill — a batch taken to stock its
     /// surplus, or an allocating thread's reserve — is taken only if it
     /// leaves the group at or below `high` (else the charge takes just what
-    /// it asks for), so a refill's surplus does not cross `high`. Units
+    /// it asks for), so a refill's surplus does not cross `high` — except
+    /// after the group has been above `high` and come back, until a refill
+    /// fits under it again (hysteresis: the group does not flap across
+    /// `high` on every stock miss). Units
     /// already stocked still count — stocked before the usage came near
     /// `high`, or stashed by uncharges on their CPU —, so a crossing can
     /// come early by up to a batch per CPU that charged the group (what is
