@@ -58,13 +58,7 @@ impl Error {
     pub(crate) fn new(code: c_int, message: impl Into<String>) -> Error {
         let mut message = message.into();
         if message.len() > MAX_MESSAGE {
-            let mut end = MAX_MESSAGE;
-            while !message.is_char_boundary(end) {
-                end -= 1;
-            }
-            let all = message.len();
-            message.truncate(end);
-            message.push_str(&format!("… ({all} bytes in all)"));
+            message = splitcount::group::cut_for_message(&message, MAX_MESSAGE);
         }
         Error { code, message }
     }

@@ -17,6 +17,16 @@ use std::sync::Arc;
 
 accounted_heap!();
 
+/// The number of times `g`'s pressure hooks ran, as they run.
+fn pressure_calls(g: &splitcount::group::Group) -> Arc<AtomicU64> {
+    let calls = Arc::new(AtomicU64::new(0));
+    let counted = calls.clone();
+    g.on_pressure(move |_, _| {
+        counted.fetch_add(1, SeqCst);
+    });
+    calls
+}
+
 /// A request no limit could grant is reported against the limit in force,
 /// and a small allocation refused at once in the reporting grace (the
 /// limit still in the way) counts a `max` as every refusal does: both read
@@ -135,13 +145,7 @@ fn small_allocations_that_cross_high_run_the_pressure_hooks() {
 fn a_refill_of_the_byte_stock_does_not_cross_high() {
     let g = fresh("refill-under-high");
     g.set_high(32 << 10);
-    let calls = Arc::new(AtomicU64::new(0));
-    {
-        let calls = calls.clone();
-        g.on_pressure(move |_, _| {
-            calls.fetch_add(1, SeqCst);
-        });
-    }
+    let calls = pressure_calls(&g);
     let block = g.scope(|| vec![1u8; 100]);
     assert!(g.usage() <= 32 << 10, "usage {}", g.usage());
     assert_eq!((g.events().high, calls.load(SeqCst)), (0, 0));
@@ -158,13 +162,7 @@ fn a_refill_of_the_byte_stock_does_not_cross_high() {
 fn thread_reserves_do_not_cross_high() {
     let g = fresh("reserves-under-high");
     g.set_high(400 << 10);
-    let calls = Arc::new(AtomicU64::new(0));
-    {
-        let calls = calls.clone();
-        g.on_pressure(move |_, _| {
-            calls.fetch_add(1, SeqCst);
-        });
-    }
+    let calls = pressure_calls(&g);
     let threads = 32;
     let barrier = Arc::new(std::sync::Barrier::new(threads + 1));
     let workers: Vec<_> = (0..threads)
@@ -256,13 +254,7 @@ fn a_grace_allocation_that_crosses_high_runs_the_pressure_hooks_once() {
     g.set_max(max).unwrap();
     g.set_enforcement(Enforcement::Refuse);
     g.set_high(max);
-    let calls = Arc::new(AtomicU64::new(0));
-    {
-        let calls = calls.clone();
-        g.on_pressure(move |_, _| {
-            calls.fetch_add(1, SeqCst);
-        });
-    }
+    let calls = pressure_calls(&g);
     // Just under `high` (= `max`): the next 50 KB are refused, and the
     // grace's 50 KB after them cross `high`.
     live_bytes(&g);

@@ -16,6 +16,16 @@ fn sim(cpus: usize, batch: u64) -> (Machine, Hierarchy) {
     (m, h)
 }
 
+/// The number of times `g`'s pressure hooks ran, as they run.
+fn pressure_calls(g: &Group) -> Arc<AtomicU64> {
+    let calls = Arc::new(AtomicU64::new(0));
+    let counted = calls.clone();
+    g.on_pressure(move |_, _| {
+        counted.fetch_add(1, Relaxed);
+    });
+    calls
+}
+
 #[test]
 fn a_charge_hits_the_stock_after_one_batch_is_charged() {
     let (_m, h) = sim(2, 64);
@@ -834,11 +844,7 @@ fn pressure_fires_once_per_crossing_of_high() {
     let (_m, h) = sim(1, 1);
     let g = h.root().child("g").unwrap();
     g.set_high(10);
-    let calls = Arc::new(AtomicU64::new(0));
-    let c = calls.clone();
-    g.on_pressure(move |_, _| {
-        c.fetch_add(1, Relaxed);
-    });
+    let calls = pressure_calls(&g);
     for _ in 0..20 {
         g.charge(1).unwrap(); // above high from the 11th on
     }
@@ -863,11 +869,7 @@ fn stocked_units_alone_do_not_cross_high() {
     let (m, h) = sim(2, 64);
     let g = h.root().child("g").unwrap();
     g.set_high(100);
-    let calls = Arc::new(AtomicU64::new(0));
-    let c = calls.clone();
-    g.on_pressure(move |_, _| {
-        c.fetch_add(1, Relaxed);
-    });
+    let calls = pressure_calls(&g);
     m.set_current_cpu(0).unwrap();
     g.charge(4).unwrap();
     m.set_current_cpu(1).unwrap();

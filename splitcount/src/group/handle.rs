@@ -638,17 +638,6 @@ impl Group {
             }
             refill = stock.admit_absent(cpu, &node.usage);
         }
-        // The stock left the group out (every slot of this CPU is another
-        // group's, and its admission filter kept them): just `n`, on the
-        // counters, with no `Arc` traffic; the slow path if refused.
-        if refill == 0 && n <= MAX_REQUEST {
-            if let Ok(crossed) = node.usage.try_charge_quiet(n) {
-                if crossed {
-                    self.shared.pressure(node, reclaim::direct);
-                }
-                return Ok(());
-            }
-        }
         // A batch, or the group's share of this CPU's budget.
         if n < refill {
             if let Ok(crossed) = node.usage.try_charge_refill(refill) {
@@ -660,16 +649,19 @@ impl Group {
                 }
                 return Ok(());
             }
-            // Refused — by a `max`, or by a `high` the batch would cross:
-            // just `n`, still on the fast path (in the band of a batch
-            // below `high` every miss comes here).
-            if n <= MAX_REQUEST {
-                if let Ok(crossed) = node.usage.try_charge_quiet(n) {
-                    if crossed {
-                        self.shared.pressure(node, reclaim::direct);
-                    }
-                    return Ok(());
+        }
+        // Nothing to stock — the stock left the group out (every slot of
+        // this CPU is another group's, and its admission filter kept them)
+        // — or the refill was refused, by a `max` or by a `high` the batch
+        // would cross (in the band of a batch below `high` every miss comes
+        // here): just `n`, on the counters, with no `Arc` traffic; the slow
+        // path if refused.
+        if (refill == 0 || n < refill) && n <= MAX_REQUEST {
+            if let Ok(crossed) = node.usage.try_charge_quiet(n) {
+                if crossed {
+                    self.shared.pressure(node, reclaim::direct);
                 }
+                return Ok(());
             }
         }
         self.charge_slow(node.clone(), n)

@@ -48,6 +48,8 @@ pub(crate) use hierarchy::{Bytes, Shared};
 pub use hierarchy::{Hierarchy, HierarchyConfig, DEFAULT_FLUSH_PERIOD, MIN_FLUSH_PERIOD};
 pub(crate) use hooks::run as run_hook;
 pub use hooks::{AllocRefusalHook, OomHook, PressureHook, ReclaimHook};
+#[doc(hidden)]
+pub use name::cut_for_message;
 pub use name::{validate_name, MAX_NAME_LEN};
 pub use node::BreachMode;
 pub(crate) use node::{mark_breached, Node};

@@ -42,17 +42,25 @@ pub fn validate_name(name: &str) -> Result<(), GroupError> {
 /// there (a 64 MiB path asked of `lookup` made a 64 MiB message).
 pub(crate) const MAX_SHOWN_PATH: usize = 4096;
 
-/// `path` for an error message: cut after [`MAX_SHOWN_PATH`] bytes (at a
-/// character boundary), with what was cut said.
+/// `path` for an error message: cut after [`MAX_SHOWN_PATH`] bytes.
 pub(crate) fn shown_path(path: &str) -> String {
-    if path.len() <= MAX_SHOWN_PATH {
-        return path.to_owned();
+    cut_for_message(path, MAX_SHOWN_PATH)
+}
+
+/// `text` as an error message repeats it: whole if at most `max` bytes,
+/// else its first `max` bytes or fewer (at a character boundary) and how
+/// long it was. Shared by the library's messages and the C ABI's (whose
+/// messages repeat the caller's input).
+#[doc(hidden)]
+pub fn cut_for_message(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
     }
-    let mut end = MAX_SHOWN_PATH;
-    while !path.is_char_boundary(end) {
+    let mut end = max;
+    while !text.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}… ({} bytes in all)", &path[..end], path.len())
+    format!("{}… ({} bytes in all)", &text[..end], text.len())
 }
 
 /// The path of a child named `name` under `parent` ("/" is the root).
