@@ -566,6 +566,15 @@ fn flushes_of_a_schema_of_many_items_fold_every_item() {
     flushes_racing_updates_equal_the_full_walk(2_000, 11, 40_000, false);
 }
 
+/// The same at the edge of the folded values kept inside a group: five
+/// items (15 values: the group's own two lines, the last value of the
+/// second line unused) and six (18 values: an allocation of three lines).
+#[test]
+fn flushes_at_the_edge_of_the_inline_folded_values_fold_every_item() {
+    flushes_racing_updates_equal_the_full_walk(1_000, 5, 20_000, false);
+    flushes_racing_updates_equal_the_full_walk(1_000, 6, 20_000, false);
+}
+
 /// The same with groups whose references the flusher keeps from one push
 /// to the next (a hierarchy's groups), retired at random while they are
 /// updated and flushed: no update is lost, and once every group is retired

@@ -7,7 +7,10 @@
 //! run in the same interleaved rounds, one thread:
 //!
 //! - `flush-updated`: a forced flush of the root after those 10 updates
-//!   (only the flush is timed; the updates are its untimed preparation);
+//!   (only the flush is timed; the updates are its untimed preparation;
+//!   every slice starts with one untimed update of every group and a
+//!   flush, as the baseline's starts with its data written afresh: see
+//!   `warm`);
 //! - `full-walk` (the baseline of the reads): the naive reader at its
 //!   fastest — every CPU's values of every group and item laid out
 //!   contiguously per CPU (as a per-CPU arena lays them out), summed into
@@ -90,6 +93,27 @@ fn tree(h: &Hierarchy, groups: usize) -> Result<Vec<Group>, String> {
     Ok(all)
 }
 
+/// Touch every group of the tree the way the timed cases do — one update
+/// of `item` each, then a forced flush of `root` (so nothing is left to
+/// fold) — before a slice of `flush-updated`.
+///
+/// The baseline's data is made afresh for each of its slices (every page
+/// written just before its loop), while the tree was last touched a slice
+/// or more before. On the virtual machines the lab runs on, memory left
+/// untouched for tens of milliseconds costs microseconds a page on its next
+/// touch (the host's doing, not the cache's: 0.3 µs a random page right
+/// after a pass, 2 µs after 50 ms spent elsewhere, 25–50 µs after one to
+/// three seconds, here), so without this the first tens of milliseconds of
+/// a slice measured the host: `flush-updated` read ×0.012 of the walk in
+/// rounds that followed itself and up to ×2 in rounds that followed
+/// another case. Warming both sides alike leaves the algorithms.
+fn warm(all: &[Group], root: &Group, item: StatId) {
+    for g in all {
+        let _ = g.mod_stat(item, 1);
+    }
+    root.flush(true);
+}
+
 /// The naive reader's data: per CPU, every group's items side by side.
 struct Walk {
     per_cpu: Vec<Vec<i64>>,
@@ -138,6 +162,7 @@ pub fn run(groups: usize, plan: &Plan) -> Result<Bench, String> {
     let (updated, update_ids, one) = (&updated, &update_ids, &one);
     let entries = vec![
         Entry::prepared("flush-updated", 1, move |_| {
+            warm(all, root, ids[1]);
             let mut seed = 0x9E37_79B9_7F4A_7C15u64;
             let prepare = move || {
                 for _ in 0..UPDATED {

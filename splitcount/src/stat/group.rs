@@ -8,7 +8,6 @@ use crate::sync::{
     AtomicBool, AtomicI64, AtomicPtr, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
-use crossbeam_utils::CachePadded;
 use std::sync::Arc;
 
 /// Per-CPU deltas a CPU accumulates before they count towards its group's
@@ -52,6 +51,25 @@ pub(crate) struct FoldedLine(
 /// Folded values per [`FoldedLine`].
 pub(crate) const FOLDED_PER_LINE: usize = 8;
 
+/// Lines of folded values kept inside the [`StatGroup`] itself: enough for
+/// five items (`3k ≤ 16`). A schema with more items keeps them all in an
+/// allocation of their own instead.
+pub(crate) const INLINE_FOLDED_LINES: usize = 2;
+
+/// A counter on a cache line of its own (64 bytes: the line, not the
+/// prefetcher's pair of lines that `CachePadded` rounds to on x86-64).
+#[repr(align(64))]
+pub(crate) struct OwnLine<T>(pub(crate) T);
+
+impl<T> std::ops::Deref for OwnLine<T> {
+    type Target = T;
+
+    #[inline(always)]
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// Where a full per-CPU batch of update counts goes: the group's shared
 /// `stats_updates` (a count, so nothing needs announcing).
 struct UpdateCount<'a>(&'a AtomicU64);
@@ -82,14 +100,18 @@ impl crate::percpu::SpillTarget for UpdateCount<'_> {
 /// lists. Every operation that takes a `Stats` checks it is that one and
 /// refuses another with [`StatError::ForeignGroup`].
 ///
-/// Layout (`repr(C)`; the struct starts on a 128-byte boundary): the first
-/// line holds the read-only fields both an update and a flush read —
-/// `parent` (an update's threshold climb, the flush's climb), `depth`,
-/// `items`, `root`, `folded`, `nodes`, `owner_stats` — so a flush that climbs
-/// from a recently updated group finds its ancestors' first lines cached. The
-/// per-CPU handles follow; the write-shared `stats_updates` is on a line
-/// pair of its own, and the folded values (written by the flusher) in an
-/// allocation of their own.
+/// Layout (`repr(C)`, six 64-byte lines): the first line holds the
+/// read-only fields both an update and a flush read — `parent` (an update's
+/// threshold climb, the flush's climb), `depth`, `items`, `root`,
+/// `folded_more`, `nodes`, `owner_stats` — so a flush that climbs from a
+/// recently updated group finds its ancestors' first lines cached. The
+/// per-CPU handles follow; the write-shared `stats_updates` is on a line of
+/// its own, and the folded values (written by the flusher) are the last two
+/// lines for up to five items: a flush then writes in the allocation (and
+/// the 4 KiB page) that the updates it folds just read, not in a second one
+/// somewhere else in the heap: a fifth off a warm flush of ten groups, and
+/// more than half off one that finds its pages cold (see
+/// `IMPLEMENTATION.md`, "Where a flush's time goes").
 #[repr(C)]
 pub struct StatGroup {
     pub(crate) parent: Option<Arc<StatGroup>>,
@@ -100,13 +122,9 @@ pub struct StatGroup {
     /// groups are all within it, which a flush of a root tests without a
     /// climb. Kept alive by the chain of parents.
     pub(crate) root: *const StatGroup,
-    /// Folded values, `3k` of them on whole lines: `0..k` this group's own
-    /// updates (local), `k..2k` its subtree's (hierarchical), `2k..3k`
-    /// deltas a flush of a child passed up and no flush folded here yet
-    /// (pending). Written by the flusher only. Local and hierarchical come
-    /// first, so a fold writes one line for up to four items; pending is
-    /// touched only after flushes below a root.
-    pub(crate) folded: Box<[FoldedLine]>,
+    /// The folded values when there are more than `folded_inline` holds
+    /// (empty otherwise: no allocation). See `folded_inline`.
+    folded_more: Box<[FoldedLine]>,
     pub(crate) nodes: Box<[UpdateNode]>,
     /// The identity of the [`Stats`] this group belongs to.
     pub(crate) owner_stats: u64,
@@ -126,12 +144,27 @@ pub struct StatGroup {
     pub(crate) retired: AtomicBool,
     /// Updates (|delta|) in this subtree since its last flush, moved here in
     /// batches of [`STAT_BATCH`] per CPU.
-    pub(crate) stats_updates: CachePadded<AtomicU64>,
+    pub(crate) stats_updates: OwnLine<AtomicU64>,
+    /// Folded values, `3k` of them on whole lines — here for up to five
+    /// items, else in `folded_more`: `0..k` this group's own updates
+    /// (local), `k..2k` its subtree's (hierarchical), `2k..3k` deltas a
+    /// flush of a child passed up and no flush folded here yet (pending).
+    /// Written by the flusher only. Local and hierarchical come first, so a
+    /// fold writes one line for up to four items; pending is touched only
+    /// after flushes below a root.
+    folded_inline: [FoldedLine; INLINE_FOLDED_LINES],
 }
 
 // The fields listed first in `StatGroup` (the flush's climb and an update
 // read them) fill its first cache line and no more.
 const _: () = assert!(std::mem::offset_of!(StatGroup, unflushed) == 64);
+
+// Six lines in all: the size the struct had when the folded values were an
+// allocation of their own (`stats_updates` was then padded to a pair of
+// lines, `CachePadded` on x86-64), so keeping them inside costs nothing and
+// saves that allocation.
+#[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
+const _: () = assert!(std::mem::size_of::<StatGroup>() == 6 * 64);
 
 // A line of folded values is its atomics and nothing else, so the lines
 // of a group are contiguous atomics (`StatGroup::folded_values` relies on
@@ -182,9 +215,12 @@ impl StatGroup {
             )
         };
         let lines = (3 * k).div_ceil(FOLDED_PER_LINE);
-        let folded = (0..lines)
-            .map(|_| FoldedLine(std::array::from_fn(|_| AtomicI64::new(0))))
-            .collect();
+        let line = || FoldedLine(std::array::from_fn(|_| AtomicI64::new(0)));
+        let folded_more = if lines > INLINE_FOLDED_LINES {
+            (0..lines).map(|_| line()).collect()
+        } else {
+            Box::default()
+        };
         let depth = parent.as_ref().map_or(0, |p| p.depth + 1);
         let parents_root = parent.as_ref().map(|p| p.root);
         Ok(Arc::new_cyclic(|me: &std::sync::Weak<StatGroup>| {
@@ -193,7 +229,7 @@ impl StatGroup {
                 depth,
                 items: k as u32,
                 root: parents_root.unwrap_or(me.as_ptr()),
-                folded,
+                folded_more,
                 nodes: (0..cpus)
                     .map(|_| UpdateNode {
                         next: AtomicPtr::new(std::ptr::null_mut()),
@@ -209,7 +245,8 @@ impl StatGroup {
                 id,
                 keep,
                 retired: AtomicBool::new(false),
-                stats_updates: CachePadded::new(AtomicU64::new(0)),
+                stats_updates: OwnLine(AtomicU64::new(0)),
+                folded_inline: std::array::from_fn(|_| line()),
             }
         }))
     }
@@ -450,17 +487,30 @@ impl StatGroup {
     /// to four items): what a fold writes.
     #[inline(always)]
     pub(crate) fn folded_line(&self) -> *const FoldedLine {
-        self.folded.as_ptr()
+        self.folded_lines()
+    }
+
+    /// Where the folded values are: inside the group for up to five items,
+    /// else in their own allocation.
+    #[inline(always)]
+    fn folded_lines(&self) -> *const FoldedLine {
+        if self.folded_more.is_empty() {
+            self.folded_inline.as_ptr()
+        } else {
+            self.folded_more.as_ptr()
+        }
     }
 
     /// All `3k` folded values: `0..k` local, `k..2k` hierarchical,
     /// `2k..3k` pending.
     #[inline(always)]
     fn folded_values(&self) -> &[AtomicI64] {
-        // SAFETY: the lines are one allocation of arrays without padding
-        // (asserted at compile time above), so they are contiguous atomics,
-        // at least `3k` of them (`new` allocates `ceil(3k / 8)` lines).
-        unsafe { std::slice::from_raw_parts(self.folded.as_ptr().cast(), 3 * self.k()) }
+        // SAFETY: the lines are one array of arrays without padding
+        // (asserted at compile time above) — the inline array or the
+        // boxed slice — so they are contiguous atomics, at least `3k` of
+        // them (`new` puts `ceil(3k / 8)` lines in the boxed slice, or uses
+        // the inline array only when it has that many).
+        unsafe { std::slice::from_raw_parts(self.folded_lines().cast(), 3 * self.k()) }
     }
 
     /// Folded value `i` (`0..k` local, `k..2k` hierarchical, `2k..3k`
