@@ -513,6 +513,19 @@ impl PerCpu {
         unsafe { self.row.slot(region, index) }
     }
 
+    /// [`PerCpu::slot`] as a raw pointer whose provenance covers the whole
+    /// allocation in that region: slots `index..len` of `region` may be
+    /// read through it as one slice.
+    ///
+    /// # Safety
+    /// As for [`PerCpu::slot`].
+    #[inline(always)]
+    pub(crate) unsafe fn slot_ptr(&self, region: usize, index: usize) -> *const AtomicI64 {
+        debug_assert!(index < self.len);
+        // SAFETY: as in `slot`.
+        unsafe { self.row.slot_ptr(region, index) }
+    }
+
     /// Slot `index` of region `region`, or `None` out of range.
     #[inline]
     fn slot_checked(&self, region: usize, index: usize) -> Option<&AtomicI64> {

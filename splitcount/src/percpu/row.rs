@@ -108,6 +108,19 @@ impl Row {
         unsafe { &*self.slot0.as_ptr().add(region * REGION_SLOTS + index) }
     }
 
+    /// [`Row::slot`] as a raw pointer that may reach the allocation's other
+    /// slots in that region (its provenance is the chunk's, not one slot's):
+    /// what a caller reading a run of slots as one slice needs.
+    ///
+    /// # Safety
+    /// As for [`Row::slot`].
+    #[inline(always)]
+    pub(crate) unsafe fn slot_ptr(&self, region: usize, index: usize) -> *const AtomicI64 {
+        debug_assert!(region <= self.regions());
+        // SAFETY: as in `slot`; no reference is made.
+        unsafe { self.slot0.as_ptr().add(region * REGION_SLOTS + index) }
+    }
+
     /// Relaxed `fetch_add` on one region's copy; returns the new value.
     ///
     /// # Safety

@@ -229,16 +229,22 @@ impl Flusher {
                 // strong reference the list holds for this node (now the
                 // pass's: see `Flusher`).
                 let group = unsafe { &*node.owner };
+                // The entries keep the node's pointer to its group, not one
+                // made from `group`: they may give the reference back (and
+                // drop the group through them), which a pointer made from a
+                // shared reference may not do.
+                // SAFETY: `owner` is never null (see `StatGroup::new`).
+                let owner = unsafe { NonNull::new_unchecked(node.owner.cast_mut()) };
                 let within = within_prefetching(group, x);
                 if within {
-                    let release = settle(kept, group, cpu);
+                    let release = settle(kept, owner, cpu);
                     // Clear the mark of a group about to be folded (before
                     // the fence below, which comes before its values are
                     // read: see above). Release: the next push's CAS sees
                     // `kept_at` as `settle` left it.
                     node.on_list.store(false, Release);
                     fold.push(Fold {
-                        group: NonNull::from(group),
+                        group: owner,
                         end: 0,
                         holder: false,
                         release,
@@ -247,7 +253,7 @@ impl Flusher {
                     // Its mark stays set; the list's reference becomes the
                     // entry's.
                     carried.push(Carried {
-                        group: NonNull::from(group),
+                        group: owner,
                         holder: false,
                     });
                 }
@@ -309,7 +315,7 @@ impl Flusher {
             }
         }
         x.add_hier_sums(sum);
-        if let Some(parent) = x.parent.as_deref() {
+        if let Some(parent) = &x.parent {
             if sum.iter().any(|&d| d != 0) {
                 parent.add_pending(sum);
                 carry_holder(carried, parent, cpu);
@@ -383,7 +389,7 @@ fn take_carried_within(
             g.nodes[cpu].queued.store(false, Relaxed);
             true
         } else {
-            let release = settle(kept, g, cpu);
+            let release = settle(kept, c.group, cpu);
             // A drained group's mark, set since: cleared before the fence
             // (Release: as in `pass`).
             g.nodes[cpu].on_list.store(false, Release);
@@ -399,12 +405,18 @@ fn take_carried_within(
     });
 }
 
-/// Settle the reference of `g`'s node on `cpu`, about to be folded (its
-/// mark is still set): keep it in `kept` for the next push if `g` is kept
-/// and not retired, else take it out of `kept` (if there). Returns whether
-/// the fold owns the reference and gives it back.
+/// Settle the reference of `group`'s node on `cpu`, about to be folded (its
+/// mark is still set): keep it in `kept` for the next push if the group is
+/// kept and not retired, else take it out of `kept` (if there). Returns
+/// whether the fold owns the reference and gives it back.
+///
+/// `group` is the pointer the node's reference was counted through (the
+/// node's `owner` or a carried entry's copy of it): the set keeps it, to
+/// give the reference back through it one day.
 #[inline]
-fn settle(kept: &mut Vec<NonNull<StatGroup>>, g: &StatGroup, cpu: usize) -> bool {
+fn settle(kept: &mut Vec<NonNull<StatGroup>>, group: NonNull<StatGroup>, cpu: usize) -> bool {
+    // SAFETY: the caller's reference keeps the group alive.
+    let g = unsafe { group.as_ref() };
     let node = &g.nodes[cpu];
     let at = node.kept_at.load(Relaxed);
     // SeqCst: see `Stats::retire`, which may find the marks clear and
@@ -413,7 +425,7 @@ fn settle(kept: &mut Vec<NonNull<StatGroup>>, g: &StatGroup, cpu: usize) -> bool
         if at == NOT_KEPT {
             // The push's reference moves to the set.
             node.kept_at.store(kept.len(), Relaxed);
-            kept.push(NonNull::from(g));
+            kept.push(group);
         }
         false
     } else {
@@ -435,13 +447,16 @@ fn settle(kept: &mut Vec<NonNull<StatGroup>>, g: &StatGroup, cpu: usize) -> bool
 
 /// Carry `parent` (whose `pending` just grew) on `cpu` unless it is
 /// carried there as a holder already.
-fn carry_holder(carried: &mut Vec<Carried>, parent: &StatGroup, cpu: usize) {
+fn carry_holder(carried: &mut Vec<Carried>, parent: &Arc<StatGroup>, cpu: usize) {
     let node = &parent.nodes[cpu];
     if node.queued.load(Relaxed) {
         return;
     }
     node.queued.store(true, Relaxed);
-    let group = NonNull::from(parent);
+    // From the `Arc`, not from a reference to the group: the entry gives
+    // its reference back through this pointer, which may drop the group.
+    // SAFETY: an `Arc`'s pointer is never null.
+    let group = unsafe { NonNull::new_unchecked(Arc::as_ptr(parent).cast_mut()) };
     // SAFETY: `parent` is alive (the flushed group holds it); the entry
     // owns this new reference until it is folded.
     unsafe { Arc::increment_strong_count(group.as_ptr()) };

@@ -41,7 +41,7 @@ pub(crate) struct UpdateNode {
 /// [`UpdateNode::kept_at`] of a node whose reference is not kept.
 pub(crate) const NOT_KEPT: usize = usize::MAX;
 
-/// One cache line of folded values (see [`StatGroup::folded`]).
+/// One cache line of folded values (see `StatGroup::folded_inline`).
 #[repr(align(64))]
 pub(crate) struct FoldedLine(
     // Read as part of one run of atomics (`StatGroup::folded_values`).
@@ -56,9 +56,25 @@ pub(crate) const FOLDED_PER_LINE: usize = 8;
 /// allocation of their own instead.
 pub(crate) const INLINE_FOLDED_LINES: usize = 2;
 
-/// A counter on a cache line of its own (64 bytes: the line, not the
-/// prefetcher's pair of lines that `CachePadded` rounds to on x86-64).
-#[repr(align(64))]
+/// A counter on a cache line of its own: 64 bytes, the line, where
+/// `CachePadded` rounds to the pair of lines x86-64's spatial prefetcher
+/// fetches together (the counter is written once per 64 updates of a CPU,
+/// the line beside it by the flusher alone: a pair shared by prefetches is
+/// not worth a line per group); 128 bytes where lines may be that long
+/// (aarch64, powerpc64), 256 on s390x.
+#[cfg_attr(
+    not(any(
+        target_arch = "aarch64",
+        target_arch = "powerpc64",
+        target_arch = "s390x"
+    )),
+    repr(align(64))
+)]
+#[cfg_attr(
+    any(target_arch = "aarch64", target_arch = "powerpc64"),
+    repr(align(128))
+)]
+#[cfg_attr(target_arch = "s390x", repr(align(256)))]
 pub(crate) struct OwnLine<T>(pub(crate) T);
 
 impl<T> std::ops::Deref for OwnLine<T> {
@@ -107,9 +123,9 @@ impl crate::percpu::SpillTarget for UpdateCount<'_> {
 /// recently updated group finds its ancestors' first lines cached. The
 /// per-CPU handles follow; the write-shared `stats_updates` is on a line of
 /// its own, and the folded values (written by the flusher) are the last two
-/// lines for up to five items: a flush then writes in the allocation (and
-/// the 4 KiB page) that the updates it folds just read, not in a second one
-/// somewhere else in the heap: a fifth off a warm flush of ten groups, and
+/// lines for up to five items: a flush then writes in the allocation (and,
+/// mostly, the 4 KiB page) that the updates it folds just read, not in a
+/// second one somewhere else in the heap: a fifth off a warm flush of ten groups, and
 /// more than half off one that finds its pages cold (see
 /// `IMPLEMENTATION.md`, "Where a flush's time goes").
 #[repr(C)]
@@ -161,8 +177,9 @@ const _: () = assert!(std::mem::offset_of!(StatGroup, unflushed) == 64);
 
 // Six lines in all: the size the struct had when the folded values were an
 // allocation of their own (`stats_updates` was then padded to a pair of
-// lines, `CachePadded` on x86-64), so keeping them inside costs nothing and
-// saves that allocation.
+// lines, `CachePadded` on x86-64, which also aligned the struct to 128: its
+// `Arc` took 512 bytes, now 448), and that allocation is gone for up to
+// five items (with more, the two inline lines go unused).
 #[cfg(all(target_os = "linux", target_arch = "x86_64", not(loom)))]
 const _: () = assert!(std::mem::size_of::<StatGroup>() == 6 * 64);
 
@@ -420,8 +437,11 @@ impl StatGroup {
         };
         // SAFETY: the caller's bounds (`cpu < regions`, `2k` slots); an
         // allocation's slots on one CPU are contiguous in that CPU's region
-        // (the arena's layout), so they are one run of `2k` atomics.
-        let row: &[AtomicI64] = unsafe { std::slice::from_raw_parts(values.slot(cpu, 0), 2 * k) };
+        // (the arena's layout), so they are one run of `2k` atomics, and
+        // `slot_ptr`'s pointer may reach all of them (a reference to slot 0
+        // would cover that slot only).
+        let row: &[AtomicI64] =
+            unsafe { std::slice::from_raw_parts(values.slot_ptr(cpu, 0), 2 * k) };
         let (current, prev) = row.split_at(k);
         for (item, (now, prev)) in current.iter().zip(prev).enumerate() {
             let now = now.load(SeqCst);
