@@ -71,6 +71,26 @@ fn a_limit_refuses_try_reserve_past_it_while_smaller_allocations_work() {
     assert_eq!(live_bytes(&g), 0);
 }
 
+/// A group that cooperative enforcement let past `max` keeps what it
+/// charged past it in the thread's reserve; switching it to `Refuse` drains
+/// that reserve (as `set_max` does), so the next allocation is refused.
+/// (It was served from the reserve: 100 allocations of 100 bytes went
+/// through under a `max` of 0; found by a helper.)
+#[test]
+fn switching_to_refuse_over_the_limit_refuses_the_next_allocation() {
+    let g = fresh("cooperative-then-refusing");
+    g.set_max(0).unwrap();
+    drop(g.scope(|| vec![0u8; 1000]));
+    assert!(g.usage() > 0, "charged past max, kept in the reserve");
+    g.clear_breach();
+    g.set_enforcement(Enforcement::Refuse);
+    g.scope(|| {
+        let mut v: Vec<u8> = Vec::new();
+        assert!(v.try_reserve(100).is_err(), "refused at once");
+    });
+    assert_eq!(live_bytes(&g), 0);
+}
+
 #[test]
 fn scopes_nest_and_are_restored_on_unwind() {
     let outer = fresh("outer");

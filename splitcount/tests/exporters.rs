@@ -363,6 +363,12 @@ fn colliding_names_still_render_a_valid_exposition() {
         metrics::counter!("c", "a.b" => "1", "a-b" => "2").increment(1);
         metrics::histogram!("h2", "le" => "x").record(2.0);
         metrics::counter!("r", "__name__" => "n").increment(1);
+        // Keys alike in two series of one family (not in one series):
+        // `x_y` and `x_y_2` in both, not `d_total{x_y="1"}` twice.
+        metrics::counter!("d", "x.y" => "1").increment(1);
+        metrics::counter!("d", "x-y" => "1").increment(5);
+        // No name: not `__total` (reserved) with an empty HELP line.
+        metrics::counter!("").increment(6);
     });
     let text = recorder.render();
     assert_eq!(promtool(&text), None, "{text}");
@@ -380,6 +386,20 @@ fn colliding_names_still_render_a_valid_exposition() {
         "{text}"
     );
     assert!(text.contains("r_total{_name__=\"n\"} 1\n"), "{text}");
+    assert!(
+        // `x-y` sorts before `x.y`, and is met first.
+        text.contains("d_total{x_y=\"1\"} 5\n") && text.contains("d_total{x_y_2=\"1\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# HELP unnamed_total (recorded without a name)\n"),
+        "{text}"
+    );
+    assert!(text.contains("\nunnamed_total 6\n"), "{text}");
+    assert!(
+        !text.lines().any(|l| l.starts_with("__")),
+        "a reserved name:\n{text}"
+    );
     assert!(
         !text.contains("{__") && !text.contains(",__"),
         "a reserved label:\n{text}"

@@ -437,13 +437,34 @@ mod exposition {
         names
     }
 
-    /// Valid, distinct label names: sanitized; a name the format reserves
-    /// gets another (`__x` becomes `_x`, a histogram's `le` `le_`); two
-    /// keys that sanitize alike get `_2`, `_3` ….
-    fn label_set(labels: Vec<(String, String)>, kind: Kind) -> LabelSet {
-        let mut out: LabelSet = Vec::with_capacity(labels.len());
-        for (k, v) in labels {
-            let mut key = sanitize(&k, false);
+    /// The label names of one family: each key recorded in any of its
+    /// series gets one valid name, the same in every series, and no two
+    /// keys get the same — so two series whose keys differ (`x.y` in one,
+    /// `x-y` in the other) stay two series, not one written twice (which
+    /// Prometheus rejects or, deduplicated, loses a value of).
+    #[derive(Default)]
+    struct LabelNames {
+        of_key: BTreeMap<String, String>,
+        taken: BTreeSet<String>,
+    }
+
+    impl LabelNames {
+        /// Valid, distinct label names: sanitized; a name the format
+        /// reserves gets another (`__x` becomes `_x`, a histogram's `le`
+        /// `le_`); keys that sanitize alike get `_2`, `_3` … in the order
+        /// the family meets them.
+        fn label_set(&mut self, labels: Vec<(String, String)>, kind: Kind) -> LabelSet {
+            labels
+                .into_iter()
+                .map(|(k, v)| (self.name_of(k, kind).into(), v))
+                .collect()
+        }
+
+        fn name_of(&mut self, raw: String, kind: Kind) -> String {
+            if let Some(name) = self.of_key.get(&raw) {
+                return name.clone();
+            }
+            let mut key = sanitize(&raw, false);
             if key.starts_with("__") {
                 // Reserved for Prometheus' own labels: one `_` in front.
                 key = format!("_{}", key.trim_start_matches('_'));
@@ -453,13 +474,14 @@ mod exposition {
             }
             let base = key.clone();
             let mut n = 2;
-            while out.iter().any(|(k, _)| *k == key) {
+            while self.taken.contains(&key) {
                 key = format!("{base}_{n}");
                 n += 1;
             }
-            out.push((key.into(), v));
+            self.taken.insert(key.clone());
+            self.of_key.insert(raw, key.clone());
+            key
         }
-        out
     }
 
     impl SplitRecorder {
@@ -479,11 +501,22 @@ mod exposition {
             // The later one (in the order below) gets `_2`, `_3` ….
             let mut family_of: BTreeMap<(String, u8), String> = BTreeMap::new();
             let mut taken: BTreeSet<String> = BTreeSet::new();
+            let mut label_names: BTreeMap<(String, u8), LabelNames> = BTreeMap::new();
             let mut add = |(name, labels): KeyParts, kind: Kind, value: Value| {
                 let fam_name = family_of
                     .entry((name.clone(), kind as u8))
                     .or_insert_with(|| {
-                        let mut base = sanitize(&name, true);
+                        let mut base = if name.is_empty() {
+                            // Not `_`, which a counter would write as
+                            // `__total`: names starting `__` are reserved.
+                            "unnamed".to_owned()
+                        } else {
+                            sanitize(&name, true)
+                        };
+                        if base.starts_with("__") {
+                            // Reserved for Prometheus' own names.
+                            base = format!("_{}", base.trim_start_matches('_'));
+                        }
                         if kind == Kind::Counter {
                             // The format adds `_total` to counters.
                             if let Some(stem) = base.strip_suffix("_total") {
@@ -500,13 +533,21 @@ mod exposition {
                         candidate
                     })
                     .clone();
-                let help = descriptions
-                    .get(&name)
-                    .map_or_else(|| name.clone(), |d| d.to_string());
+                // Without a description, the name as recorded (a HELP line
+                // with no text is what `promtool` lints).
+                let help = match descriptions.get(&name) {
+                    Some(d) => d.to_string(),
+                    None if name.is_empty() => "(recorded without a name)".to_owned(),
+                    None => name.clone(),
+                };
+                let labels = label_names
+                    .entry((fam_name.clone(), kind as u8))
+                    .or_default()
+                    .label_set(labels, kind);
                 let fam = by_name
                     .entry((fam_name.clone(), kind as u8))
                     .or_insert_with(|| Family::new(fam_name, &help, None, kind));
-                fam.samples.push((label_set(labels, kind), value));
+                fam.samples.push((labels, value));
             };
             for (k, v) in self.counters() {
                 add(k, Kind::Counter, Value::Int(v));
@@ -524,9 +565,12 @@ mod exposition {
         /// (names made valid: other characters become `_`; a counter's
         /// `_total` suffix is written once; names that would then collide
         /// — `a.b` and `a-b`, a counter `x` and `x_total`, a counter and a
-        /// gauge `x_total` — get `_2`, `_3` …, and so do label names; a
-        /// label named `le` on a histogram becomes `le_`, one starting
-        /// with `__` (reserved) starts with one `_`).
+        /// gauge `x_total` — get `_2`, `_3` …, and so do label names (the
+        /// same name for a key in every series of a family, so `{x.y="1"}`
+        /// and `{x-y="1"}` stay two series: `x_y` and `x_y_2`); a label
+        /// named `le` on a histogram becomes `le_`, a name or label
+        /// starting with `__` (reserved) starts with one `_`, and a metric
+        /// recorded with an empty name is `unnamed`).
         pub fn render(&self) -> String {
             render_families(&self.families())
         }

@@ -284,8 +284,21 @@ impl Group {
     }
 
     /// Choose what an allocation over this group's hard limit does.
+    ///
+    /// Switching to [`Enforcement::Refuse`] while the usage is above `max`
+    /// (cooperative enforcement let the group past it) drains what
+    /// [`Group::set_max`] drains — this subtree's stocked units and the
+    /// calling thread's allocator reserve — so that the next allocation
+    /// charged here from this thread is refused, not served from bytes
+    /// charged past the limit. Other threads' reserves (at most
+    /// [`crate::alloc::MAX_THREAD_RESERVE`] each) are spent before their
+    /// next allocation is refused.
     pub fn set_enforcement(&self, e: Enforcement) {
-        self.node.usage.set_enforcement(e)
+        let usage = &self.node.usage;
+        usage.set_enforcement(e);
+        if e == Enforcement::Refuse && usage.usage() > usage.max() {
+            self.shared.drain(&|c| c.is_within(usage));
+        }
     }
 
     /// The usage past which even a cooperative over-charge is refused
