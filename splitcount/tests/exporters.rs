@@ -343,6 +343,19 @@ fn the_recorder_counts_exactly_and_exports_valid_text() {
     assert!(text.contains("latency_seconds_count 4\n"));
 }
 
+/// No series (a name and its labels) appears twice in an exposition.
+fn assert_no_series_twice(text: &str) {
+    let mut series: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' ').map(|(s, _)| s))
+        .collect();
+    let all = series.len();
+    series.sort_unstable();
+    series.dedup();
+    assert_eq!(series.len(), all, "a series written twice:\n{text}");
+}
+
 /// Names that collide once made valid, or with the suffixes the format
 /// adds, get families of their own; label names that collide or that the
 /// format reserves are renamed: promtool accepts the text and no series is
@@ -372,15 +385,7 @@ fn colliding_names_still_render_a_valid_exposition() {
     });
     let text = recorder.render();
     assert_eq!(promtool(&text), None, "{text}");
-    let mut series: Vec<&str> = text
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.rsplit_once(' ').map(|(s, _)| s))
-        .collect();
-    let all = series.len();
-    series.sort_unstable();
-    series.dedup();
-    assert_eq!(series.len(), all, "a series written twice:\n{text}");
+    assert_no_series_twice(&text);
     assert!(
         text.contains("req_total 1\n") && text.contains("req_2_total 2\n"),
         "{text}"
@@ -404,6 +409,60 @@ fn colliding_names_still_render_a_valid_exposition() {
         !text.contains("{__") && !text.contains(",__"),
         "a reserved label:\n{text}"
     );
+}
+
+/// Names that only a renaming makes valid never take a reserved one, nor a
+/// name already given: a key twice in one series is two labels; names and
+/// keys of underscores only, or none, do not start with `__`; a name valid
+/// as recorded keeps it; and a series keeps its names when others are
+/// recorded later (found by a review: `{k="1",k="2"}` made promtool refuse
+/// the scrape, `_` wrote `__total`, and `x-y` took `x_y` from `x.y` once
+/// it appeared).
+#[test]
+fn renamed_names_are_valid_distinct_and_stable() {
+    let recorder = SplitRecorder::new();
+    metrics::with_local_recorder(&recorder, || {
+        metrics::counter!("dup", "k" => "1", "k" => "2").increment(1);
+        metrics::counter!("_", "" => "a", "." => "b").increment(2);
+        metrics::gauge!(".").set(3.0);
+        metrics::histogram!("-").record(1.0);
+        metrics::counter!("s", "x.y" => "1").increment(5);
+        metrics::counter!("unnamed").increment(7);
+        metrics::counter!("").increment(8);
+    });
+    let first = recorder.render();
+    assert_eq!(promtool(&first), None, "{first}");
+    assert!(
+        first.contains("dup_total{k=\"1\",k_2=\"2\"} 1\n"),
+        "{first}"
+    );
+    assert!(first.contains("s_total{x_y=\"1\"} 5\n"), "{first}");
+    assert!(
+        first.contains("\nunnamed_total 7\n"),
+        "valid as recorded:\n{first}"
+    );
+    for line in first.lines() {
+        let name = line
+            .trim_start_matches("# HELP ")
+            .trim_start_matches("# TYPE ");
+        assert!(!name.starts_with("__"), "a reserved name: {line}");
+        assert!(
+            !line.contains("{__") && !line.contains(",__"),
+            "a reserved label: {line}"
+        );
+    }
+    metrics::with_local_recorder(&recorder, || {
+        metrics::counter!("s", "x-y" => "2").increment(1);
+        metrics::counter!("s", "x_y" => "3").increment(1);
+    });
+    let second = recorder.render();
+    assert_eq!(promtool(&second), None, "{second}");
+    assert!(
+        second.contains("s_total{x_y=\"1\"} 5\n"),
+        "kept its name:\n{second}"
+    );
+    assert_no_series_twice(&second);
+    assert_eq!(recorder.render(), second, "the same text twice");
 }
 
 /// A counter is a `u64` counter: exact up to `u64::MAX`, an increment above

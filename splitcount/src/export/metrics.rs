@@ -167,6 +167,9 @@ struct Inner {
     /// What `describe_*` said about each name (units are not used: a name
     /// says its unit, e.g. `_bytes`).
     descriptions: Mutex<HashMap<String, SharedString>>,
+    /// The names the exposition gave, kept so that they never change.
+    #[cfg(feature = "prometheus")]
+    naming: Mutex<exposition::Naming>,
 }
 
 /// The recorder (see the [module docs](self)). Cloning it shares its
@@ -292,6 +295,8 @@ impl SplitRecorder {
                 id: NEXT_ID.fetch_add(1, Relaxed),
                 registry: Registry::new(SplitStorage),
                 descriptions: Mutex::new(HashMap::new()),
+                #[cfg(feature = "prometheus")]
+                naming: Mutex::default(),
             }),
         }
     }
@@ -437,50 +442,139 @@ mod exposition {
         names
     }
 
-    /// The label names of one family: each key recorded in any of its
-    /// series gets one valid name, the same in every series, and no two
-    /// keys get the same — so two series whose keys differ (`x.y` in one,
-    /// `x-y` in the other) stay two series, not one written twice (which
-    /// Prometheus rejects or, deduplicated, loses a value of).
+    /// The names a recorder has given, kept for its life: a series keeps
+    /// the name and label names it was first exposed under, whatever is
+    /// recorded later (a new series whose key sorts first does not take
+    /// over a name a scraper already knows).
     #[derive(Default)]
-    struct LabelNames {
-        of_key: BTreeMap<String, String>,
+    pub(super) struct Naming {
+        /// (name as recorded, kind) → family name.
+        family_of: BTreeMap<(String, u8), String>,
+        /// Every name a family writes (with its suffixes): taken.
+        taken: BTreeSet<String>,
+        /// Per family name, its label names.
+        labels: BTreeMap<String, LabelNames>,
+    }
+
+    /// A family's base name: valid (other characters become `_`), a
+    /// counter's `_total` written once by the format, not reserved (`__x`
+    /// becomes `_x`; a name of underscores only, or none, `unnamed`: a
+    /// counter `_` would write `__total`).
+    fn family_base(name: &str, kind: Kind) -> String {
+        let mut base = sanitize(name, true);
+        if kind == Kind::Counter {
+            if let Some(stem) = base.strip_suffix("_total") {
+                base = stem.to_owned();
+            }
+        }
+        let rest = base.trim_start_matches('_');
+        if rest.is_empty() {
+            "unnamed".to_owned()
+        } else if base.starts_with("__") {
+            format!("_{rest}")
+        } else {
+            base
+        }
+    }
+
+    /// A label key's valid name before any renaming: sanitized, not
+    /// reserved (`__x` becomes `_x`), a histogram's `le` `le_`.
+    fn label_base(raw: &str, kind: Kind) -> String {
+        let mut key = sanitize(raw, false);
+        if key.starts_with("__") {
+            key = format!("_{}", key.trim_start_matches('_'));
+        }
+        if kind == Kind::Histogram && key == "le" {
+            key.push('_');
+        }
+        key
+    }
+
+    /// `base`'s `n`th alternative (`n` ≥ 2): `base_n`, never starting with
+    /// `__` (`_` gives `_2`).
+    fn renamed(base: &str, n: usize) -> String {
+        format!("{}_{n}", base.trim_end_matches('_'))
+    }
+
+    /// The label names of one family: each key of its series gets one
+    /// valid name, the same in every series, and no two keys get the same —
+    /// so two series whose keys differ (`x.y` in one, `x-y` in the other)
+    /// stay two series, not one written twice (which Prometheus rejects or,
+    /// deduplicated, loses a value of). A key given twice in one series
+    /// (the facade allows it) is two keys: its first and its second.
+    #[derive(Default)]
+    pub(super) struct LabelNames {
+        /// (key as recorded, its occurrence in the series) → label name.
+        of_key: BTreeMap<(String, usize), String>,
         taken: BTreeSet<String>,
     }
 
     impl LabelNames {
-        /// Valid, distinct label names: sanitized; a name the format
-        /// reserves gets another (`__x` becomes `_x`, a histogram's `le`
-        /// `le_`); keys that sanitize alike get `_2`, `_3` … in the order
-        /// the family meets them.
+        /// Valid, distinct label names for one series' labels.
         fn label_set(&mut self, labels: Vec<(String, String)>, kind: Kind) -> LabelSet {
+            let mut seen: Vec<&str> = Vec::with_capacity(labels.len());
+            let mut nths = Vec::with_capacity(labels.len());
+            for (k, _) in &labels {
+                nths.push(seen.iter().filter(|s| **s == k.as_str()).count());
+                seen.push(k);
+            }
             labels
                 .into_iter()
-                .map(|(k, v)| (self.name_of(k, kind).into(), v))
+                .zip(nths)
+                .map(|((k, v), nth)| (self.name_of(k, nth, kind).into(), v))
                 .collect()
         }
 
-        fn name_of(&mut self, raw: String, kind: Kind) -> String {
-            if let Some(name) = self.of_key.get(&raw) {
+        /// Give the keys of `labels` that are valid names as they are (and
+        /// first in their series) those names, before keys that need
+        /// renaming take any.
+        fn reserve_valid(&mut self, labels: &[(String, String)], kind: Kind) {
+            for (i, (k, _)) in labels.iter().enumerate() {
+                let first = !labels[..i].iter().any(|(o, _)| o == k);
+                if first && label_base(k, kind) == *k && !self.taken.contains(k.as_str()) {
+                    self.name_of(k.clone(), 0, kind);
+                }
+            }
+        }
+
+        fn name_of(&mut self, raw: String, nth: usize, kind: Kind) -> String {
+            let id = (raw, nth);
+            if let Some(name) = self.of_key.get(&id) {
                 return name.clone();
             }
-            let mut key = sanitize(&raw, false);
-            if key.starts_with("__") {
-                // Reserved for Prometheus' own labels: one `_` in front.
-                key = format!("_{}", key.trim_start_matches('_'));
-            }
-            if kind == Kind::Histogram && key == "le" {
-                key.push('_');
-            }
-            let base = key.clone();
+            let base = label_base(&id.0, kind);
+            let mut key = base.clone();
             let mut n = 2;
             while self.taken.contains(&key) {
-                key = format!("{base}_{n}");
+                key = renamed(&base, n);
                 n += 1;
             }
             self.taken.insert(key.clone());
-            self.of_key.insert(raw, key.clone());
+            self.of_key.insert(id, key.clone());
             key
+        }
+    }
+
+    impl Naming {
+        /// The family name of `name` recorded as `kind`: its own for good.
+        fn family(&mut self, name: &str, kind: Kind) -> String {
+            let id = (name.to_owned(), kind as u8);
+            if let Some(f) = self.family_of.get(&id) {
+                return f.clone();
+            }
+            let base = family_base(name, kind);
+            let mut candidate = base.clone();
+            let mut n = 2;
+            while exposed(&candidate, kind)
+                .iter()
+                .any(|e| self.taken.contains(e))
+            {
+                candidate = renamed(&base, n);
+                n += 1;
+            }
+            self.taken.extend(exposed(&candidate, kind));
+            self.family_of.insert(id, candidate.clone());
+            candidate
         }
     }
 
@@ -492,47 +586,42 @@ mod exposition {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
-            let mut by_name: BTreeMap<(String, u8), Family> = BTreeMap::new();
+            let mut recorded: Vec<(KeyParts, Kind, Value)> = Vec::new();
+            for (k, v) in self.counters() {
+                recorded.push((k, Kind::Counter, Value::Int(v)));
+            }
+            for (k, v) in self.gauges() {
+                recorded.push((k, Kind::Gauge, Value::Float(v)));
+            }
+            for (k, count, sum) in self.histograms() {
+                recorded.push((k, Kind::Histogram, Value::Histogram { sum, count }));
+            }
             // Each recorded (name, kind) gets a family name of its own: two
             // names that sanitize alike (`a.b`, `a-b`), a counter `x` and
             // a counter `x_total`, or a counter `x` and a gauge
             // `x_total`, would otherwise write the same series twice or
             // two HELP lines for one name — Prometheus rejects the scrape.
-            // The later one (in the order below) gets `_2`, `_3` ….
-            let mut family_of: BTreeMap<(String, u8), String> = BTreeMap::new();
-            let mut taken: BTreeSet<String> = BTreeSet::new();
-            let mut label_names: BTreeMap<(String, u8), LabelNames> = BTreeMap::new();
-            let mut add = |(name, labels): KeyParts, kind: Kind, value: Value| {
-                let fam_name = family_of
-                    .entry((name.clone(), kind as u8))
-                    .or_insert_with(|| {
-                        let mut base = if name.is_empty() {
-                            // Not `_`, which a counter would write as
-                            // `__total`: names starting `__` are reserved.
-                            "unnamed".to_owned()
-                        } else {
-                            sanitize(&name, true)
-                        };
-                        if base.starts_with("__") {
-                            // Reserved for Prometheus' own names.
-                            base = format!("_{}", base.trim_start_matches('_'));
-                        }
-                        if kind == Kind::Counter {
-                            // The format adds `_total` to counters.
-                            if let Some(stem) = base.strip_suffix("_total") {
-                                base = stem.to_owned();
-                            }
-                        }
-                        let mut candidate = base.clone();
-                        let mut n = 2;
-                        while exposed(&candidate, kind).iter().any(|e| taken.contains(e)) {
-                            candidate = format!("{base}_{n}");
-                            n += 1;
-                        }
-                        taken.extend(exposed(&candidate, kind));
-                        candidate
-                    })
-                    .clone();
+            // Names valid as they are keep them; the others get `_2`,
+            // `_3` … in the order below, and every name stays as first
+            // given (`Naming`).
+            let mut naming = self.inner.naming.lock().unwrap_or_else(|e| e.into_inner());
+            for ((name, _), kind, _) in &recorded {
+                if family_base(name, *kind) == *name {
+                    naming.family(name, *kind);
+                }
+            }
+            let mut by_name: BTreeMap<(String, u8), Family> = BTreeMap::new();
+            let mut named = Vec::with_capacity(recorded.len());
+            for ((name, labels), kind, value) in recorded {
+                let fam_name = naming.family(&name, kind);
+                naming
+                    .labels
+                    .entry(fam_name.clone())
+                    .or_default()
+                    .reserve_valid(&labels, kind);
+                named.push((name, fam_name, labels, kind, value));
+            }
+            for (name, fam_name, labels, kind, value) in named {
                 // Without a description, the name as recorded (a HELP line
                 // with no text is what `promtool` lints).
                 let help = match descriptions.get(&name) {
@@ -540,23 +629,15 @@ mod exposition {
                     None if name.is_empty() => "(recorded without a name)".to_owned(),
                     None => name.clone(),
                 };
-                let labels = label_names
-                    .entry((fam_name.clone(), kind as u8))
+                let labels = naming
+                    .labels
+                    .entry(fam_name.clone())
                     .or_default()
                     .label_set(labels, kind);
                 let fam = by_name
                     .entry((fam_name.clone(), kind as u8))
                     .or_insert_with(|| Family::new(fam_name, &help, None, kind));
                 fam.samples.push((labels, value));
-            };
-            for (k, v) in self.counters() {
-                add(k, Kind::Counter, Value::Int(v));
-            }
-            for (k, v) in self.gauges() {
-                add(k, Kind::Gauge, Value::Float(v));
-            }
-            for (k, count, sum) in self.histograms() {
-                add(k, Kind::Histogram, Value::Histogram { sum, count });
             }
             by_name.into_values().collect()
         }
@@ -567,10 +648,14 @@ mod exposition {
         /// — `a.b` and `a-b`, a counter `x` and `x_total`, a counter and a
         /// gauge `x_total` — get `_2`, `_3` …, and so do label names (the
         /// same name for a key in every series of a family, so `{x.y="1"}`
-        /// and `{x-y="1"}` stay two series: `x_y` and `x_y_2`); a label
-        /// named `le` on a histogram becomes `le_`, a name or label
-        /// starting with `__` (reserved) starts with one `_`, and a metric
-        /// recorded with an empty name is `unnamed`).
+        /// and `{x-y="1"}` stay two series: `x_y` and `x_y_2`; a key given
+        /// twice in one series gets `k` and `k_2`); a label named `le` on a
+        /// histogram becomes `le_`, a name or label starting with `__`
+        /// (reserved) starts with one `_`, and a metric recorded with no
+        /// name (or only underscores) is `unnamed`). Names valid as
+        /// recorded are kept before others are renamed, and every name
+        /// given stays for the recorder's life: a series recorded later
+        /// never takes over a name a scraper has seen.
         pub fn render(&self) -> String {
             render_families(&self.families())
         }
