@@ -244,7 +244,7 @@ fn main() {
         ratios[ratios.len() - 1]
     );
     // Every request's group is gone; what the tenants keep is the
-    // runtime's own (up to about 2 KiB per worker: see the README).
+    // runtime's own (about 2 KiB per worker at most, seen: see the README).
     std::thread::sleep(Duration::from_millis(100));
     memory.drain_stocks();
     for parent in [enforced.parent, open.parent] {
