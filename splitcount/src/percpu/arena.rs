@@ -507,10 +507,9 @@ impl PerCpu {
     /// handle (`self.cpus()`, a CPU id checked against it).
     #[inline(always)]
     pub(crate) unsafe fn slot(&self, region: usize, index: usize) -> &AtomicI64 {
-        debug_assert!(index < self.len);
         // SAFETY: the arena (kept alive by `self.arena`) owns the chunk;
         // `region` and `index` within this allocation (the caller's bounds).
-        unsafe { self.row.slot(region, index) }
+        unsafe { &*self.slot_ptr(region, index) }
     }
 
     /// [`PerCpu::slot`] as a raw pointer whose provenance covers the whole

@@ -101,11 +101,9 @@ impl Row {
     /// regions()` and `index` is below the allocation's length.
     #[inline(always)]
     pub(crate) unsafe fn slot(&self, region: usize, index: usize) -> &AtomicI64 {
-        debug_assert!(region <= self.regions());
-        // SAFETY: regions of a chunk are `REGION_SLOTS` atomics apart in one
-        // allocation, and the allocation's slots are contiguous in each
-        // (the caller's bounds).
-        unsafe { &*self.slot0.as_ptr().add(region * REGION_SLOTS + index) }
+        // SAFETY: `slot_ptr`'s pointer is to a live atomic of the chunk (the
+        // caller's bounds), which lives as long as the arena.
+        unsafe { &*self.slot_ptr(region, index) }
     }
 
     /// [`Row::slot`] as a raw pointer that may reach the allocation's other
@@ -117,7 +115,9 @@ impl Row {
     #[inline(always)]
     pub(crate) unsafe fn slot_ptr(&self, region: usize, index: usize) -> *const AtomicI64 {
         debug_assert!(region <= self.regions());
-        // SAFETY: as in `slot`; no reference is made.
+        // SAFETY: regions of a chunk are `REGION_SLOTS` atomics apart in one
+        // allocation, and the allocation's slots are contiguous in each
+        // (the caller's bounds); no reference is made.
         unsafe { self.slot0.as_ptr().add(region * REGION_SLOTS + index) }
     }
 
