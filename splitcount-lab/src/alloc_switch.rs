@@ -1,7 +1,8 @@
 //! The lab's global allocator: an inner allocator — the system's (glibc),
 //! jemalloc or mimalloc — alone or wrapped in [`Accounted`] (charging
-//! requested sizes or footprints), or mimalloc under [`HeapPerGroup`] (no
-//! tag on the blocks of groups given a heap), chosen once per process.
+//! requested sizes or footprints), or jemalloc or mimalloc under
+//! [`HeapPerGroup`] (no tag on the blocks of groups given a heap), chosen
+//! once per process.
 //!
 //! `bench alloc` compares the two *as a program uses them*: every
 //! allocation of its workloads goes through `std::alloc` (a `Vec`, a
@@ -49,6 +50,11 @@ pub enum Allocator {
     /// `Accounted<Jemalloc, Footprint>` (jemalloc's usable size).
     #[serde(rename = "jemalloc-footprint")]
     JemallocFootprint,
+    /// `HeapPerGroup<Jemalloc>`: footprints; the worker's groups are given
+    /// heaps (a jemalloc arena each, see [`give_heap`]), so their blocks
+    /// carry no tag.
+    #[serde(rename = "jemalloc-heaps")]
+    JemallocHeaps,
     /// `mimalloc::MiMalloc`.
     #[serde(rename = "mimalloc")]
     Mimalloc,
@@ -66,13 +72,14 @@ pub enum Allocator {
 
 impl Allocator {
     /// Every allocator, each inner one before its wrappers.
-    pub const ALL: [Allocator; 10] = [
+    pub const ALL: [Allocator; 11] = [
         Allocator::System,
         Allocator::Accounted,
         Allocator::Footprint,
         Allocator::Jemalloc,
         Allocator::JemallocAccounted,
         Allocator::JemallocFootprint,
+        Allocator::JemallocHeaps,
         Allocator::Mimalloc,
         Allocator::MimallocAccounted,
         Allocator::MimallocFootprint,
@@ -89,6 +96,7 @@ impl Allocator {
             Allocator::Jemalloc => "jemalloc",
             Allocator::JemallocAccounted => "jemalloc-accounted",
             Allocator::JemallocFootprint => "jemalloc-footprint",
+            Allocator::JemallocHeaps => "jemalloc-heaps",
             Allocator::Mimalloc => "mimalloc",
             Allocator::MimallocAccounted => "mimalloc-accounted",
             Allocator::MimallocFootprint => "mimalloc-footprint",
@@ -110,9 +118,10 @@ impl Allocator {
     pub fn inner(self) -> Allocator {
         match self {
             Allocator::System | Allocator::Accounted | Allocator::Footprint => Allocator::System,
-            Allocator::Jemalloc | Allocator::JemallocAccounted | Allocator::JemallocFootprint => {
-                Allocator::Jemalloc
-            }
+            Allocator::Jemalloc
+            | Allocator::JemallocAccounted
+            | Allocator::JemallocFootprint
+            | Allocator::JemallocHeaps => Allocator::Jemalloc,
             Allocator::Mimalloc
             | Allocator::MimallocAccounted
             | Allocator::MimallocFootprint
@@ -151,6 +160,7 @@ static JE_ACCOUNTED: Accounted<Jemalloc> = Accounted::new(Jemalloc);
 static JE_FOOTPRINT: Accounted<Jemalloc, Footprint> = Accounted::with_charging(Jemalloc, Footprint);
 static MI_ACCOUNTED: Accounted<MiMalloc> = Accounted::new(MiMalloc);
 static MI_FOOTPRINT: Accounted<MiMalloc, Footprint> = Accounted::with_charging(MiMalloc, Footprint);
+static JE_HEAPS: HeapPerGroup<Jemalloc> = HeapPerGroup::new(Jemalloc);
 static MI_HEAPS: HeapPerGroup<MiMalloc> = HeapPerGroup::new(MiMalloc);
 
 /// The allocator this process runs on (decided at its first allocation).
@@ -183,18 +193,22 @@ macro_rules! dispatch {
                 $call
             }
             7 => {
-                let $a = &MiMalloc;
+                let $a = &JE_HEAPS;
                 $call
             }
             8 => {
-                let $a = &MI_ACCOUNTED;
+                let $a = &MiMalloc;
                 $call
             }
             9 => {
-                let $a = &MI_FOOTPRINT;
+                let $a = &MI_ACCOUNTED;
                 $call
             }
             10 => {
+                let $a = &MI_FOOTPRINT;
+                $call
+            }
+            11 => {
                 let $a = &MI_HEAPS;
                 $call
             }
@@ -215,6 +229,7 @@ pub fn attach(hierarchy: &Hierarchy) -> Result<(), String> {
         Allocator::Footprint => FOOTPRINT.attach(hierarchy),
         Allocator::JemallocAccounted => JE_ACCOUNTED.attach(hierarchy),
         Allocator::JemallocFootprint => JE_FOOTPRINT.attach(hierarchy),
+        Allocator::JemallocHeaps => JE_HEAPS.attach(hierarchy),
         Allocator::MimallocAccounted => MI_ACCOUNTED.attach(hierarchy),
         Allocator::MimallocFootprint => MI_FOOTPRINT.attach(hierarchy),
         Allocator::MimallocHeaps => MI_HEAPS.attach(hierarchy),
@@ -232,6 +247,7 @@ pub fn attach(hierarchy: &Hierarchy) -> Result<(), String> {
 /// `HeapPerGroup` (its blocks then carry no tag); nothing otherwise.
 pub fn give_heap(group: &splitcount::group::Group) -> Result<(), String> {
     match current() {
+        Allocator::JemallocHeaps => JE_HEAPS.give_heap(group).map_err(|e| e.to_string()),
         Allocator::MimallocHeaps => MI_HEAPS.give_heap(group).map_err(|e| e.to_string()),
         _ => Ok(()),
     }
@@ -245,6 +261,7 @@ pub fn reconcile() -> Option<splitcount::alloc::Reconciliation> {
         Allocator::Footprint => FOOTPRINT.reconcile(),
         Allocator::JemallocAccounted => JE_ACCOUNTED.reconcile(),
         Allocator::JemallocFootprint => JE_FOOTPRINT.reconcile(),
+        Allocator::JemallocHeaps => JE_HEAPS.reconcile(),
         Allocator::MimallocAccounted => MI_ACCOUNTED.reconcile(),
         Allocator::MimallocFootprint => MI_FOOTPRINT.reconcile(),
         Allocator::MimallocHeaps => MI_HEAPS.reconcile(),

@@ -689,7 +689,7 @@ unsafe fn with_header(acc: *const u8, block: *mut u8, layout: Layout) -> *mut u8
 /// none when `malloc`'s alignment serves it, else the alignment.
 #[cfg(feature = "jemalloc")]
 #[inline(always)]
-fn jemalloc_flags(layout: Layout) -> std::os::raw::c_int {
+pub(super) fn jemalloc_flags(layout: Layout) -> std::os::raw::c_int {
     /// `_Alignof(max_align_t)` on the 64-bit targets jemalloc builds for.
     const MAX_ALIGN_T: usize = 16;
     if layout.align() <= MAX_ALIGN_T && layout.align() <= layout.size() {

@@ -111,8 +111,10 @@
 //! unaccounted.
 
 mod charging;
-#[cfg(feature = "mimalloc")]
+#[cfg(any(feature = "jemalloc", feature = "mimalloc"))]
 mod heap_per_group;
+#[cfg(feature = "jemalloc")]
+mod jemalloc_arenas;
 mod reconcile;
 mod reserve;
 mod resident;
@@ -125,7 +127,7 @@ mod wrapper;
 
 pub use crate::group::{AllocRefusalHook, OverLimit, Refusal};
 pub use charging::{Charging, Footprint, InnerFootprint, Requested};
-#[cfg(feature = "mimalloc")]
+#[cfg(any(feature = "jemalloc", feature = "mimalloc"))]
 pub use heap_per_group::{HeapCount, HeapError, HeapPerGroup, InnerHeaps, MAX_HEAPS};
 pub use reconcile::{Reconciliation, ResidentPart};
 pub use reserve::{drain_thread, MAX_THREAD_RESERVE, RESERVE_BATCH};

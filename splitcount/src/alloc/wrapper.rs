@@ -445,7 +445,7 @@ impl<A, C: Charging> Accounted<A, C> {
     /// the thread's exit). The charge itself may still pass unaccounted
     /// (the reporting grace) or go to a removed group's nearest live
     /// ancestor. The account is held by the scope (or is the root).
-    #[cfg(feature = "mimalloc")]
+    #[cfg(any(feature = "jemalloc", feature = "mimalloc"))]
     pub(super) fn charging_account(&self) -> Option<AccountKey> {
         let st = self.attached()?;
         STATE

@@ -240,7 +240,7 @@ impl AccountKey {
         self.release(LIVE);
     }
 
-    #[cfg_attr(not(feature = "mimalloc"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "jemalloc", feature = "mimalloc")), allow(dead_code))]
     /// The heap this account's blocks go to: null until
     /// [`AccountKey::bind_heap`].
     #[inline(always)]
@@ -250,7 +250,7 @@ impl AccountKey {
         self.get().heap.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    #[cfg_attr(not(feature = "mimalloc"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "jemalloc", feature = "mimalloc")), allow(dead_code))]
     /// Bind `heap` to this account, `owner` being the table entry that
     /// names the account and that its end clears. Callers serialise binds;
     /// an account is bound once.

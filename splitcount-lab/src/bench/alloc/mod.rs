@@ -40,7 +40,7 @@ pub const BASELINE: Allocator = Allocator::System;
 /// The allocators measured, each in a worker process of its own: glibc's,
 /// jemalloc and mimalloc, each alone and under `Accounted` charging
 /// requested sizes and footprints, and `HeapPerGroup` over mimalloc.
-pub const ALLOCATORS: [Allocator; 10] = Allocator::ALL;
+pub const ALLOCATORS: [Allocator; 11] = Allocator::ALL;
 
 /// `{workload}-{allocator}`.
 pub fn case(workload: Workload, allocator: Allocator) -> String {

@@ -177,14 +177,15 @@ pub const SUITES: &[Suite] = &[
     Suite {
         name: "alloc",
         title: "Allocator: the heap accounted by group",
-        about: "Each workload runs ten times, in ten worker processes whose global \
+        about: "Each workload runs eleven times, in eleven worker processes whose global \
                 allocator is System (the baseline), Accounted<System> or Accounted<System, \
                 Footprint> (charging malloc_usable_size + 8 per block; its baseline is \
                 Accounted<System>) — and the same over jemalloc and mimalloc (each alone, \
                 divided by System; accounted, divided by the allocator alone; footprint, \
-                charging its usable size, divided by accounted), plus HeapPerGroup<MiMalloc> \
-                (mimalloc-heaps: each worker group given a mimalloc heap of its own, its \
-                blocks without a tag; divided by mimalloc alone) — interleaved round by round, each \
+                charging its usable size, divided by accounted), plus HeapPerGroup<Jemalloc> \
+                and HeapPerGroup<MiMalloc> (jemalloc-heaps, mimalloc-heaps: each worker group \
+                given a jemalloc arena or a mimalloc heap of its own, its blocks without a \
+                tag; divided by the allocator alone) — interleaved round by round, each \
                 thread in a group scope: mixed (free the oldest of 64 blocks, allocate 16 to \
                 512 bytes), small (17 to 24 bytes, where the 8-byte header moves a block to \
                 the next malloc size class), cross-thread (two threads each freeing the \
