@@ -398,6 +398,50 @@ pub const TARGETS: &[Target] = &[
         1,
         1.25,
     ),
+    Target {
+        name: "allocator: resident memory per block, 8–128 B, mean",
+        suite: "alloc",
+        measure: Measure::Scalar {
+            name: crate::bench::alloc::RSS_ACCOUNTED_MEAN,
+            threads: 1,
+            unit: "% over glibc alone (accounted)",
+        },
+        bound: Bound::AtMost(10.0),
+        on_siblings: None,
+    },
+    Target {
+        name: "allocator: resident memory per over-aligned block, worst",
+        suite: "alloc",
+        measure: Measure::Scalar {
+            name: crate::bench::alloc::RSS_ACCOUNTED_ALIGNED_WORST,
+            threads: 1,
+            unit: "% over glibc alone (accounted)",
+        },
+        bound: Bound::AtMost(10.0),
+        on_siblings: None,
+    },
+    Target {
+        name: "allocator over jemalloc: resident memory per block, worst size",
+        suite: "alloc",
+        measure: Measure::Scalar {
+            name: crate::bench::alloc::RSS_JEMALLOC_HEAPS_WORST,
+            threads: 1,
+            unit: "% over jemalloc alone (a heap per group)",
+        },
+        bound: Bound::AtMost(5.0),
+        on_siblings: None,
+    },
+    Target {
+        name: "allocator over mimalloc: resident memory per block, worst size",
+        suite: "alloc",
+        measure: Measure::Scalar {
+            name: crate::bench::alloc::RSS_MIMALLOC_HEAPS_WORST,
+            threads: 1,
+            unit: "% over mimalloc alone (a heap per group)",
+        },
+        bound: Bound::AtMost(5.0),
+        on_siblings: None,
+    },
     cost(
         "C ABI: counter add, inline",
         "ffi",
@@ -823,7 +867,7 @@ impl Target {
                 if f.once && self.threads() == 0 {
                     notes.push("computed from the layout, not timed".to_owned());
                 } else if f.once {
-                    notes.push("measured once, after the rounds".to_owned());
+                    notes.push("measured once, outside the rounds".to_owned());
                 } else if !f.spread.stable() {
                     notes.push(format!(
                         "halves of the rounds differ by {:.0}%",
@@ -852,6 +896,7 @@ impl Target {
             fraction: matches!(self.bound, Bound::AtMost(b) if b < 1.0 && b > 0.0),
             unit: match self.measure {
                 Measure::Time { .. } => Some("ns"),
+                Measure::Scalar { unit, .. } if unit.starts_with('%') => Some("%"),
                 Measure::Scalar { .. } => Some("B"),
                 _ => None,
             },
@@ -954,7 +999,10 @@ impl Verdict {
     }
 
     fn bare(&self, v: f64) -> String {
-        if self.unit.is_some() {
+        if self.unit == Some("%") {
+            // +4.7 % against ≤ 5 % would read as 5.
+            format!("{v:+.1}")
+        } else if self.unit.is_some() {
             format!("{v:.0}")
         } else if !self.speedup && (self.fraction || v < 0.1) {
             let inverse = 1.0 / v;
@@ -1061,6 +1109,15 @@ mod tests {
             "alloc" => Workload::ALL
                 .iter()
                 .flat_map(|&w| Allocator::ALL.map(|a| case(w, a)))
+                .chain(
+                    [
+                        crate::bench::alloc::RSS_ACCOUNTED_MEAN,
+                        crate::bench::alloc::RSS_ACCOUNTED_ALIGNED_WORST,
+                        crate::bench::alloc::RSS_JEMALLOC_HEAPS_WORST,
+                        crate::bench::alloc::RSS_MIMALLOC_HEAPS_WORST,
+                    ]
+                    .map(str::to_owned),
+                )
                 .collect(),
             "async" => requests::CASES.iter().map(|c| c.to_string()).collect(),
             "ffi" => crate::bench::ffi::CASES

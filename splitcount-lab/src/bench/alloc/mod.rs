@@ -131,7 +131,12 @@ pub fn run(exe: &Path, threads: &[usize], plan: &Plan, rss: RssPlan) -> Result<B
             }
         })
         .collect();
-    let measured = measure("alloc", plan, entries)?;
+    let mut measured = measure("alloc", plan, entries)?;
+    // The resident-memory targets' figures, with huge pages off (what a
+    // block takes).
+    if let Some((_, sized, aligned)) = blocks.iter().find(|(p, _, _)| *p == HugePages::Off) {
+        measured.scalars.extend(rss_figures(sized, aligned));
+    }
     let mut bench = Bench::new(measured, baseline_of);
     bench.legend.push(format!(
         "resident memory per 24-byte Box ({} held at once in a group, each allocator's \
@@ -280,6 +285,62 @@ pub fn rss_growth<L: Copy>(ours: &[f64], alone: &[f64], labels: &[L]) -> Option<
     Some((mean, worst, at))
 }
 
+/// Resident memory of `Accounted<System>` over glibc alone, mean growth
+/// over the sizes 8, 16, …, 128 B, in % (huge pages off).
+pub const RSS_ACCOUNTED_MEAN: &str = "rss-accounted-mean";
+
+/// Resident memory of `Accounted<System>` over glibc alone, worst growth
+/// over the over-aligned layouts, in %.
+pub const RSS_ACCOUNTED_ALIGNED_WORST: &str = "rss-accounted-aligned-worst";
+
+/// Resident memory of `HeapPerGroup<Jemalloc>` over jemalloc alone, worst
+/// growth over the sizes 8, 16, …, 128 B, in %.
+pub const RSS_JEMALLOC_HEAPS_WORST: &str = "rss-jemalloc-heaps-worst";
+
+/// Resident memory of `HeapPerGroup<MiMalloc>` over mimalloc alone, worst
+/// growth over the sizes 8, 16, …, 128 B, in %.
+pub const RSS_MIMALLOC_HEAPS_WORST: &str = "rss-mimalloc-heaps-worst";
+
+/// The resident-memory figures the report's targets read (as
+/// `Measured::scalars`, at one thread): growth over the allocator alone in
+/// %, from the per-size (`sized`) and over-aligned (`aligned`) figures.
+fn rss_figures(
+    sized: &[(Allocator, Vec<f64>)],
+    aligned: &[(Allocator, Vec<f64>)],
+) -> Vec<(String, usize, f64)> {
+    let growth = |blocks: &[(Allocator, Vec<f64>)], a: Allocator, worst: bool| {
+        let of = |a: Allocator| blocks.iter().find(|(b, _)| *b == a).map(|(_, v)| v);
+        let ours = of(a)?;
+        let labels: Vec<usize> = (0..ours.len()).collect();
+        let (mean, high, _) = rss_growth(ours, of(alone(a))?, &labels)?;
+        Some(100.0 * if worst { high } else { mean })
+    };
+    [
+        (RSS_ACCOUNTED_MEAN, sized, Allocator::Accounted, false),
+        (
+            RSS_ACCOUNTED_ALIGNED_WORST,
+            aligned,
+            Allocator::Accounted,
+            true,
+        ),
+        (
+            RSS_JEMALLOC_HEAPS_WORST,
+            sized,
+            Allocator::JemallocHeaps,
+            true,
+        ),
+        (
+            RSS_MIMALLOC_HEAPS_WORST,
+            sized,
+            Allocator::MimallocHeaps,
+            true,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(name, blocks, a, worst)| Some((name.to_owned(), 1, growth(blocks, a, worst)?)))
+    .collect()
+}
+
 /// The legend lines of the per-size resident memory measured with huge
 /// pages as `pages` says, `count` blocks of each size.
 fn block_rss_legend(
@@ -401,6 +462,26 @@ mod tests {
         assert!((mean - 0.25).abs() < 1e-9 && (worst - 0.5).abs() < 1e-9 && at == 24);
         assert!(rss_growth(&[1.0], &[], &[8]).is_none());
         assert!(rss_growth(&[1.0], &[0.0], &[8]).is_none());
+    }
+
+    #[test]
+    fn the_resident_memory_targets_read_the_growth_in_percent() {
+        let sized = vec![
+            (Allocator::System, vec![32.0, 32.0]),
+            (Allocator::Accounted, vec![32.0, 48.0]),
+            (Allocator::Jemalloc, vec![16.0, 32.0]),
+            (Allocator::JemallocHeaps, vec![16.4, 32.0]),
+        ];
+        let aligned = vec![
+            (Allocator::System, vec![64.0]),
+            (Allocator::Accounted, vec![64.0]),
+        ];
+        let figures = rss_figures(&sized, &aligned);
+        let of = |name: &str| figures.iter().find(|(n, _, _)| n == name).map(|f| f.2);
+        assert_eq!(of(RSS_ACCOUNTED_MEAN), Some(25.0));
+        assert_eq!(of(RSS_ACCOUNTED_ALIGNED_WORST), Some(0.0));
+        assert!((of(RSS_JEMALLOC_HEAPS_WORST).unwrap() - 2.5).abs() < 1e-9);
+        assert_eq!(of(RSS_MIMALLOC_HEAPS_WORST), None, "no mimalloc figures");
     }
 
     /// With 3 cases per round (the warm-up is a round too), slices 4, 7,
