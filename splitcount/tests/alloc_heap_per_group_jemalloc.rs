@@ -228,7 +228,8 @@ fn only_groups_given_a_heap_have_blocks_without_tags() {
 /// A block larger than a heap's region (16 GiB of address space) cannot be
 /// made in the group's arena: it is made with a header in jemalloc's own
 /// arenas instead (or refused, where the system will not map that much),
-/// and charged exactly either way.
+/// and charged exactly either way — made new, or by a `realloc` of a block
+/// of the heap.
 #[test]
 fn a_block_larger_than_a_region_gets_a_header() {
     let _s = serial();
@@ -257,6 +258,37 @@ fn a_block_larger_than_a_region_gets_a_header() {
         unsafe { dealloc(p, layout) };
     }
     assert_eq!(settled(&g), 0);
+    // A block of the heap grown past its region: moved to a header block,
+    // still the group's (reallocated from another group's scope), its
+    // contents kept.
+    let other = fresh("huge-elsewhere");
+    let small = Layout::from_size_align(100, 8).unwrap();
+    // SAFETY: a non-zero size; grown below, freed at the end.
+    let q = g.scope(|| unsafe { alloc(small) });
+    assert!(!in_main_heap(q));
+    // SAFETY: 100 bytes, live.
+    unsafe { std::ptr::write_bytes(q, 0x5A, 100) };
+    // SAFETY: live with `small`; a non-zero size.
+    let r = other.scope(|| unsafe { realloc(q, small, layout.size()) });
+    assert_eq!(
+        !r.is_null(),
+        mappable,
+        "grown wherever jemalloc alone makes it"
+    );
+    if r.is_null() {
+        // SAFETY: refused: `q` is still live with `small`.
+        unsafe { dealloc(q, small) };
+    } else {
+        assert!(in_main_heap(r), "a header block");
+        // SAFETY: the first 100 bytes were copied.
+        assert!(unsafe { std::slice::from_raw_parts(r, 100) }
+            .iter()
+            .all(|&b| b == 0x5A));
+        assert_eq!((settled(&g), settled(&other)), (footprint(r, 8), 0));
+        // SAFETY: live, with the grown layout.
+        unsafe { dealloc(r, layout) };
+    }
+    assert_eq!((settled(&g), settled(&other)), (0, 0));
 }
 
 /// Each thread keeps a jemalloc cache per heap it allocates or frees in,
@@ -293,26 +325,10 @@ fn threads_take_their_caches_with_them() {
     free_all(live);
     assert_eq!(settled(&g), 0);
     assert_eq!(g.events().underflow, 0);
-    let mut index: u32 = 0;
-    let mut len = std::mem::size_of::<u32>();
-    // SAFETY: `tcache.create` writes an `unsigned`; destroyed at once.
-    unsafe {
-        let made = je::mallctl(
-            c"tcache.create".as_ptr(),
-            (&mut index as *mut u32).cast(),
-            &mut len,
-            std::ptr::null_mut(),
-            0,
-        );
-        assert_eq!(made, 0, "explicit caches left after 5,000 threads");
-        je::mallctl(
-            c"tcache.destroy".as_ptr(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            (&mut index as *mut u32).cast(),
-            std::mem::size_of::<u32>(),
-        );
-    }
+    assert!(
+        a_cache_can_still_be_made(),
+        "explicit caches left after 5,000 threads"
+    );
 }
 
 /// Where the heaps' address space (4 TiB, no memory) cannot be reserved —
@@ -363,4 +379,68 @@ fn without_address_space_for_heaps_give_heap_says_so() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A C library's per-thread data freed in a pthread key's destructor —
+/// after the thread-locals' destructors have run — on threads that never
+/// touched a heap before: their caches are destroyed too (4,500 such
+/// threads would use up jemalloc's explicit caches otherwise).
+#[test]
+fn a_block_freed_in_a_pthread_key_destructor_leaves_no_cache_behind() {
+    static mut KEY: libc::pthread_key_t = 0;
+    unsafe extern "C" fn free_it(p: *mut std::ffi::c_void) {
+        // SAFETY: a `Box<[u8; 64]>` handed over by `pthread_setspecific`.
+        drop(unsafe { Box::from_raw(p.cast::<[u8; 64]>()) });
+    }
+    let _s = serial();
+    let g = fresh("key-destructors");
+    // SAFETY: a new key; its destructor takes what the threads set.
+    assert_eq!(
+        unsafe { libc::pthread_key_create(&raw mut KEY, Some(free_it)) },
+        0
+    );
+    for _ in 0..4_500 {
+        let b: Box<[u8; 64]> = g.scope(|| Box::new([9; 64]));
+        let b = Box::into_raw(b) as usize;
+        std::thread::spawn(move || {
+            // SAFETY: the key made above; the box is freed at thread exit.
+            unsafe { libc::pthread_setspecific(KEY, b as *const std::ffi::c_void) };
+        })
+        .join()
+        .unwrap();
+    }
+    assert_eq!(settled(&g), 0);
+    assert!(
+        a_cache_can_still_be_made(),
+        "explicit caches left after 4,500 threads"
+    );
+}
+
+/// Whether jemalloc can still make an explicit cache (it allows about
+/// 4,000 in a process): one is made and destroyed at once.
+fn a_cache_can_still_be_made() -> bool {
+    let mut index: u32 = 0;
+    let mut len = std::mem::size_of::<u32>();
+    // SAFETY: `tcache.create` writes an `unsigned`; `tcache.destroy` reads
+    // the index just made.
+    unsafe {
+        let made = je::mallctl(
+            c"tcache.create".as_ptr(),
+            (&mut index as *mut u32).cast(),
+            &mut len,
+            std::ptr::null_mut(),
+            0,
+        );
+        if made != 0 {
+            return false;
+        }
+        je::mallctl(
+            c"tcache.destroy".as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            (&mut index as *mut u32).cast(),
+            std::mem::size_of::<u32>(),
+        );
+    }
+    true
 }

@@ -312,7 +312,11 @@ pub struct HeapCount {
 /// ×2.6–2.8 of jemalloc alone on small-block rings (×1.3 for
 /// `Accounted<Jemalloc>`): jemalloc's calls with an explicit arena and
 /// cache take its general path. A group holds at most 16 GiB in its
-/// arena at once; past it, its blocks get headers.
+/// arena at once (less with blocks of a GiB and more: jemalloc grows an
+/// arena's memory geometrically); past it, new and reallocated blocks get
+/// headers. Each cache costs about 12 KiB, and keeps free blocks of its
+/// heap (up to a cache's worth per size class) until its thread exits:
+/// jemalloc's cache GC does not visit explicit caches.
 ///
 /// **The cost** (mimalloc). A free asks the inner allocator for the block's heap
 /// (`mi_heap_of`: about 30 instructions, a page-map look-up) and probes a
@@ -426,10 +430,12 @@ where
     /// changes nothing. Groups given none (the default, the root included)
     /// have `Accounted`'s header blocks.
     ///
-    /// A heap costs memory of its own: each thread that allocates in it
-    /// gets mimalloc's thread-local part of it and partly filled pages of
-    /// each size class it uses — measured here, a few hundred KiB per
-    /// thread and heap (see the type's docs). Give heaps to the groups
+    /// A heap costs memory of its own: on mimalloc, each thread that
+    /// allocates in it gets mimalloc's thread-local part of it and partly
+    /// filled pages of each size class it uses — measured here, a few
+    /// hundred KiB per thread and heap; on jemalloc, each thread that
+    /// allocates or frees in it a cache of about 12 KiB and the free blocks
+    /// it keeps, up to a cache's worth per size class (see the type's docs). Give heaps to the groups
     /// that hold many blocks (tenants), not to every short-lived one.
     ///
     /// ```no_run
@@ -604,6 +610,42 @@ where
         }
     }
 
+    /// A `realloc` whose heap made no block (a jemalloc arena's region is
+    /// full): the contents move to a header block charged to the block's
+    /// own account `key` (made in its scope, as `Accounted` charges), and
+    /// the heap block is freed. Null (the block kept) if refused.
+    ///
+    /// # Safety
+    /// `ptr` is a live heap block of `layout` whose account is `key`;
+    /// `new_layout` has a non-zero size.
+    #[cold]
+    #[inline(never)]
+    unsafe fn realloc_to_header_block(
+        &self,
+        key: AccountKey,
+        ptr: *mut u8,
+        layout: Layout,
+        new_layout: Layout,
+    ) -> *mut u8 {
+        let moved = {
+            // The live block holds a charge on `key`, which keeps it alive
+            // while it is current here.
+            let _in = super::scope::enter_held(key);
+            // SAFETY: forwarded contract.
+            unsafe { self.header_block(new_layout, false) }
+        };
+        if !moved.is_null() {
+            // SAFETY: both live and distinct, each at least this long;
+            // `ptr` is freed with its own layout (uncharging `key`) and not
+            // used again.
+            unsafe {
+                std::ptr::copy_nonoverlapping(ptr, moved, layout.size().min(new_layout.size()));
+                GlobalAlloc::dealloc(self, ptr, layout);
+            }
+        }
+        moved
+    }
+
     /// Make `key`, charged `from` bytes for a block, hold `to`: the rest
     /// charged within the limits (a growth, refusable as `realloc`'s), or
     /// the excess given back. Whether it holds `to`; if refused, nothing
@@ -621,9 +663,9 @@ where
 
 // SAFETY: a block is made by the inner allocator — in the heap of the
 // account it is charged to (`alloc_in`), or with a header by `Accounted`
-// when no heap is its account's — and freed by the inner allocator's
-// `dealloc` with the caller's layout or by `Accounted`'s, which the heap it
-// lies in tells apart: only blocks charged to a heap's owner are made in
+// when no heap is its account's — and freed by `InnerHeaps::dealloc_in`
+// with the caller's layout or by `Accounted`'s, which the heap it lies in
+// tells apart: only blocks charged to a heap's owner are made in
 // it (`InnerHeaps`' contract: `heap_of` names it; the default heap is in no
 // entry). A heap's owner cannot change while a block of it is live: the
 // block's bytes keep its account alive, and the owner is cleared only when
@@ -715,7 +757,8 @@ where
         let moved = unsafe { inner.alloc_in(heap, new_layout, false) };
         if moved.is_null() {
             self.recharge(key, charged, old);
-            return moved;
+            // SAFETY: forwarded contract; `key` is the live block's account.
+            return unsafe { self.realloc_to_header_block(key, ptr, layout, new_layout) };
         }
         // SAFETY: live, just made with `new_layout`.
         let exact = unsafe { self.charge_of(moved, new_layout) };
@@ -812,9 +855,10 @@ unsafe impl InnerHeaps for mimalloc::MiMalloc {
 // outside the reservation) null, which `new_heap` never returns. Blocks
 // are made with `Jemalloc`'s alignment flags, so their class is `nallocx`'s
 // for the layout — the footprint `InnerFootprint` computes from the
-// layout alone —, and are made and freed without the thread cache, so a
-// block of one arena never comes back from another's allocation. Arenas
-// are never destroyed. Every method is `#[inline]` (made only in the crate
+// layout alone —, and are made and freed through the calling thread's
+// explicit cache for their region only (or none), which refills from that
+// region's arena only, so a block of one arena never comes back from
+// another's allocation. Arenas are never destroyed. Every method is `#[inline]` (made only in the crate
 // that uses `Jemalloc`).
 #[cfg(feature = "jemalloc")]
 unsafe impl InnerHeaps for tikv_jemallocator::Jemalloc {

@@ -45,11 +45,12 @@
 //! address), and a cache of region `r` only refills from arena `r`, so
 //! what it hands out is always region `r`'s. The caches go with the thread
 //! (`tcache.destroy`, which gives their blocks back to their arenas, from
-//! a thread-local destructor). jemalloc allows 4,093 explicit caches in a
-//! process: a thread and heap that find none left — or a free during the
-//! thread's exit, after its caches went — go straight to the arena's bins
-//! (`MALLOCX_TCACHE_NONE`, under the bin's lock), which is correct, only
-//! slower.
+//! a pthread key's destructor: see [`EXIT_KEY`]); jemalloc's cache GC does
+//! not visit explicit caches, so until then a thread keeps up to a cache's
+//! worth of free blocks of each heap it used. jemalloc allows about 4,000
+//! explicit caches in a process: a thread and heap that find none left go
+//! straight to the arena's bins (`MALLOCX_TCACHE_NONE`, under the bin's
+//! lock), which is correct, only slower.
 
 #![allow(unsafe_code)]
 
@@ -58,7 +59,7 @@ use std::cell::Cell;
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{
     AtomicBool, AtomicU16, AtomicU32, AtomicUsize,
-    Ordering::{Acquire, Relaxed, Release},
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
 use tikv_jemalloc_sys as je;
 
@@ -306,9 +307,23 @@ const NO_CACHE_YET: u32 = 0;
 const NO_CACHE: u32 = u32::MAX;
 
 /// The thread's explicit jemalloc caches, one per region: the cache's
-/// index plus one, or [`NO_CACHE_YET`] / [`NO_CACHE`].
+/// index plus one, or [`NO_CACHE_YET`] / [`NO_CACHE`]; and whether the
+/// thread's exit key is set (see [`EXIT_KEY`]).
 struct ThreadCaches {
     ids: [Cell<u32>; REGIONS],
+    armed: Cell<bool>,
+}
+
+thread_local! {
+    /// This thread's caches. A `const` thread-local without a destructor:
+    /// readable until the thread's end, in every destructor that frees a
+    /// block; the caches are destroyed by [`EXIT_KEY`]'s destructor.
+    static CACHES: ThreadCaches = const {
+        ThreadCaches {
+            ids: [const { Cell::new(NO_CACHE_YET) }; REGIONS],
+            armed: Cell::new(false),
+        }
+    };
 }
 
 /// How a thread's cache is destroyed: [`destroy_cache`], stored by the
@@ -319,13 +334,27 @@ struct ThreadCaches {
 /// (see `jemalloc_size_class_out_of_line`).
 static DESTROY: AtomicUsize = AtomicUsize::new(0);
 
-impl Drop for ThreadCaches {
-    fn drop(&mut self) {
-        // Acquire: the pointer was stored before this thread's first cache
-        // was made (release), so a thread with a cache sees it.
-        let destroy = DESTROY.load(Acquire);
-        for id in &self.ids {
-            let made = id.replace(NO_CACHE);
+/// A pthread key (plus one; 0: not made yet) whose destructor destroys the
+/// thread's caches. Not a thread-local destructor: glibc runs those before
+/// the pthread keys' destructors, so a thread whose first heap block is
+/// freed in a key's destructor (a C library's per-thread data) made its
+/// first cache after the thread-local destructors had run, and the cache
+/// was never destroyed — one of jemalloc's few thousand cache indices
+/// lost for good per such thread. A key set during the keys' destructors
+/// has its destructor run in glibc's next pass (up to four passes).
+static EXIT_KEY: AtomicUsize = AtomicUsize::new(0);
+
+/// The thread's exit: destroy its caches (their blocks go back to their
+/// arenas). A free after this, in a later destructor, makes a cache again
+/// and sets the key again.
+unsafe extern "C" fn caches_exit(_: *mut c_void) {
+    // Acquire: the pointer was stored before this thread's first cache
+    // was made (release), so a thread with a cache sees it.
+    let destroy = DESTROY.load(Acquire);
+    let _ = CACHES.try_with(|c| {
+        c.armed.set(false);
+        for id in &c.ids {
+            let made = id.replace(NO_CACHE_YET);
             if made != NO_CACHE_YET && made != NO_CACHE && destroy != 0 {
                 // SAFETY: `destroy` is `destroy_cache::<_>`, stored by
                 // `new_cache` (a function pointer as an integer).
@@ -333,7 +362,38 @@ impl Drop for ThreadCaches {
                 destroy(made - 1);
             }
         }
+    });
+}
+
+/// Set this thread's exit key (made once, process-wide); whether it is set
+/// — if not, the thread makes no cache (it could not be destroyed).
+fn arm_exit(c: &ThreadCaches) -> bool {
+    if c.armed.get() {
+        return true;
     }
+    let mut key = EXIT_KEY.load(Acquire);
+    if key == 0 {
+        let mut made: libc::pthread_key_t = 0;
+        // SAFETY: a new key with a destructor that takes any value.
+        if unsafe { libc::pthread_key_create(&mut made, Some(caches_exit)) } != 0 {
+            return false;
+        }
+        // Release/Acquire: two threads may race to make the key; the one
+        // that loses deletes its own and uses the winner's.
+        key = match EXIT_KEY.compare_exchange(0, made as usize + 1, AcqRel, Acquire) {
+            Ok(_) => made as usize + 1,
+            Err(theirs) => {
+                // SAFETY: the key just made, never set.
+                unsafe { libc::pthread_key_delete(made) };
+                theirs
+            }
+        };
+    }
+    // SAFETY: a key made above; any non-null value marks the thread.
+    let set =
+        unsafe { libc::pthread_setspecific((key - 1) as libc::pthread_key_t, 1 as *const c_void) };
+    c.armed.set(set == 0);
+    set == 0
 }
 
 /// Destroy the explicit cache `index` (its blocks go back to their
@@ -355,34 +415,29 @@ fn destroy_cache<J>(index: c_uint) {
     }
 }
 
-thread_local! {
-    /// This thread's caches (destroyed at its exit).
-    static CACHES: ThreadCaches = const {
-        ThreadCaches { ids: [const { Cell::new(NO_CACHE_YET) }; REGIONS] }
-    };
-}
-
 /// `mallocx`'s cache flag for a block of region `r` on this thread: its
 /// cache for the region (made on first use), or none.
 #[inline(always)]
 fn cache_flag(r: usize) -> std::os::raw::c_int {
-    CACHES
-        .try_with(|c| match c.ids[r].get() {
-            NO_CACHE_YET => new_cache::<()>(&c.ids[r]),
-            NO_CACHE => je::MALLOCX_TCACHE_NONE,
-            id => je::MALLOCX_TCACHE(id as usize - 1),
-        })
-        // The thread's caches are gone (its exit): the arena's bins.
-        .unwrap_or(je::MALLOCX_TCACHE_NONE)
+    CACHES.with(|c| match c.ids[r].get() {
+        NO_CACHE_YET => new_cache::<()>(c, r),
+        NO_CACHE => je::MALLOCX_TCACHE_NONE,
+        id => je::MALLOCX_TCACHE(id as usize - 1),
+    })
 }
 
-/// Make this thread's cache for a region (`slot`); its flag. Generic only
-/// so that it is made in the crate that uses `Jemalloc` (see [`DESTROY`]).
+/// Make this thread's cache for region `r`; its flag. Generic only so that
+/// it is made in the crate that uses `Jemalloc` (see [`DESTROY`]).
 #[cold]
 #[inline(never)]
-fn new_cache<J>(slot: &Cell<u32>) -> std::os::raw::c_int {
-    // Release: before the cache exists (see `ThreadCaches::drop`).
+fn new_cache<J>(c: &ThreadCaches, r: usize) -> std::os::raw::c_int {
+    let slot = &c.ids[r];
+    // Release: before the cache exists (see `caches_exit`).
     DESTROY.store(destroy_cache::<J> as fn(c_uint) as usize, Release);
+    if !arm_exit(c) {
+        slot.set(NO_CACHE);
+        return je::MALLOCX_TCACHE_NONE;
+    }
     let mut index: c_uint = 0;
     let mut len = std::mem::size_of::<c_uint>();
     // SAFETY: `tcache.create` writes an `unsigned`.
