@@ -309,7 +309,7 @@ pub struct HeapCount {
 /// mask. Each thread keeps a jemalloc cache per heap it uses (given back
 /// at its exit). Per block it costs nothing (+0.1% resident memory over
 /// jemalloc alone for 1,000,000 blocks of 8 to 128 B); in time about
-/// ×2.6–2.8 of jemalloc alone on small-block rings (×1.3 for
+/// ×2.6–2.9 of jemalloc alone on small-block rings (×1.3 for
 /// `Accounted<Jemalloc>`): jemalloc's calls with an explicit arena and
 /// cache take its general path. A group holds at most 16 GiB in its
 /// arena at once (less with blocks of a GiB and more: jemalloc grows an
