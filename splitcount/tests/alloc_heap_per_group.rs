@@ -59,63 +59,20 @@ unsafe fn usable(p: *mut u8) -> usize {
     unsafe { mi::mi_usable_size(p.cast()) }
 }
 
+/// mimalloc's class for a block of `layout` from a heap: `mi_good_size` of
+/// its size, or, over-aligned, its size rounded up to the alignment (a
+/// class every block of which is aligned: `mi_heap_malloc_aligned(100,
+/// 4096)` took a 5 KiB block from a larger class).
+fn class(layout: Layout) -> usize {
+    if layout.align() <= 8 {
+        // SAFETY: allocates nothing.
+        unsafe { mi::mi_good_size(layout.size()) }
+    } else {
+        layout.size().next_multiple_of(layout.align())
+    }
+}
+
 heap_per_group_tests!();
-
-/// The point of the design: a block of every size from 8 to 128 bytes
-/// takes mimalloc's own class for its size — a multiple of 16 takes that
-/// size, where an 8-byte header moves it up a class — and lies in a heap of
-/// its own, not mimalloc's main heap.
-#[test]
-fn blocks_carry_no_tag_and_take_the_allocators_own_class() {
-    let _s = serial();
-    let g = fresh("untagged");
-    let mut blocks = Vec::with_capacity(1030);
-    g.scope(|| {
-        for size in (1..=1024).chain([5000, 70_000]) {
-            let layout = Layout::from_size_align(size, 8).unwrap();
-            // SAFETY: a non-zero size.
-            let p = unsafe { alloc(layout) };
-            assert!(!in_main_heap(p), "{size} B: made with a header");
-            // SAFETY: live.
-            let usable = unsafe { mi::mi_usable_size(p.cast()) };
-            // SAFETY: allocates nothing.
-            assert_eq!(usable, unsafe { mi::mi_good_size(size) }, "{size} B");
-            blocks.push((p, layout));
-        }
-    });
-    assert_eq!(settled(&g), total(&blocks));
-    free_all(blocks);
-    assert_eq!(settled(&g), 0);
-}
-
-/// An over-aligned block in a heap asks mimalloc for its size rounded up
-/// to the alignment, a class every block of which is aligned: a 100-byte
-/// block at 4,096 takes one page (`mi_heap_malloc_aligned(100, 4096)` took
-/// a 5 KiB block from a larger class), 64 bytes at 64 take 64.
-#[test]
-fn over_aligned_blocks_take_the_class_of_their_size_rounded_to_the_alignment() {
-    let _s = serial();
-    let g = fresh("aligned-heap");
-    // Made outside the scope, large enough: not charged to the group.
-    let mut blocks = Vec::with_capacity(400);
-    g.scope(|| {
-        for (size, align) in [(100, 4096), (64, 64), (16, 16), (200, 64)] {
-            for _ in 0..100 {
-                let layout = Layout::from_size_align(size, align).unwrap();
-                // SAFETY: a non-zero size.
-                let p = unsafe { alloc(layout) };
-                assert!(!in_main_heap(p) && p as usize % align == 0);
-                // SAFETY: live.
-                let usable = unsafe { mi::mi_usable_size(p.cast()) };
-                assert_eq!(usable, size.next_multiple_of(align), "{size} B at {align}");
-                blocks.push((p, layout));
-            }
-        }
-    });
-    assert_eq!(settled(&g), total(&blocks));
-    free_all(blocks);
-    assert_eq!(settled(&g), 0);
-}
 
 /// A new group given a heap, with a refusing limit of `max` bytes.
 fn refusing(name: &str, max: u64) -> Group {

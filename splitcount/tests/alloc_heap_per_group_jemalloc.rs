@@ -106,57 +106,6 @@ unsafe fn usable(p: *mut u8) -> usize {
 
 heap_per_group_tests!();
 
-/// The point of the design: a block of every size to 1 KiB (and larger
-/// ones, up to 32 MiB: past jemalloc's threshold for its huge arena) takes
-/// jemalloc's own class for its size — a multiple of 16 takes that size,
-/// where an 8-byte header moves it up a class — and lies in the group's
-/// arena, not one of jemalloc's own.
-#[test]
-fn blocks_carry_no_tag_and_take_the_allocators_own_class() {
-    let _s = serial();
-    let g = fresh("untagged");
-    let mut blocks = Vec::with_capacity(1030);
-    g.scope(|| {
-        for size in (1..=1024).chain([5000, 70_000, 32 << 20]) {
-            let layout = Layout::from_size_align(size, 8).unwrap();
-            // SAFETY: a non-zero size.
-            let p = unsafe { alloc(layout) };
-            assert!(!in_main_heap(p), "{size} B: made with a header");
-            // SAFETY: live.
-            let usable = unsafe { je::sallocx(p.cast(), 0) };
-            assert_eq!(usable, class(layout), "{size} B");
-            blocks.push((p, layout));
-        }
-    });
-    assert_eq!(settled(&g), total(&blocks));
-    free_all(blocks);
-    assert_eq!(settled(&g), 0);
-}
-
-#[test]
-fn over_aligned_blocks_lie_in_the_groups_arena_aligned() {
-    let _s = serial();
-    let g = fresh("aligned-heap");
-    let mut blocks = Vec::with_capacity(400);
-    g.scope(|| {
-        for (size, align) in [(100, 4096), (64, 64), (16, 16), (200, 64), (8, 32)] {
-            for _ in 0..100 {
-                let layout = Layout::from_size_align(size, align).unwrap();
-                // SAFETY: a non-zero size.
-                let p = unsafe { alloc(layout) };
-                assert!(!in_main_heap(p) && p as usize % align == 0);
-                // SAFETY: live.
-                let usable = unsafe { je::sallocx(p.cast(), 0) };
-                assert_eq!(usable, class(layout), "{size} B at {align}");
-                blocks.push((p, layout));
-            }
-        }
-    });
-    assert_eq!(settled(&g), total(&blocks));
-    free_all(blocks);
-    assert_eq!(settled(&g), 0);
-}
-
 /// Two groups' blocks lie in two arenas, and a block freed by one group
 /// never comes back as the other's (no thread cache between them): made
 /// and freed in turn on one thread, every block is in its own group's

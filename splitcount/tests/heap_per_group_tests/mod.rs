@@ -1,8 +1,9 @@
 //! The tests every `HeapPerGroup` inner allocator passes, as a macro:
 //! `heap_per_group_tests!()` in a test binary that defines `ALLOC` (its
 //! `HeapPerGroup`), `in_main_heap(p)` (a block with a header, not in a
-//! heap of a group), `footprint(p, align)` and `usable(p)` (the inner
-//! allocator's usable size of the block at `p`). It defines `memory()`,
+//! heap of a group), `footprint(p, align)`, `usable(p)` (the inner
+//! allocator's usable size of the block at `p`) and `class(layout)` (its
+//! class for a block of `layout` in a heap). It defines `memory()`,
 //! `serial()`, `fresh(name)`, `settled(g)`, `total`, `assorted` and
 //! `free_all` for the binary's own tests too.
 
@@ -285,6 +286,57 @@ macro_rules! heap_per_group_tests {
             // passed theirs on (how many were alive at once depends on how far the
             // threads ran apart; past the last, the rest had headers).
             assert!(ALLOC.heaps().made <= splitcount::alloc::MAX_HEAPS);
+        }
+
+        /// The point of the design: a block of every size to 1 KiB (and
+        /// larger ones, up to 32 MiB) takes the inner allocator's own
+        /// class for its size — a multiple of 16 takes that size, where an
+        /// 8-byte header moves it up a class — and lies in the group's
+        /// heap, not the allocator's default one.
+        #[test]
+        fn blocks_carry_no_tag_and_take_the_allocators_own_class() {
+            let _s = serial();
+            let g = fresh("untagged");
+            let mut blocks = Vec::with_capacity(1030);
+            g.scope(|| {
+                for size in (1..=1024).chain([5000, 70_000, 32 << 20]) {
+                    let layout = Layout::from_size_align(size, 8).unwrap();
+                    // SAFETY: a non-zero size.
+                    let p = unsafe { alloc(layout) };
+                    assert!(!in_main_heap(p), "{size} B: made with a header");
+                    // SAFETY: live.
+                    assert_eq!(unsafe { usable(p) }, class(layout), "{size} B");
+                    blocks.push((p, layout));
+                }
+            });
+            assert_eq!(settled(&g), total(&blocks));
+            free_all(blocks);
+            assert_eq!(settled(&g), 0);
+        }
+
+        /// Over-aligned blocks lie in the group's heap, aligned, in the
+        /// class `class` says.
+        #[test]
+        fn over_aligned_blocks_lie_in_the_groups_heap_in_their_class() {
+            let _s = serial();
+            let g = fresh("aligned-heap");
+            let mut blocks = Vec::with_capacity(500);
+            g.scope(|| {
+                for (size, align) in [(100, 4096), (64, 64), (16, 16), (200, 64), (8, 32)] {
+                    for _ in 0..100 {
+                        let layout = Layout::from_size_align(size, align).unwrap();
+                        // SAFETY: a non-zero size.
+                        let p = unsafe { alloc(layout) };
+                        assert!(!in_main_heap(p) && p as usize % align == 0);
+                        // SAFETY: live.
+                        assert_eq!(unsafe { usable(p) }, class(layout), "{size} B at {align}");
+                        blocks.push((p, layout));
+                    }
+                }
+            });
+            assert_eq!(settled(&g), total(&blocks));
+            free_all(blocks);
+            assert_eq!(settled(&g), 0);
         }
     };
 }
